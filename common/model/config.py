@@ -1,0 +1,124 @@
+"""Model configuration, read once from GGUF metadata.
+
+Two architectures share one definition: `qwen35moe` (Qwen3.5/3.6 MoE) and `qwen3next`.
+They differ only in how the Gated DeltaNet value heads are ordered in the file:
+llama.cpp tiles them for qwen35moe (value head p reads key head p % n_k_heads) and
+keeps them grouped for qwen3next (value head p reads key head p // (n_v / n_k)).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+
+class ModelConfigError(ValueError):
+    """A model file that Fermium cannot serve, with the reason in words."""
+
+
+# arch -> how a value head finds its key head in the file's order
+V_HEAD_LAYOUTS: dict[str, str] = {"qwen35moe": "tiled", "qwen3next": "grouped"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    n_layers: int                # trunk layers (block_count - nextn_predict_layers)
+    n_nextn_layers: int          # MTP blocks stored after the trunk; not run by the text path
+    context_length: int
+    rms_eps: float
+    # gated full attention
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rope_dim: int                # rotary dims at the front of each head (NeoX rotate-half)
+    rope_theta: float
+    full_attention_interval: int
+    # Gated DeltaNet
+    conv_kernel: int
+    n_k_heads: int
+    n_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    v_head_layout: str           # "tiled" | "grouped"
+    # MoE
+    n_experts: int
+    n_experts_used: int
+    expert_ffn: int
+    shared_ffn: int
+
+    def is_full_attention(self, layer: int) -> bool:
+        return (layer + 1) % self.full_attention_interval == 0
+
+    @property
+    def linear_layers(self) -> list[int]:
+        return [i for i in range(self.n_layers) if not self.is_full_attention(i)]
+
+    @property
+    def full_layers(self) -> list[int]:
+        return [i for i in range(self.n_layers) if self.is_full_attention(i)]
+
+    @property
+    def conv_channels(self) -> int:
+        # q, k and v all pass through the causal conv1d
+        return 2 * self.n_k_heads * self.head_k_dim + self.n_v_heads * self.head_v_dim
+
+    def key_head_of(self, v_head: int) -> int:
+        if self.v_head_layout == "tiled":
+            return v_head % self.n_k_heads
+        return v_head // (self.n_v_heads // self.n_k_heads)
+
+    @classmethod
+    def from_gguf_fields(cls, get: Callable[[str], Any], has: Callable[[str], bool],
+                         path: str | Path, vocab_size: int) -> "ModelConfig":
+        """Build from GGUF key/value accessors. `get(key)` returns a field's value."""
+        arch = get("general.architecture") if has("general.architecture") else None
+        if arch not in V_HEAD_LAYOUTS:
+            raise ModelConfigError(
+                f"{path}: general.architecture is {arch!r}; Fermium supports "
+                f"{', '.join(sorted(V_HEAD_LAYOUTS))}")
+
+        def key(name: str, default: Any = None) -> Any:
+            full = f"{arch}.{name}"
+            if has(full):
+                return get(full)
+            if default is not None:
+                return default
+            raise ModelConfigError(
+                f"{path}: missing metadata key {full!r}, required for architecture {arch!r} "
+                f"(supported: {', '.join(sorted(V_HEAD_LAYOUTS))})")
+
+        hidden = int(key("embedding_length"))
+        n_heads = int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length", hidden // n_heads))
+        blocks = int(key("block_count"))
+        nextn = int(key("nextn_predict_layers", 0))
+        n_v = int(key("ssm.time_step_rank"))
+        inner = int(key("ssm.inner_size"))
+        return cls(
+            arch=arch,
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            n_layers=blocks - nextn,
+            n_nextn_layers=nextn,
+            context_length=int(key("context_length")),
+            rms_eps=float(key("attention.layer_norm_rms_epsilon")),
+            n_heads=n_heads,
+            n_kv_heads=int(key("attention.head_count_kv")),
+            head_dim=head_dim,
+            rope_dim=int(key("rope.dimension_count", head_dim)),
+            rope_theta=float(key("rope.freq_base", 10000.0)),
+            full_attention_interval=int(key("full_attention_interval", 4)),
+            conv_kernel=int(key("ssm.conv_kernel")),
+            n_k_heads=int(key("ssm.group_count")),
+            n_v_heads=n_v,
+            head_k_dim=int(key("ssm.state_size")),
+            head_v_dim=inner // n_v,
+            v_head_layout=V_HEAD_LAYOUTS[arch],
+            n_experts=int(key("expert_count")),
+            n_experts_used=int(key("expert_used_count")),
+            expert_ffn=int(key("expert_feed_forward_length")),
+            shared_ffn=int(key("expert_shared_feed_forward_length", 0)),
+        )

@@ -1,0 +1,107 @@
+"""A memory-mapped GGUF model file: metadata, config and tensors in their stored blocks.
+
+Nothing here copies the weights wholesale: `Tensor.raw` is a view into the mapping, and
+`Tensor.dequant()` materialises one tensor (or a slice of experts) as float32 on demand.
+
+Shapes are numpy order, the reverse of ggml's `ne`: a linear weight is (out, in), an
+expert stack is (n_experts, out, in).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize
+
+from .config import ModelConfig, ModelConfigError
+
+# Types the reference path can dequantize; the native kernels cover a subset of these.
+SUPPORTED_TYPES = {
+    GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
+    GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]       # numpy order, e.g. (out, in)
+    raw: np.ndarray              # uint8 view of the stored blocks: (*shape[:-1], row_bytes)
+
+    @property
+    def row_bytes(self) -> int:
+        block, nbytes = GGML_QUANT_SIZES[self.qtype]
+        return self.shape[-1] // block * nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape[:-1], dtype=np.int64)) * self.row_bytes
+
+    def dequant(self, index: int | slice | np.ndarray | None = None) -> np.ndarray:
+        """float32 values; `index` selects along the first axis (e.g. a few experts)."""
+        raw = self.raw if index is None else self.raw[index]
+        if self.qtype == GGMLQuantizationType.F32:
+            return np.ascontiguousarray(raw).view(np.float32).reshape(*raw.shape[:-1], -1)
+        return dequantize(np.ascontiguousarray(raw), self.qtype).astype(np.float32, copy=False)
+
+
+class GGUFModel:
+    """One model file, opened read-only and memory-mapped."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"model file not found: {self.path}")
+        try:
+            self.reader = GGUFReader(self.path, "r")
+        except Exception as exc:  # gguf raises bare ValueError/struct errors on bad files
+            raise ModelConfigError(f"{self.path}: not a readable GGUF file ({exc})") from exc
+        self.tensors: dict[str, Tensor] = {}
+        for t in self.reader.tensors:
+            qtype = GGMLQuantizationType(t.tensor_type)
+            if qtype not in SUPPORTED_TYPES:
+                raise ModelConfigError(
+                    f"{self.path}: tensor {t.name} has type {qtype.name}; supported: "
+                    f"{', '.join(sorted(q.name for q in SUPPORTED_TYPES))}")
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            raw = t.data.view(np.uint8).reshape(*shape[:-1], -1)
+            self.tensors[t.name] = Tensor(t.name, qtype, shape, raw)
+
+    # ---- metadata
+    def has(self, key: str) -> bool:
+        return key in self.reader.fields
+
+    def get(self, key: str):
+        return self.reader.fields[key].contents()
+
+    @cached_property
+    def config(self) -> ModelConfig:
+        vocab = self.tensors["token_embd.weight"].shape[0] if "token_embd.weight" in self.tensors \
+            else len(self.get("tokenizer.ggml.tokens"))
+        return ModelConfig.from_gguf_fields(self.get, self.has, self.path, vocab)
+
+    # ---- tensors
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def tensor(self, name: str) -> Tensor:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ModelConfigError(f"{self.path}: missing tensor {name!r}") from None
+
+    def blk(self, layer: int, name: str) -> Tensor:
+        return self.tensor(f"blk.{layer}.{name}.weight")
+
+    def f32(self, name: str) -> np.ndarray:
+        return self.tensor(name).dequant()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
