@@ -1,0 +1,41 @@
+"""Gated full attention: GQA with q/k RMSNorm, partial NeoX RoPE and a sigmoid output gate."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.config import ModelConfig
+from .ops import rms_norm, rope_neox, sigmoid, softmax
+from .weights import Weights
+
+
+class GatedAttention:
+    def __init__(self, cfg: ModelConfig, w: Weights, layer: int):
+        self.cfg, self.w, self.p = cfg, w, f"blk.{layer}."
+
+    def forward(self, x: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """x: [T, hidden]; caches: [pos, n_kv, hd] -> ([T, hidden], new k cache, new v cache)."""
+        cfg, w, p = self.cfg, self.w, self.p
+        T, nh, nkv, hd = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        qg = (x @ w.get(p + "attn_q.weight").T).reshape(T, nh, 2 * hd)        # per head: [query | gate]
+        q, gate = qg[..., :hd], qg[..., hd:].reshape(T, nh * hd)
+        k = (x @ w.get(p + "attn_k.weight").T).reshape(T, nkv, hd)
+        v = (x @ w.get(p + "attn_v.weight").T).reshape(T, nkv, hd)
+        q = rms_norm(q, w.get(p + "attn_q_norm.weight"), cfg.rms_eps)
+        k = rms_norm(k, w.get(p + "attn_k_norm.weight"), cfg.rms_eps)
+        positions = np.arange(pos, pos + T)
+        q = rope_neox(q, positions, cfg.rope_dim, cfg.rope_theta)
+        k = rope_neox(k, positions, cfg.rope_dim, cfg.rope_theta)
+
+        keys = np.concatenate([k_cache, k], axis=0)                           # [S, nkv, hd]
+        values = np.concatenate([v_cache, v], axis=0)
+        S = keys.shape[0]
+        group = nh // nkv
+        kh = np.repeat(keys, group, axis=1).transpose(1, 2, 0)                 # [nh, hd, S]
+        vh = np.repeat(values, group, axis=1).transpose(1, 0, 2)               # [nh, S, hd]
+        scores = (q.transpose(1, 0, 2) @ kh) / np.float32(np.sqrt(hd))        # [nh, T, S]
+        causal = positions[:, None] >= np.arange(S)[None, :]
+        scores = np.where(causal[None], scores, -np.inf)
+        o = (softmax(scores) @ vh).transpose(1, 0, 2).reshape(T, nh * hd)
+        o = o * sigmoid(gate)
+        return o @ w.get(p + "attn_output.weight").T, keys, values

@@ -1,0 +1,108 @@
+"""Gated DeltaNet (linear attention) layer: chunked form for prefill, recurrent for decode.
+
+Per value head, in float32: q and k are L2-normalised and q is scaled by 1/sqrt(d_k);
+beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias); each step
+S <- S * exp(g); S <- S + k (x) beta * (v - S^T k); o = S^T q.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.config import ModelConfig
+from .ops import l2_norm, rms_norm, sigmoid, silu, softplus
+from .weights import Weights
+
+
+class GatedDeltaNet:
+    def __init__(self, cfg: ModelConfig, w: Weights, layer: int):
+        self.cfg, self.w, self.p = cfg, w, f"blk.{layer}."
+        nk, nv = cfg.n_k_heads, cfg.n_v_heads
+        self.key_heads = np.array([cfg.key_head_of(h) for h in range(nv)])   # [nv]
+        if self.p + "ssm_ba.weight" in w:                                      # qwen3next: per key head [b*r, a*r]
+            r = nv // nk
+            heads = np.arange(nv)
+            self.beta_rows = (heads // r) * 2 * r + heads % r
+            self.alpha_rows = self.beta_rows + r
+
+    def _beta_alpha(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if hasattr(self, "beta_rows"):
+            ba = x @ self.w.get(self.p + "ssm_ba.weight").T
+            return ba[:, self.beta_rows], ba[:, self.alpha_rows]
+        return x @ self.w.get(self.p + "ssm_beta.weight").T, x @ self.w.get(self.p + "ssm_alpha.weight").T
+
+    def forward(self, x: np.ndarray, conv_state: np.ndarray, ssm_state: np.ndarray,
+                recurrent: bool, chunk: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """x: [T, hidden] -> ([T, hidden], new conv state, new ssm state)."""
+        cfg, w, p = self.cfg, self.w, self.p
+        T = x.shape[0]
+        nk, nv, dk, dv = cfg.n_k_heads, cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim
+        mixed = x @ w.get(p + "attn_qkv.weight").T                          # [T, C]
+        z = (x @ w.get(p + "attn_gate.weight").T).reshape(T, nv, dv)
+        b, a = self._beta_alpha(x)                                           # [T, nv]
+
+        # causal depthwise conv1d over [state tail, new inputs], then SiLU
+        kernel = w.get(p + "ssm_conv1d.weight")                              # [C, K]
+        K = kernel.shape[1]
+        window = np.concatenate([conv_state.T, mixed], axis=0)               # [K-1+T, C]
+        conv = sum(window[j:j + T] * kernel[:, j] for j in range(K))
+        new_conv = window[-(K - 1):].T.copy() if K > 1 else conv_state
+        mixed = silu(conv)
+
+        q = mixed[:, :nk * dk].reshape(T, nk, dk)[:, self.key_heads]        # [T, nv, dk]
+        k = mixed[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)[:, self.key_heads]
+        v = mixed[:, 2 * nk * dk:].reshape(T, nv, dv)
+        q = l2_norm(q) / np.float32(np.sqrt(dk))
+        k = l2_norm(k)
+        beta = sigmoid(b)
+        g = w.get(p + "ssm_a") * softplus(a + w.get(p + "ssm_dt.bias"))   # [T, nv], ssm_a = -exp(A_log)
+
+        # heads first: [nv, T, d]
+        q, k, v = (t.transpose(1, 0, 2) for t in (q, k, v))
+        beta, g = beta.T, g.T
+        if recurrent:
+            o, S = recurrent_rule(q, k, v, g, beta, ssm_state)
+        else:
+            o, S = chunked_rule(q, k, v, g, beta, ssm_state, chunk)
+        o = o.transpose(1, 0, 2)                                             # [T, nv, dv]
+
+        o = rms_norm(o, w.get(p + "ssm_norm.weight"), cfg.rms_eps) * silu(z)
+        return o.reshape(T, nv * dv) @ w.get(p + "ssm_out.weight").T, new_conv, S
+
+
+def recurrent_rule(q, k, v, g, beta, S):
+    """Token by token. q, k: [H, T, dk]; v: [H, T, dv]; g, beta: [H, T]; S: [H, dk, dv]."""
+    S = S.copy()
+    out = np.empty_like(v)
+    for t in range(q.shape[1]):
+        S *= np.exp(g[:, t])[:, None, None]
+        kv = np.einsum("hk,hkv->hv", k[:, t], S)
+        delta = (v[:, t] - kv) * beta[:, t, None]
+        S += k[:, t, :, None] * delta[:, None, :]
+        out[:, t] = np.einsum("hk,hkv->hv", q[:, t], S)
+    return out, S
+
+
+def chunked_rule(q, k, v, g, beta, S, chunk: int):
+    """The same recurrence, `chunk` tokens at a time with a UT transform inside each chunk."""
+    S = S.copy()
+    H, T, _ = q.shape
+    out = np.empty_like(v)
+    for s in range(0, T, chunk):
+        e = min(s + chunk, T)
+        qc, kc, vc, bc = q[:, s:e], k[:, s:e], v[:, s:e], beta[:, s:e]
+        G = np.cumsum(g[:, s:e], axis=1)                                     # [H, C]
+        C = e - s
+        lower = np.tril(np.ones((C, C), bool))
+        decay = np.where(lower, np.exp(np.minimum(G[:, :, None] - G[:, None, :], 0.0)), 0.0)
+        kb = kc * bc[..., None]
+        A = np.where(np.tril(np.ones((C, C), bool), -1), (kb @ kc.transpose(0, 2, 1)) * decay, 0.0)
+        system = (np.eye(C) + A).astype(np.float64)                          # unit lower triangular
+        rhs = np.concatenate([vc * bc[..., None], kb * np.exp(G)[..., None]], axis=-1)
+        sol = np.linalg.solve(system, rhs.astype(np.float64)).astype(np.float32)
+        u, w = sol[..., :vc.shape[-1]], sol[..., vc.shape[-1]:]
+        v_new = u - w @ S                                                    # [H, C, dv]
+        attn = (qc @ kc.transpose(0, 2, 1)) * decay                          # [H, C, C]
+        out[:, s:e] = (qc * np.exp(G)[..., None]) @ S + attn.astype(np.float32) @ v_new
+        last = G[:, -1:]
+        S = S * np.exp(last)[..., None] + (kc * np.exp(last - G)[..., None]).transpose(0, 2, 1) @ v_new
+    return out, S.astype(np.float32)

@@ -1,0 +1,45 @@
+"""Elementwise and normalisation ops of the reference engine, float32 numpy."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    # x: [..., d]; w is stored ready to multiply (GGUF keeps zero-centred norms as 1 + w)
+    x = x.astype(np.float32, copy=False)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def l2_norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32, copy=False)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x * sigmoid(x)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, x).astype(np.float32, copy=False)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def rope_neox(x: np.ndarray, positions: np.ndarray, rope_dim: int, theta: float) -> np.ndarray:
+    """Rotate-half RoPE on the first `rope_dim` dims of each head. x: [T, heads, head_dim]."""
+    half = rope_dim // 2
+    inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
+    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]       # [T, half]
+    cos = np.cos(angles).astype(np.float32)[:, None, :]
+    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:rope_dim]
+    out = x.copy()
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half:rope_dim] = x2 * cos + x1 * sin
+    return out

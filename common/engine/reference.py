@@ -1,0 +1,70 @@
+"""The numpy float32 reference engine: the yardstick every fast path is held against.
+
+It is plain on purpose: one layer object per block, the chunked Gated DeltaNet for prefill and
+the recurrent form for decode, weights dequantized from the GGUF blocks as they are needed.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..model.gguf_file import GGUFModel
+from ..state import SequenceState
+from .attention import GatedAttention
+from .deltanet import GatedDeltaNet
+from .moe import MoE
+from .ops import rms_norm
+from .weights import Weights
+
+
+class ReferenceEngine:
+    def __init__(self, model: GGUFModel):
+        self.model = model
+        self.cfg = cfg = model.config
+        self.w = Weights(model)
+        self.mixers = [GatedAttention(cfg, self.w, i) if cfg.is_full_attention(i)
+                       else GatedDeltaNet(cfg, self.w, i) for i in range(cfg.n_layers)]
+        self.moes = [MoE(cfg, self.w, i) for i in range(cfg.n_layers)]
+        # layer -> its index among the linear or the full-attention layers (the state's order)
+        self.slot = {i: n for n, i in enumerate(cfg.linear_layers)} | {i: n for n, i in enumerate(cfg.full_layers)}
+
+    def new_state(self) -> SequenceState:
+        return SequenceState.empty(self.cfg)
+
+    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = 64,
+                all_logits: bool = False) -> np.ndarray:
+        """Chunked form over the prompt. Returns logits [vocab] of the last token, or [T, vocab]."""
+        logits = self.forward(tokens, state, recurrent=False, chunk=chunk, all_logits=all_logits)
+        return logits if all_logits else logits[-1]
+
+    def decode(self, tokens: Sequence[int], states: list[SequenceState]) -> np.ndarray:
+        """One token per sequence, recurrent form. Returns logits [B, vocab]."""
+        return np.stack([self.forward([t], s, recurrent=True)[-1] for t, s in zip(tokens, states)])
+
+    def forward(self, tokens: Sequence[int], state: SequenceState, *, recurrent: bool,
+                chunk: int = 64, all_logits: bool = True) -> np.ndarray:
+        cfg = self.cfg
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise ValueError("forward needs a non-empty 1-D token sequence")
+        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+            raise ValueError(f"token id out of range [0, {cfg.vocab_size})")
+        x = self.w.rows("token_embd.weight", ids)                             # [T, hidden]
+        for i in range(cfg.n_layers):
+            p, n = f"blk.{i}.", self.slot[i]
+            h = rms_norm(x, self.w.get(p + "attn_norm.weight"), cfg.rms_eps)
+            if cfg.is_full_attention(i):
+                h, state.k[n], state.v[n] = self.mixers[i].forward(h, state.k[n], state.v[n], state.pos)
+            else:
+                h, state.conv[n], state.ssm[n] = self.mixers[i].forward(
+                    h, state.conv[n], state.ssm[n], recurrent, chunk)
+            x = x + h
+            h = rms_norm(x, self.w.get(p + "post_attention_norm.weight"), cfg.rms_eps)
+            x = x + self.moes[i].forward(h)
+        state.pos += len(ids)
+        if not all_logits:
+            x = x[-1:]
+        x = rms_norm(x, self.w.get("output_norm.weight"), cfg.rms_eps)
+        head = "output.weight" if "output.weight" in self.w else "token_embd.weight"
+        return self.w.matmul_rows_blocked(head, x)

@@ -1,0 +1,3 @@
+from fermium.cli import app
+
+app()
