@@ -1,0 +1,73 @@
+"""`fermium generate`: in-process generation with the reference (or native) engine."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+ENGINES = ("reference", "native")
+
+
+def load_engine(model, name: str, threads: Optional[int] = None):
+    if name == "reference":
+        from common.engine.reference import ReferenceEngine
+        return ReferenceEngine(model)
+    if name == "native":
+        from services.decode.native_engine import NativeEngine
+        return NativeEngine(model, threads=threads)
+    raise typer.BadParameter(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+
+
+def generate_command(
+    model: Optional[Path] = typer.Option(None, help="GGUF model file (default: the bundled demo model)."),
+    prompt: Optional[str] = typer.Option(None, help="Raw text to continue."),
+    chat: Optional[str] = typer.Option(None, help="A user message, rendered with the model's chat template."),
+    max_tokens: int = typer.Option(64, min=1, help="Tokens to generate."),
+    temperature: float = typer.Option(0.0, min=0.0, help="0 is greedy."),
+    top_k: int = typer.Option(0, min=0), top_p: float = typer.Option(1.0), min_p: float = typer.Option(0.0),
+    repetition_penalty: float = typer.Option(1.0),
+    seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
+    think: bool = typer.Option(False, help="With --chat: let the model think first (enable_thinking)."),
+    engine: str = typer.Option("reference", help=f"Engine: {', '.join(ENGINES)}."),
+    threads: Optional[int] = typer.Option(None, help="Threads for the native engine."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+):
+    """Generate text from a prompt or a chat message, in this process."""
+    from common.engine.generate import generate
+    from common.model.chat_template import render_chat
+    from common.model.gguf_file import GGUFModel
+    from common.model.tokenizer import Tokenizer
+    from common.sampling import SamplingParams
+
+    if (prompt is None) == (chat is None):
+        raise typer.BadParameter("give exactly one of --prompt or --chat")
+    if model is None:
+        from common.model.default import default_model_path
+        model = default_model_path()
+    gguf_model = GGUFModel(model)
+    tokenizer = Tokenizer.from_gguf(gguf_model)
+    text = prompt if prompt is not None else render_chat(
+        [{"role": "user", "content": chat}], enable_thinking=think,
+        template=gguf_model.get("tokenizer.chat_template") if gguf_model.has("tokenizer.chat_template") else None)
+    prompt_ids = tokenizer.encode(text)
+    if len(prompt_ids) + max_tokens > gguf_model.config.context_length:
+        raise typer.BadParameter(f"prompt ({len(prompt_ids)} tokens) + max_tokens exceeds the context "
+                                 f"length {gguf_model.config.context_length}")
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repetition_penalty=repetition_penalty, seed=seed)
+    runner = load_engine(gguf_model, engine, threads)
+    stop = tokenizer.eos_ids
+    tokens, stream = [], tokenizer.stream()
+    for token in generate(runner, prompt_ids, params, max_tokens, stop):
+        tokens.append(token)
+        if not as_json and token not in stop:
+            sys.stdout.write(stream.push(token))
+            sys.stdout.flush()
+    text_out = tokenizer.decode([t for t in tokens if t not in stop])
+    if as_json:
+        print(json.dumps({"prompt_tokens": prompt_ids, "tokens": tokens, "text": text_out}))
+    else:
+        sys.stdout.write("\n")

@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random transformers checkpoints and their GGUF conversions."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fermium_cli(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    """Run the `fermium` command of this checkout in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "fermium", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, check=check, **kwargs)
+
+
+def tiny_config(kind: str, layers: int = 8):
+    """A small model of the real architecture: 3:1 linear:full, v heads = 2 x k heads, partial RoPE."""
+    import transformers as tf
+    common = dict(vocab_size=320, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
+                  linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+                  initializer_range=0.08, rms_norm_eps=1e-6)
+    if kind == "qwen3_5_moe_text":
+        return tf.Qwen3_5MoeTextConfig(**common), tf.Qwen3_5MoeForCausalLM
+    if kind == "qwen3_next":
+        return tf.Qwen3NextConfig(**common, intermediate_size=64), tf.Qwen3NextForCausalLM
+    raise ValueError(kind)
+
+
+def build_tiny_checkpoint(kind: str, out_dir: Path, seed: int = 0):
+    import torch
+    cfg, cls = tiny_config(kind)
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    with torch.no_grad():                     # the default init leaves norms at zero and gates bland
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.3)
+            elif name.endswith(("dt_bias", "A_log")):
+                p.normal_(0.0, 0.5)
+    model.save_pretrained(out_dir)
+    return model
+
+
+@pytest.fixture(scope="session", params=["qwen3_5_moe_text", "qwen3_next"])
+def tiny_model(request, tmp_path_factory):
+    """(transformers model, f32 GGUF path, checkpoint dir) for each architecture."""
+    pytest.importorskip("torch")
+    kind = request.param
+    root = tmp_path_factory.mktemp(kind)
+    model = build_tiny_checkpoint(kind, root / "hf")
+    gguf_path = root / "model-f32.gguf"
+    fermium_cli("convert", root / "hf", gguf_path, "--type", "f32")
+    return model, gguf_path, root / "hf"

@@ -1,0 +1,90 @@
+"""The reference engine against transformers on tiny random models of both architectures."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.engine.reference import ReferenceEngine
+from common.model.gguf_file import GGUFModel
+from tests.conftest import fermium_cli
+
+PROMPT_LEN, GREEDY_STEPS = 100, 32
+# float32 on both sides, different summation orders: a relative error of 1e-4 of the largest logit
+LOGIT_REL_TOL = 1e-4
+# chunked and recurrent forms are algebraically equal; float32 rounding differs
+STATE_ABS_TOL = 1e-5
+
+
+def prompt_ids(vocab: int, n: int = PROMPT_LEN, seed: int = 1) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def greedy_with_logits(engine: ReferenceEngine, ids: list[int], steps: int):
+    state = engine.new_state()
+    logits = [engine.prefill(ids, state, all_logits=True)]
+    tokens = []
+    for _ in range(steps):
+        tokens.append(int(np.argmax(logits[-1][-1])))
+        logits.append(engine.decode([tokens[-1]], [state]))
+    return tokens, np.concatenate(logits)[:-1]        # [PROMPT_LEN + steps - 1, vocab]
+
+
+def test_logits_and_greedy_tokens_match_transformers(tiny_model):
+    import torch
+    hf, gguf_path, _ = tiny_model
+    engine = ReferenceEngine(GGUFModel(gguf_path))
+    ids = prompt_ids(engine.cfg.vocab_size)
+    with torch.no_grad():
+        hf_out = hf.generate(torch.tensor([ids]), max_new_tokens=GREEDY_STEPS, do_sample=False,
+                             min_new_tokens=GREEDY_STEPS, pad_token_id=0)
+    hf_tokens = hf_out[0, PROMPT_LEN:].tolist()
+    tokens, ours = greedy_with_logits(engine, ids, GREEDY_STEPS)
+    assert tokens == hf_tokens
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids + tokens[:-1]])).logits[0].numpy()
+    bound = LOGIT_REL_TOL * np.abs(ref).max(axis=-1)
+    worst = (np.abs(ours - ref).max(axis=-1) / bound).max()
+    assert worst <= 1.0, f"logit error {worst:.2f}x the tolerance"
+
+
+def test_chunked_and_recurrent_agree(tiny_model):
+    _, gguf_path, _ = tiny_model
+    engine = ReferenceEngine(GGUFModel(gguf_path))
+    ids = prompt_ids(engine.cfg.vocab_size, 150, seed=2)
+    chunked, recurrent = engine.new_state(), engine.new_state()
+    a = engine.prefill(ids, chunked, all_logits=True, chunk=64)
+    b = engine.forward(ids, recurrent, recurrent=True)
+    for x, y in zip(chunked.arrays(), recurrent.arrays()):
+        assert np.abs(x - y).max() <= STATE_ABS_TOL
+    assert np.abs(a - b).max() <= LOGIT_REL_TOL * np.abs(b).max()
+    assert chunked.pos == recurrent.pos == len(ids)
+
+
+def test_prefill_in_pieces_equals_one_prefill(tiny_model):
+    _, gguf_path, _ = tiny_model
+    engine = ReferenceEngine(GGUFModel(gguf_path))
+    ids = prompt_ids(engine.cfg.vocab_size, 90, seed=3)
+    whole, pieces = engine.new_state(), engine.new_state()
+    last = engine.prefill(ids, whole)
+    engine.prefill(ids[:37], pieces)
+    last_pieces = engine.prefill(ids[37:], pieces)
+    assert np.abs(last - last_pieces).max() <= LOGIT_REL_TOL * np.abs(last).max()
+
+
+# Quantized files: error against the f32 file's logits, relative to the largest logit.
+# Q8_0 keeps ~8 bits per weight; Q4_0 and Q4_K_M keep ~4.5, so their logits move more.
+QUANT_REL_TOL = {"q8_0": 0.02, "q4_0": 0.15, "q4_k_m": 0.15}
+
+
+@pytest.mark.parametrize("qtype", sorted(QUANT_REL_TOL))
+def test_quantized_files_run_close_to_f32(tiny_model, qtype, tmp_path):
+    _, f32_path, hf_dir = tiny_model
+    out = tmp_path / f"model-{qtype}.gguf"
+    fermium_cli("convert", hf_dir, out, "--type", qtype)
+    ids = prompt_ids(320, 40, seed=4)
+    f32 = ReferenceEngine(GGUFModel(f32_path))
+    ref = f32.prefill(ids, f32.new_state(), all_logits=True)
+    quant = ReferenceEngine(GGUFModel(out))
+    got = quant.prefill(ids, quant.new_state(), all_logits=True)
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref).max() <= QUANT_REL_TOL[qtype] * np.abs(ref).max()
