@@ -1,0 +1,101 @@
+"""Prometheus metrics of the three services, each on its own `--metrics-port`.
+
+Names follow vLLM's set with the `fermium_` prefix. Exported names (histograms also export
+`_bucket`, `_sum`, `_count`; counters export `_total`):
+
+router
+    fermium_requests_total{outcome}            counter  outcome: stop | length | cancelled | error | rejected
+    fermium_prompt_tokens_total                counter  prompt tokens of admitted requests
+    fermium_generation_tokens_total            counter  tokens streamed to clients
+    fermium_time_to_first_token_seconds        histogram
+    fermium_inter_token_latency_seconds        histogram
+    fermium_e2e_request_latency_seconds        histogram
+    fermium_request_queue_time_seconds         histogram  admission queue wait
+    fermium_request_prefill_time_seconds       histogram  dispatch -> first token
+    fermium_request_decode_time_seconds        histogram  first token -> last token
+    fermium_num_requests_running               gauge
+    fermium_num_requests_waiting               gauge
+    fermium_workers{role}                      gauge    live workers: prefill | decode
+prefill
+    fermium_prefill_requests_total{outcome}    counter  outcome: ok | cancelled | error
+    fermium_prefill_tokens_total               counter
+    fermium_prefill_time_seconds               histogram  one prompt, backend compute
+    fermium_prefill_weight_bytes_total         counter  weight bytes the backend moved (stats())
+    fermium_prefill_backend_stat{key}          gauge    every numeric entry of backend.stats()
+    fermium_num_requests_running / _waiting    gauge
+decode
+    fermium_decode_requests_total{outcome}     counter  outcome: stop | length | cancelled | error
+    fermium_decode_tokens_total                counter
+    fermium_decode_step_seconds                histogram  one batched engine step
+    fermium_decode_batch_size                  histogram  sequences per step
+    fermium_num_requests_running / _waiting    gauge
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# seconds: from a 1 ms loopback hop to a multi-minute prefill on the reference card
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                   0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+
+    def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+        return Gauge(name, doc, labels, registry=self.registry)
+
+    def histogram(self, name: str, doc: str, buckets=LATENCY_BUCKETS) -> Histogram:
+        return Histogram(name, doc, buckets=buckets, registry=self.registry)
+
+    def _load_gauges(self) -> None:
+        self.running = self.gauge("fermium_num_requests_running", "Requests being processed")
+        self.waiting = self.gauge("fermium_num_requests_waiting", "Requests waiting for a slot")
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        """Expose /metrics on `port` (0 turns it off)."""
+        if port:
+            start_http_server(port, addr=host, registry=self.registry)
+
+
+class RouterMetrics(_Metrics):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = self.counter("fermium_requests", "Finished requests by outcome", ("outcome",))
+        self.prompt_tokens = self.counter("fermium_prompt_tokens", "Prompt tokens of admitted requests")
+        self.generation_tokens = self.counter("fermium_generation_tokens", "Tokens streamed to clients")
+        self.ttft = self.histogram("fermium_time_to_first_token_seconds", "Arrival to first token")
+        self.itl = self.histogram("fermium_inter_token_latency_seconds", "Time between two tokens")
+        self.e2e = self.histogram("fermium_e2e_request_latency_seconds", "Arrival to last token")
+        self.queue_time = self.histogram("fermium_request_queue_time_seconds", "Time in the admission queue")
+        self.prefill_time = self.histogram("fermium_request_prefill_time_seconds", "Dispatch to first token")
+        self.decode_time = self.histogram("fermium_request_decode_time_seconds", "First to last token")
+        self.workers = self.gauge("fermium_workers", "Live workers by role", ("role",))
+        self._load_gauges()
+
+
+class PrefillMetrics(_Metrics):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = self.counter("fermium_prefill_requests", "Prefill requests by outcome", ("outcome",))
+        self.tokens = self.counter("fermium_prefill_tokens", "Tokens prefilled")
+        self.time = self.histogram("fermium_prefill_time_seconds", "Backend time of one prefill")
+        self.weight_bytes = self.counter("fermium_prefill_weight_bytes", "Weight bytes moved by the backend")
+        self.backend_stat = self.gauge("fermium_prefill_backend_stat", "Numeric backend stats", ("key",))
+        self._load_gauges()
+
+
+class DecodeMetrics(_Metrics):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = self.counter("fermium_decode_requests", "Decoded sequences by outcome", ("outcome",))
+        self.tokens = self.counter("fermium_decode_tokens", "Tokens sampled")
+        self.step_time = self.histogram("fermium_decode_step_seconds", "One batched decode step")
+        self.batch_size = self.histogram("fermium_decode_batch_size", "Sequences per decode step",
+                                         buckets=BATCH_BUCKETS)
+        self._load_gauges()

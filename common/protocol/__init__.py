@@ -1,0 +1,13 @@
+"""The wire protocol: one module per receiving service, one shared codec.
+
+- `codec`: frame layout, VERSION, encode/decode, ProtocolError.
+- `router`: what the router receives (Hello, Heartbeat, PrefillDone, Tokens, Finished, Failed).
+- `prefill`: what a prefill worker receives (PrefillRequest).
+- `decode`: what a decode worker receives (DecodeRequest).
+- `worker`: what every worker receives (HelloAck, Cancel).
+"""
+from . import decode, prefill, router, worker
+from .codec import VERSION, Message, ProtocolError, decode as decode_frames, encode as encode_message
+
+__all__ = ["VERSION", "Message", "ProtocolError", "decode_frames", "encode_message",
+           "decode", "prefill", "router", "worker"]

@@ -1,0 +1,25 @@
+"""Messages a decode worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
+
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 1).
+
+    0x30 DecodeRequest  prefill -> decode: the prefilled state and the first token's logits
+
+`state` is SequenceState.arrays() at position `pos` (conv..., ssm..., k..., v...), one frame
+per array; `logits` is (vocab,) float32. Decode samples the first token from `logits`.
+"""
+from __future__ import annotations
+
+from .codec import Message, message
+
+
+@message(0x30)
+class DecodeRequest(Message):
+    pos: int
+    history: list[int]           # the whole prompt
+    sampling: dict
+    max_tokens: int
+    stop_ids: list[int]
+    return_state: bool
+    state: list
+    logits: object
+    ARRAYS = ("state", "logits")

@@ -1,0 +1,27 @@
+"""Messages a prefill worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
+
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 1).
+
+    0x20 PrefillRequest  router -> prefill: tokens to run, where to ship the result
+
+`start_state` (SequenceState.arrays() order, at position `start_pos`) is the snapshot seam:
+when set, only `tokens` (the suffix after the cached prefix) are prefilled on top of it.
+`history` is the whole prompt, which the sampler may need (repetition penalty).
+"""
+from __future__ import annotations
+
+from .codec import Message, message
+
+
+@message(0x20)
+class PrefillRequest(Message):
+    tokens: list[int]            # the part of the prompt to prefill
+    history: list[int]           # the whole prompt
+    start_pos: int
+    decode_address: str          # inbox of the decode worker the router chose
+    sampling: dict               # SamplingParams fields
+    max_tokens: int
+    stop_ids: list[int]
+    return_state: bool
+    start_state: list | None
+    ARRAYS = ("start_state",)

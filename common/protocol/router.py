@@ -1,0 +1,65 @@
+"""Messages the router receives, on its PULL inbox (workers PUSH to it).
+
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 1).
+
+    0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity)
+    0x11 Heartbeat    worker -> router: alive, with its load; also re-registers after a router restart
+    0x12 PrefillDone  prefill -> router: the prompt is prefilled and shipped to decode
+    0x13 Tokens       decode -> router: newly sampled token ids of one sequence
+    0x14 Finished     decode -> router: the sequence ended; optional final state (snapshot seam)
+    0x15 Failed       any worker -> router: request `rid` failed, or a frame was rejected
+"""
+from __future__ import annotations
+
+from .codec import Message, message
+
+
+@message(0x10)
+class Hello(Message):
+    worker_id: str
+    role: str            # "prefill" | "decode"
+    address: str         # the worker's inbox, as the router should connect to it
+    capacity: int        # sequences it is willing to hold at once
+    model: str
+
+
+@message(0x11)
+class Heartbeat(Message):
+    worker_id: str
+    role: str
+    address: str
+    capacity: int
+    model: str
+    running: int
+    waiting: int
+
+
+@message(0x12)
+class PrefillDone(Message):
+    worker_id: str
+    n_tokens: int        # tokens actually prefilled (the suffix after any cached prefix)
+    seconds: float
+
+
+@message(0x13)
+class Tokens(Message):
+    worker_id: str
+    tokens: list[int]
+
+
+@message(0x14)
+class Finished(Message):
+    """End of a sequence. `state` (SequenceState.arrays() order) is set when it was asked for."""
+
+    worker_id: str
+    reason: str          # "stop" | "length" | "cancelled"
+    n_generated: int
+    pos: int
+    state: list | None
+    ARRAYS = ("state",)
+
+
+@message(0x15)
+class Failed(Message):
+    worker_id: str
+    error: str

@@ -1,0 +1,106 @@
+"""The worker side of the router link, shared by prefill and decode workers.
+
+A worker binds its inbox, says Hello to the router until a HelloAck comes back (the ready
+handshake), then sends a Heartbeat with its load every `heartbeat_s` from a thread of its own,
+so a long prefill never makes it look dead. Frames that do not decode are logged and, when
+their request id could be read, answered with Failed so the request ends instead of hanging.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Callable
+
+from .mp import PullQueue, PushQueue
+from .protocol import Message, ProtocolError
+from .protocol.router import Failed, Heartbeat, Hello
+from .protocol.worker import HelloAck
+
+log = logging.getLogger("fermium.worker")
+
+HEARTBEAT_S = 0.5
+
+
+class WorkerLink:
+    def __init__(self, role: str, *, router_address: str, inbox_address: str, advertise: str | None,
+                 capacity: int, model: str, load: Callable[[], tuple[int, int]],
+                 heartbeat_s: float = HEARTBEAT_S):
+        self.role, self.capacity, self.model = role, capacity, model
+        self.worker_id = f"{role}-{uuid.uuid4().hex[:8]}"
+        self._load = load
+        self._heartbeat_s = heartbeat_s
+        self._ack: HelloAck | None = None
+        self._acked = threading.Event()
+        self._queue: queue.Queue[Message] = queue.Queue()
+        self.inbox: PullQueue[Message] = PullQueue(inbox_address, name=role, on_message=self._route,
+                                                   on_error=self._rejected)
+        self.address = advertise or self.inbox.address
+        self.router_address = router_address
+        self.router: PushQueue[Message] = PushQueue(router_address, name=f"{role}->router")
+        self._stop = threading.Event()
+
+    def _route(self, msg: Message) -> None:
+        if isinstance(msg, HelloAck):
+            self._ack = msg
+            self._acked.set()
+        else:
+            self._queue.put(msg)
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        """Next service message (anything but the handshake), or None after `timeout`."""
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def drain(self) -> list[Message]:
+        out = []
+        while not self._queue.empty():
+            out.append(self._queue.get_nowait())
+        return out
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def _rejected(self, err: ProtocolError) -> None:
+        log.error("%s %s: rejected a message: %s", self.role, self.worker_id, err)
+        if err.rid:
+            self.fail(err.rid, f"{self.role} rejected a message: {err}")
+
+    def fail(self, rid: str, error: str) -> None:
+        self.router.put(Failed(rid, self.worker_id, error))
+
+    def send(self, msg: Message) -> None:
+        self.router.put(msg)
+
+    def start(self, timeout: float) -> None:
+        """Ready handshake: Hello until HelloAck; then heartbeats. Raises with a hint on timeout."""
+        hello = Hello(uuid.uuid4().hex, self.worker_id, self.role, self.address, self.capacity, self.model)
+        deadline = time.monotonic() + timeout
+        while not self._acked.is_set():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.role}: the router at {self.router_address} did not answer the ready "
+                    f"handshake within {timeout:.0f} s. Start `fermium router` first, or pass its "
+                    "worker address with --router (FERMIUM_ROUTER); from another host, --advertise "
+                    "must be an address the router can reach.")
+            self.router.put(hello)
+            self._acked.wait(0.25)
+        if not self._ack.accepted:
+            raise RuntimeError(f"the router refused this {self.role} worker: {self._ack.reason}")
+        threading.Thread(target=self._beat, name=f"heartbeat-{self.role}", daemon=True).start()
+        log.info("%s %s registered at %s, inbox %s", self.role, self.worker_id, self.router_address, self.address)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._heartbeat_s):
+            running, waiting = self._load()
+            self.router.put(Heartbeat(uuid.uuid4().hex, self.worker_id, self.role, self.address,
+                                      self.capacity, self.model, running, waiting))
+
+    def close(self) -> None:
+        self._stop.set()
+        self.inbox.close()
+        self.router.close()

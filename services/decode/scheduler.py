@@ -1,0 +1,58 @@
+"""Continuous batching: which sequences run in the next decode step. Plain Python, no engine.
+
+New sequences wait until a batch slot frees; they join between steps, never inside one.
+A cancelled sequence leaves at the next step boundary.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Sequence:
+    rid: str
+    state: Any                       # SequenceState, advanced in place by the engine
+    sampler: Any                     # Sampler with this request's params and seed
+    history: list[int]               # prompt + generated tokens (the sampler's context)
+    max_tokens: int
+    stop_ids: frozenset[int]
+    return_state: bool
+    next_token: int = -1             # sampled, not yet fed to the engine
+    generated: int = 0               # tokens sampled, the stop token included
+    finish_reason: str | None = None
+    joined_at: float = 0.0
+
+
+@dataclass
+class BatchScheduler:
+    max_batch: int
+    waiting: deque[Sequence] = field(default_factory=deque)
+    running: list[Sequence] = field(default_factory=list)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def cancel(self, rid: str) -> Sequence | None:
+        for group in (self.running, self.waiting):
+            for seq in group:
+                if seq.rid == rid:
+                    group.remove(seq)
+                    return seq
+        return None
+
+    def admit(self) -> list[Sequence]:
+        """Move waiting sequences into free batch slots; returns those that joined."""
+        joined = []
+        while self.waiting and len(self.running) < self.max_batch:
+            seq = self.waiting.popleft()
+            self.running.append(seq)
+            joined.append(seq)
+        return joined
+
+    def retire(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+
+    def __len__(self) -> int:
+        return len(self.running) + len(self.waiting)

@@ -1,0 +1,16 @@
+"""Prefill worker configuration."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    model: str                               # GGUF path
+    router: str = "tcp://127.0.0.1:5560"     # the router's worker inbox
+    listen: str = "tcp://127.0.0.1:0"        # this worker's inbox (:0 picks a free port)
+    advertise: str | None = None             # inbox address as others reach it (other hosts)
+    backend: str = "cpu"
+    backend_options: dict = field(default_factory=dict)
+    metrics_port: int = 0
+    ready_timeout: float = 30.0
