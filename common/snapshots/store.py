@@ -1,0 +1,225 @@
+"""Position-indexed snapshots of sequence state, with shared KV blocks, a RAM budget and a disk tier.
+
+A snapshot at position p holds the recurrent state (conv + Gated DeltaNet per linear layer) and
+the logits of token p-1, and refers to the KV blocks of the full-attention layers up to p:
+`block` tokens per block, keyed by the hash chain (keys.py), shared by every snapshot with that
+prefix. The tokens past the last full block (the tail) keep their KV inside the snapshot.
+
+Lookup walks the query's chain: at each known block it tries the tail lengths stored under that
+block, so a hit can end at any position, not only at block boundaries.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..model.config import ModelConfig
+from ..state import SequenceState
+from . import disk
+from .keys import ROOT, chain, tail_key
+
+log = logging.getLogger("fermium.snapshots")
+
+
+@dataclass
+class Snapshot:
+    pos: int
+    base: bytes                          # chain key of the last full block (ROOT if none)
+    blocks: list[bytes]                  # chain keys of the full blocks, in order
+    recurrent: list[np.ndarray] | None   # conv..., ssm... (None while only on disk)
+    logits: np.ndarray | None            # [vocab] logits of the last token
+    tail_k: list[np.ndarray] = field(default_factory=list)   # per full layer: [tail, n_kv, hd]
+    tail_v: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def ram_bytes(self) -> int:
+        if self.recurrent is None:
+            return 0
+        return sum(a.nbytes for a in [*self.recurrent, self.logits, *self.tail_k, *self.tail_v])
+
+
+@dataclass
+class StoreStats:
+    lookups: int = 0
+    hits: int = 0
+    misses: int = 0
+    tokens_saved: int = 0
+    evictions: int = 0
+    disk_rejected: int = 0
+
+
+class SnapshotStore:
+    """Thread-safe. `budget_bytes` bounds RAM (snapshots plus KV blocks); least recently used goes first."""
+
+    def __init__(self, cfg: ModelConfig, budget_bytes: int, block: int = 64, disk_dir: str | Path | None = None):
+        self.cfg, self.budget, self.block = cfg, budget_bytes, block
+        self.snaps: OrderedDict[bytes, Snapshot] = OrderedDict()       # key -> snapshot, LRU order
+        self.tails: dict[bytes, set[int]] = {}                         # base -> tail lengths stored
+        self.kv_blocks: dict[bytes, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        self.refs: dict[bytes, int] = {}                               # block key -> snapshots using it
+        self.known_blocks: set[bytes] = set()                          # chain keys on any path, RAM or disk
+        self.stats = StoreStats()
+        self.lock = threading.RLock()
+        self.disk_dir = Path(disk_dir) if disk_dir else None
+        if self.disk_dir:
+            self.disk_dir.mkdir(parents=True, exist_ok=True)
+            self._index_disk()
+
+    # ---- sizes
+    @property
+    def ram_bytes(self) -> int:
+        kv = sum(a.nbytes for ks, vs in self.kv_blocks.values() for a in (*ks, *vs))
+        return kv + sum(s.ram_bytes for s in self.snaps.values())
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.disk_dir.glob("*.snap")) if self.disk_dir else 0
+
+    # ---- put
+    def put(self, tokens: Sequence[int], state: SequenceState, logits: np.ndarray) -> bytes:
+        """Store the state after `tokens` (state.pos == len(tokens)). Returns the snapshot key."""
+        if state.pos != len(tokens):
+            raise ValueError(f"state is at {state.pos}, tokens are {len(tokens)}")
+        B = self.block
+        blocks = list(chain(tokens, B))
+        base = blocks[-1] if blocks else ROOT
+        key = tail_key(base, tokens[len(blocks) * B:])
+        with self.lock:
+            if key in self.snaps:
+                self.snaps.move_to_end(key)
+                return key
+            for i, bkey in enumerate(blocks):
+                if bkey not in self.kv_blocks:
+                    self.kv_blocks[bkey] = ([k[i * B:(i + 1) * B].copy() for k in state.k],
+                                            [v[i * B:(i + 1) * B].copy() for v in state.v])
+                self.refs[bkey] = self.refs.get(bkey, 0) + 1
+            n_lin = len(state.conv)
+            snap = Snapshot(state.pos, base, blocks, [a.copy() for a in state.arrays()[:2 * n_lin]],
+                            np.asarray(logits, np.float32).copy(),
+                            [k[len(blocks) * B:].copy() for k in state.k],
+                            [v[len(blocks) * B:].copy() for v in state.v])
+            self._index(key, snap)
+            if self.disk_dir:
+                disk.write_atomic(self._path(key), snap.pos, key, [*state.arrays(), snap.logits],
+                                  {"base": base.hex(), "blocks": [b.hex() for b in blocks]})
+            self._evict()
+            return key
+
+    def _index(self, key: bytes, snap: Snapshot) -> None:
+        self.snaps[key] = snap
+        self.tails.setdefault(snap.base, set()).add(snap.pos - len(snap.blocks) * self.block)
+        self.known_blocks.update(snap.blocks)
+
+    # ---- lookup
+    def lookup(self, tokens: Sequence[int]) -> tuple[SequenceState, np.ndarray] | None:
+        """The state after the longest stored prefix of `tokens` and its last logits, or None."""
+        with self.lock:
+            self.stats.lookups += 1
+            best = self._longest(tokens)
+            found = self._materialise(best) if best else None
+            if found is None:
+                self.stats.misses += 1
+                return None
+            self.stats.hits += 1
+            self.stats.tokens_saved += found[0].pos
+            return found
+
+    def _longest(self, tokens: Sequence[int]) -> bytes | None:
+        B, best, best_pos = self.block, None, -1
+        bases = [ROOT]
+        for bkey in chain(tokens, B):
+            if bkey not in self.known_blocks:
+                break
+            bases.append(bkey)
+        for j, base in enumerate(bases):
+            for tail in self.tails.get(base, ()):
+                pos = j * B + tail
+                if pos > len(tokens) or pos <= best_pos:
+                    continue
+                key = tail_key(base, tokens[j * B:pos])
+                if key in self.snaps:
+                    best, best_pos = key, pos
+        return best
+
+    def _materialise(self, key: bytes) -> tuple[SequenceState, np.ndarray] | None:
+        snap = self.snaps[key]
+        if snap.recurrent is None and not self._load_from_disk(key):
+            return None
+        self.snaps.move_to_end(key)
+        if any(b not in self.kv_blocks for b in snap.blocks):
+            return None
+        n_lin = len(snap.recurrent) // 2
+        ks = [np.concatenate([*(self.kv_blocks[b][0][i] for b in snap.blocks), snap.tail_k[i]])
+              for i in range(len(snap.tail_k))]
+        vs = [np.concatenate([*(self.kv_blocks[b][1][i] for b in snap.blocks), snap.tail_v[i]])
+              for i in range(len(snap.tail_v))]
+        state = SequenceState(snap.pos, [a.copy() for a in snap.recurrent[:n_lin]],
+                              [a.copy() for a in snap.recurrent[n_lin:]], ks, vs)
+        return state, snap.logits.copy()
+
+    # ---- eviction
+    def _evict(self) -> None:
+        while self.ram_bytes > self.budget:
+            victim = next((k for k, s in self.snaps.items() if s.recurrent is not None), None)
+            if victim is None:
+                return
+            self._drop_from_ram(victim)
+            self.stats.evictions += 1
+
+    def _drop_from_ram(self, key: bytes) -> None:
+        snap = self.snaps[key]
+        for bkey in snap.blocks:
+            self.refs[bkey] -= 1
+            if self.refs[bkey] == 0:
+                del self.refs[bkey], self.kv_blocks[bkey]
+        if self.disk_dir and self._path(key).exists():
+            snap.recurrent = snap.logits = None                     # keep the index entry: it is on disk
+            snap.tail_k, snap.tail_v = [], []
+        else:
+            del self.snaps[key]
+            self.tails[snap.base].discard(snap.pos - len(snap.blocks) * self.block)
+
+    # ---- disk tier
+    def _path(self, key: bytes) -> Path:
+        return self.disk_dir / f"{key.hex()}.snap"
+
+    def _index_disk(self) -> None:
+        for path in sorted(self.disk_dir.glob("*.snap"), key=lambda p: p.stat().st_mtime):
+            header = disk.drop_if_corrupt(disk.read_header, path)
+            if header is None:
+                self.stats.disk_rejected += 1
+                continue
+            meta = header["meta"]
+            snap = Snapshot(int(header["pos"]), bytes.fromhex(meta["base"]),
+                            [bytes.fromhex(b) for b in meta["blocks"]], None, None)
+            self._index(bytes.fromhex(header["key"]), snap)
+
+    def _load_from_disk(self, key: bytes) -> bool:
+        loaded = disk.drop_if_corrupt(disk.read_checked, self._path(key))
+        snap = self.snaps[key]
+        if loaded is None:
+            self.stats.disk_rejected += 1
+            del self.snaps[key]
+            self.tails[snap.base].discard(snap.pos - len(snap.blocks) * self.block)
+            return False
+        header, arrays = loaded
+        state = SequenceState.from_arrays(snap.pos, arrays[:-1], self.cfg)
+        B = self.block
+        for i, bkey in enumerate(snap.blocks):
+            if bkey not in self.kv_blocks:
+                self.kv_blocks[bkey] = ([k[i * B:(i + 1) * B].copy() for k in state.k],
+                                        [v[i * B:(i + 1) * B].copy() for v in state.v])
+            self.refs[bkey] = self.refs.get(bkey, 0) + 1
+        n = len(snap.blocks) * B
+        snap.recurrent = [a.copy() for a in [*state.conv, *state.ssm]]
+        snap.logits = arrays[-1].copy()
+        snap.tail_k, snap.tail_v = [k[n:].copy() for k in state.k], [v[n:].copy() for v in state.v]
+        self.snaps.move_to_end(key)
+        self._evict()
+        return self.snaps.get(key) is snap and snap.recurrent is not None
