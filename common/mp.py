@@ -1,6 +1,6 @@
 """Typed ZeroMQ wrappers: one per pattern, each owning its socket, its codec and an IO thread.
 
-- `open_socket` is the one place sockets are created (CURVE keys will be applied here).
+- `open_socket` is the one place sockets are created; `common.security` applies CURVE there.
 - `PullQueue[T]`: a bound PULL inbox. Its thread decodes frames with `common.protocol` and hands
   each message to a callback or to `get()`. A frame that does not decode is passed to `on_error`
   (logged, never raised into the service loop).
@@ -19,6 +19,7 @@ from typing import Callable, Generic, TypeVar
 
 import zmq
 
+from . import security
 from .protocol import Message, ProtocolError, decode_frames, encode_message
 
 T = TypeVar("T", bound=Message)
@@ -46,6 +47,7 @@ def open_socket(kind: int, address: str, *, bind: bool) -> zmq.Socket:
     sock.setsockopt(zmq.RCVHWM, HWM)
     sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
     try:
+        security.apply(sock, address, bind=bind)
         if bind:
             sock.bind(normalize_address(address))
         else:
@@ -55,6 +57,9 @@ def open_socket(kind: int, address: str, *, bind: bool) -> zmq.Socket:
         verb = "bind to" if bind else "connect to"
         hint = " (is another process using it? pick a free port or pass :0)" if bind else ""
         raise OSError(f"cannot {verb} {address}: {e}{hint}") from None
+    except security.InsecureBindError:
+        sock.close()
+        raise
     return sock
 
 

@@ -1,0 +1,173 @@
+"""ZeroMQ CURVE security: key files, the allow-list, and the per-socket policy.
+
+One key directory per host (`fermium keys` writes one for each host of a deployment):
+
+    server.key, server.key_secret   the deployment's server pair: every bound inbox presents it
+    client.key, client.key_secret   this host's own pair: it connects with it
+    authorized/*.key                public client keys allowed to connect (one per host)
+
+The policy, applied by `common.mp.open_socket` to every socket it creates:
+- keys configured: every tcp socket runs CURVE (encrypted, authenticated); a bound socket admits
+  only the clients in `authorized/`, checked by a ZAP handler (zmq.auth ThreadAuthenticator);
+- no keys: loopback addresses (and ipc/inproc) run plain; a non-loopback address is refused
+  unless the operator said `--insecure` (FERMIUM_INSECURE=1).
+
+A process sets its policy once with `configure()`; without a call, FERMIUM_CURVE_DIR and
+FERMIUM_INSECURE decide.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+log = logging.getLogger("fermium.security")
+
+SERVER, CLIENT, AUTHORIZED = "server", "client", "authorized"
+ENV_CURVE_DIR, ENV_INSECURE = "FERMIUM_CURVE_DIR", "FERMIUM_INSECURE"
+LOCAL_TRANSPORTS = ("ipc://", "inproc://")
+
+
+class InsecureBindError(OSError):
+    """A plaintext socket on an address other hosts can reach, without --insecure."""
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+    authorized: Path              # directory of allowed client public keys
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "CurveKeys":
+        d = Path(directory)
+        if not zmq.has("curve"):
+            raise RuntimeError("this libzmq was built without CURVE; install pyzmq's wheel (it bundles libsodium)")
+        try:
+            server_public, server_secret = zmq.auth.load_certificate(d / f"{SERVER}.key_secret")
+            client_public, client_secret = zmq.auth.load_certificate(d / f"{CLIENT}.key_secret")
+        except (OSError, ValueError) as e:
+            raise FileNotFoundError(
+                f"cannot read the CURVE keys in {d}: {e}. A key directory holds server.key_secret, "
+                f"client.key_secret and authorized/*.key; create one with `fermium keys create`.") from None
+        authorized = d / AUTHORIZED
+        if not authorized.is_dir() or not any(authorized.glob("*.key")):
+            raise FileNotFoundError(f"{authorized} lists no allowed client keys (*.key); "
+                                    "`fermium keys create` writes it")
+        return cls(server_public, server_secret, client_public, client_secret, authorized)
+
+
+@dataclass(frozen=True)
+class SecurityPolicy:
+    keys: CurveKeys | None = None
+    insecure: bool = False
+
+    @classmethod
+    def from_env(cls) -> "SecurityPolicy":
+        curve_dir = os.environ.get(ENV_CURVE_DIR, "")
+        insecure = os.environ.get(ENV_INSECURE, "").lower() in ("1", "true", "yes", "on")
+        return cls(CurveKeys.load(curve_dir) if curve_dir else None, insecure)
+
+
+_policy: SecurityPolicy | None = None
+_authenticators: dict[int, ThreadAuthenticator] = {}
+_lock = threading.Lock()
+
+
+def configure(curve_dir: str | Path | None = None, insecure: bool = False) -> SecurityPolicy:
+    """Set this process's policy (the service CLIs call it from --curve-dir / --insecure)."""
+    global _policy
+    _policy = SecurityPolicy(CurveKeys.load(curve_dir) if curve_dir else None, insecure)
+    if _policy.keys:
+        log.info("CURVE on: clients allowed from %s", _policy.keys.authorized)
+    return _policy
+
+
+def policy() -> SecurityPolicy:
+    global _policy
+    if _policy is None:
+        _policy = SecurityPolicy.from_env()
+    return _policy
+
+
+def _host_of(address: str) -> str:
+    host = address.split("://", 1)[1].rsplit(":", 1)[0]
+    if ";" in host:                   # tcp://source;dest form: the destination decides
+        host = host.split(";", 1)[1]
+    return host.strip("[]")
+
+
+def is_loopback(address: str) -> bool:
+    """True when only this machine can reach `address` (loopback IPs, localhost, ipc, inproc)."""
+    if address.startswith(LOCAL_TRANSPORTS):
+        return True
+    if not address.startswith("tcp://"):
+        return False
+    host = _host_of(address)
+    if host in ("*", "", "0.0.0.0", "::"):
+        return False
+    if host == "lo":                  # a bind may name the interface
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def _authenticator(ctx: zmq.Context, allowed: Path) -> None:
+    """Start the context's ZAP handler once; it admits the public keys in `allowed`."""
+    with _lock:
+        auth = _authenticators.get(id(ctx))
+        if auth is None:
+            auth = _authenticators[id(ctx)] = ThreadAuthenticator(ctx, log=logging.getLogger("fermium.zap"))
+            auth.start()
+        auth.configure_curve(domain="*", location=str(allowed))
+
+
+def apply(sock: zmq.Socket, address: str, *, bind: bool, pol: SecurityPolicy | None = None) -> None:
+    """Set CURVE options on `sock` before it binds/connects `address`, or refuse a plaintext
+    socket beyond loopback. Raises InsecureBindError with the fix."""
+    pol = pol or policy()
+    if address.startswith(LOCAL_TRANSPORTS):
+        return
+    if pol.keys is None:
+        if not pol.insecure and not is_loopback(address):
+            verb = "bind" if bind else "connect to"
+            raise InsecureBindError(
+                f"refusing to {verb} {address} without encryption: it is reachable from other hosts. "
+                "Pass --curve-dir DIR (FERMIUM_CURVE_DIR) with keys from `fermium keys create`, "
+                "bind a loopback address, or accept plaintext with --insecure (FERMIUM_INSECURE=1).")
+        return
+    k = pol.keys
+    if bind:
+        _authenticator(sock.context, k.authorized)
+        sock.curve_secretkey = k.server_secret
+        sock.curve_publickey = k.server_public
+        sock.curve_server = True
+    else:
+        sock.curve_secretkey = k.client_secret
+        sock.curve_publickey = k.client_public
+        sock.curve_serverkey = k.server_public
+
+
+def shutdown() -> None:
+    """Stop the ZAP handlers (tests; a service simply exits)."""
+    with _lock:
+        for auth in _authenticators.values():
+            auth.stop()
+        _authenticators.clear()
