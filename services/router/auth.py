@@ -1,0 +1,54 @@
+"""The HTTP API key: `Authorization: Bearer <key>` on every /v1/ path when a key is set.
+
+/health (and anything outside /v1/) stays open, so probes and load balancers need no key.
+A refused request gets 401 with an OpenAI-style error body and `WWW-Authenticate: Bearer`.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .errors import APIError
+
+PROTECTED_PREFIX = "/v1/"
+MISSING = ("No API key provided. Send it in the Authorization header as Bearer auth: "
+           "`Authorization: Bearer YOUR_KEY` (the key the router was started with, --api-key / FERMIUM_API_KEY).")
+WRONG = "Incorrect API key provided. Use the key the router was started with (--api-key / FERMIUM_API_KEY)."
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return None
+
+
+class APIKeyMiddleware:
+    """Pure ASGI, so streamed (SSE) responses pass through untouched."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIX):
+            return await self.app(scope, receive, send)
+        token = _bearer(scope)
+        if token and hmac.compare_digest(token.encode(), self._key):
+            return await self.app(scope, receive, send)
+        err = APIError(401, MISSING if token is None else WRONG, code="invalid_api_key")
+        body = json.dumps(err.body()).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", b'Bearer realm="fermium"')]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def api_key_middleware(api_key: str | None) -> list[Middleware]:
+    """The middleware list for Starlette(middleware=...): empty when no key is set."""
+    return [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
