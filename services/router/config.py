@@ -1,0 +1,19 @@
+"""Router configuration."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    model: str                                  # GGUF path (tokenizer, chat template, context length)
+    host: str = "127.0.0.1"                     # HTTP API
+    port: int = 8000
+    workers: str = "tcp://127.0.0.1:5560"       # inbox that workers register and report to
+    served_model_name: str = "fermium"          # the `model` clients ask for (the file stem works too)
+    max_model_len: int = 0                      # 0: the model's context length
+    max_running: int = 64                       # requests dispatched to workers at once
+    max_queue: int = 256                        # requests waiting for a slot; beyond that, 429
+    heartbeat_timeout: float = 2.5              # seconds of silence before a worker is dead
+    metrics_port: int = 0
+    log_level: str = "info"

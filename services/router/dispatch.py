@@ -1,0 +1,190 @@
+"""The router's side of the wire: sends requests to workers, routes their replies to the
+waiting HTTP handlers, and ends the requests of a worker that dies.
+
+Messages arrive on the inbox's IO thread and are handed to the event loop; everything here
+then runs on the loop, so no lock is needed. Each request gets a Track whose `events` queue
+receives PrefillDone, Tokens, Finished or Failed messages, in order.
+
+The snapshot seam (issue 6): `PrefixCache.lookup(ids)` is the one place a prefix is looked up
+before prefill; `store()` receives the final state decode returns when `wants_final_state`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from common.metrics import RouterMetrics
+from common.mp import PullQueue, PushQueue
+from common.protocol import Message, ProtocolError
+from common.protocol.prefill import PrefillRequest
+from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Tokens
+from common.protocol.worker import Cancel, HelloAck
+
+from .schema import Job
+from .workers import ROLES, Worker, WorkerRegistry
+
+log = logging.getLogger("fermium.router")
+
+REAP_INTERVAL_S = 0.25
+
+
+class PrefixCache(Protocol):
+    wants_final_state: bool
+
+    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None]: ...
+    def store(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray]) -> None: ...
+
+
+class NoPrefixCache:
+    """Nothing cached: every prompt is prefilled from position 0."""
+
+    wants_final_state = False
+
+    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None]:
+        return 0, None
+
+    def store(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray]) -> None:
+        return None
+
+
+class NoWorkers(Exception):
+    pass
+
+
+@dataclass
+class Track:
+    rid: str
+    prompt: tuple[int, ...]
+    prefill: str
+    decode: str
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    generated: list[int] = field(default_factory=list)
+
+
+class Dispatcher:
+    def __init__(self, address: str, *, heartbeat_timeout: float, metrics: RouterMetrics,
+                 cache: PrefixCache | None = None):
+        self.address = address
+        self.metrics = metrics
+        self.cache = cache or NoPrefixCache()
+        self.registry = WorkerRegistry(heartbeat_timeout, lambda a: PushQueue(a, name=f"router->{a}"))
+        self.tracks: dict[str, Track] = {}
+        self.inbox: PullQueue | None = None
+        self._reaper: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.inbox = PullQueue(self.address, name="router",
+                               on_message=lambda m: loop.call_soon_threadsafe(self._handle, m),
+                               on_error=lambda e: loop.call_soon_threadsafe(self._rejected, e))
+        self._reaper = asyncio.create_task(self._reap_forever())
+        log.info("router: workers register at %s", self.inbox.address)
+
+    async def close(self) -> None:
+        if self._reaper:
+            self._reaper.cancel()
+        if self.inbox:
+            self.inbox.close()
+        self.registry.close()
+
+    # ---- requests
+    def submit(self, job: Job, stop_ids: tuple[int, ...]) -> Track:
+        prefill, decode = self.registry.pick("prefill"), self.registry.pick("decode")
+        for role, w in (("prefill", prefill), ("decode", decode)):
+            if w is None:
+                raise NoWorkers(f"no {role} worker is connected; start one with "
+                                f"`fermium {role} --router {self.address}`")
+        start, state = self.cache.lookup(job.prompt_ids)
+        rid = uuid.uuid4().hex
+        track = Track(rid, job.prompt_ids, prefill.worker_id, decode.worker_id)
+        self.tracks[rid] = track
+        prefill.inflight.add(rid)
+        decode.inflight.add(rid)
+        prefill.link.put(PrefillRequest(
+            rid, list(job.prompt_ids[start:]), list(job.prompt_ids), start, decode.address, job.sampling,
+            job.max_tokens, list(stop_ids), self.cache.wants_final_state, state))
+        return track
+
+    def cancel(self, rid: str, reason: str) -> None:
+        track = self.tracks.get(rid)
+        if track is None:
+            return
+        for wid in (track.prefill, track.decode):
+            w = self.registry.workers.get(wid)
+            if w is not None:
+                w.link.put(Cancel(rid, reason))
+
+    def forget(self, rid: str) -> None:
+        track = self.tracks.pop(rid, None)
+        if track is None:
+            return
+        for wid in (track.prefill, track.decode):
+            w = self.registry.workers.get(wid)
+            if w is not None:
+                w.inflight.discard(rid)
+
+    # ---- replies (on the event loop)
+    def _handle(self, msg: Message) -> None:
+        if isinstance(msg, (Hello, Heartbeat)):
+            self._hello(msg)
+            return
+        track = self.tracks.get(msg.rid)
+        if track is None:
+            return  # a request that already ended (cancelled, failed, or the client left)
+        if isinstance(msg, PrefillDone):
+            w = self.registry.workers.get(track.prefill)
+            if w is not None:
+                w.inflight.discard(msg.rid)
+        elif isinstance(msg, Tokens):
+            track.generated.extend(msg.tokens)
+        elif isinstance(msg, Finished) and msg.state is not None:
+            self.cache.store(track.prompt + tuple(track.generated), msg.pos, msg.state)
+        elif not isinstance(msg, Failed):
+            log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
+            return
+        track.events.put_nowait(msg)
+
+    def _hello(self, msg: Hello | Heartbeat) -> None:
+        known = isinstance(msg, Heartbeat) and self.registry.heartbeat(msg.worker_id, msg.running, msg.waiting)
+        if known:
+            return
+        try:
+            replaced = self.registry.register(msg.worker_id, msg.role, msg.address, msg.capacity, msg.model)
+        except ValueError as e:
+            log.error("refused a worker at %s: %s", msg.address, e)
+            return
+        for w in replaced:
+            self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} was restarted")
+        w = self.registry.workers[msg.worker_id]
+        if isinstance(msg, Hello):
+            w.link.put(HelloAck(msg.rid, msg.worker_id, True, ""))
+        log.info("%s worker %s attached at %s", msg.role, msg.worker_id, msg.address)
+        self._gauges()
+
+    def _rejected(self, err: ProtocolError) -> None:
+        log.error("router rejected a message: %s", err)
+        if err.rid in self.tracks:
+            self.tracks[err.rid].events.put_nowait(Failed(err.rid, "", f"router rejected a reply: {err}"))
+
+    def _fail_all(self, w: Worker, why: str) -> None:
+        for rid in list(w.inflight):
+            if rid in self.tracks:
+                self.tracks[rid].events.put_nowait(Failed(rid, w.worker_id, why))
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            for w in self.registry.reap():
+                log.error("%s worker %s at %s stopped sending heartbeats; ending its %d requests",
+                          w.role, w.worker_id, w.address, len(w.inflight))
+                self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} stopped responding")
+                self._gauges()
+
+    def _gauges(self) -> None:
+        for role in ROLES:
+            self.metrics.workers.labels(role).set(self.registry.count(role))

@@ -1,0 +1,149 @@
+"""One request's life in the router, after validation: admission, dispatch, detokenization,
+stop strings, metrics, and cancellation when the client goes away or a stop string matches.
+
+`Generation.run(job)` yields Deltas: text pieces, then one with the finish reason and usage.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from common.metrics import RouterMetrics
+from common.protocol.router import Failed, Finished, PrefillDone, Tokens
+
+from .admission import Admission, QueueFull
+from .dispatch import Dispatcher, NoWorkers
+from .errors import APIError, GenerationError
+from .schema import Job
+
+RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class StopMatcher:
+    """Holds back the tail that could still become a stop string; finds the earliest match."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string ended the output)."""
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        cut = len(self.pending) - self.hold
+        out, self.pending = (self.pending[:cut], self.pending[cut:]) if cut > 0 else ("", self.pending)
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Generation:
+    def __init__(self, tokenizer, dispatcher: Dispatcher, admission: Admission, metrics: RouterMetrics):
+        self.tokenizer = tokenizer
+        self.dispatcher = dispatcher
+        self.admission = admission
+        self.metrics = metrics
+        self.stop_ids = tuple(sorted(tokenizer.eos_ids))
+
+    async def admit(self) -> float:
+        """Wait for a slot; returns the seconds waited. Raises APIError 429 when the queue is full."""
+        t0 = time.perf_counter()
+        try:
+            self.metrics.waiting.set(self.admission.waiting + 1)
+            await self.admission.acquire()
+        except QueueFull as e:
+            self.metrics.requests.labels("rejected").inc()
+            raise APIError(429, f"the server is at capacity ({e}); retry shortly", type="rate_limit_error",
+                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        finally:
+            self.metrics.waiting.set(self.admission.waiting)
+        self.metrics.running.set(self.admission.running)
+        waited = time.perf_counter() - t0
+        self.metrics.queue_time.observe(waited)
+        return waited
+
+    async def run(self, job: Job, arrived: float) -> AsyncIterator[Delta]:
+        """Yields text Deltas and a final one; the caller has already called admit()."""
+        outcome = "cancelled"
+        try:
+            track = self.dispatcher.submit(job, self.stop_ids)
+        except NoWorkers as e:
+            self._release("error")
+            raise APIError(503, str(e), type="service_unavailable", code="no_workers",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+        detok, stops = self.tokenizer.stream(), StopMatcher(job.stop)
+        dispatched = time.perf_counter()
+        first = last = None
+        n = 0
+        try:
+            while True:
+                msg = await track.events.get()
+                if isinstance(msg, PrefillDone):
+                    continue
+                if isinstance(msg, Failed):
+                    outcome = "error"
+                    raise GenerationError(msg.error)
+                if isinstance(msg, Finished):
+                    outcome = msg.reason
+                    tail = stops.flush() + detok.finish()
+                    yield Delta(tail, msg.reason, len(job.prompt_ids), max(n, msg.n_generated))
+                    return
+                assert isinstance(msg, Tokens)
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                    self.metrics.ttft.observe(now - arrived)
+                    self.metrics.prefill_time.observe(now - dispatched)
+                else:
+                    self.metrics.itl.observe((now - last) / len(msg.tokens))
+                last = now
+                n += len(msg.tokens)
+                self.metrics.generation_tokens.inc(len(msg.tokens))
+                text, stopped = stops.feed("".join(detok.push(t) for t in msg.tokens))
+                if stopped:
+                    outcome = "stop"
+                    self.dispatcher.cancel(track.rid, "stop string")
+                    yield Delta(text, "stop", len(job.prompt_ids), n)
+                    return
+                if text:
+                    yield Delta(text)
+        finally:
+            if outcome == "cancelled":
+                self.dispatcher.cancel(track.rid, "client disconnected")
+            self.dispatcher.forget(track.rid)
+            now = time.perf_counter()
+            self.metrics.e2e.observe(now - arrived)
+            if first is not None:
+                self.metrics.decode_time.observe(now - first)
+            self._release(outcome)
+
+    def _release(self, outcome: str) -> None:
+        self.metrics.requests.labels(outcome).inc()
+        self.admission.release()
+        self.metrics.running.set(self.admission.running)
+        self.metrics.waiting.set(self.admission.waiting)
+
+    async def collect(self, job: Job, arrived: float) -> Delta:
+        """The whole answer at once (non-streaming)."""
+        parts, final = [], None
+        async for d in self.run(job, arrived):
+            parts.append(d.text)
+            final = d
+        return Delta("".join(parts), final.finish_reason, final.prompt_tokens, final.completion_tokens)
+

@@ -1,0 +1,176 @@
+"""OpenAI request bodies -> a validated Job: fields, types, ranges, model, context length.
+
+Fields OpenAI documents are accepted; those Fermium cannot honour are refused when set to a
+value that would change the answer (n > 1, logprobs, penalties). A field OpenAI does not know
+is refused, as OpenAI does, except the sampling extensions vLLM accepts too.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import APIError, bad_request
+
+COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+                 "presence_penalty", "seed", "stop", "stream", "stream_options", "temperature",
+                 "top_p", "user", "metadata", "store", "service_tier"}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
+                               "tools", "tool_choice", "parallel_tool_calls", "modalities", "audio",
+                               "prediction", "reasoning_effort", "web_search_options", "function_call",
+                               "functions", "verbosity", "safety_identifier", "prompt_cache_key"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix"}
+EXTENSION_FIELDS = {"top_k", "min_p", "repetition_penalty", "chat_template_kwargs"}
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_STOP_STRINGS = 4
+
+
+@dataclass(frozen=True)
+class Job:
+    """One validated generation request, in tokens."""
+
+    chat: bool
+    model: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: dict                 # SamplingParams fields
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(f"the request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def _num(body: dict, name: str, kind: type, default: Any, ok: Callable[[Any], bool], rule: str) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise bad_request(f"'{name}' must be {'a number' if kind is float else 'an integer'}", name)
+    if not ok(value):
+        raise bad_request(f"'{name}' is {value}; it must be {rule}", name)
+    return kind(value)
+
+
+def _refuse_unsupported(body: dict) -> None:
+    if _num(body, "n", int, 1, lambda v: v >= 1, ">= 1") != 1:
+        raise bad_request("only n=1 is supported", "n")
+    if body.get("best_of") not in (None, 1):
+        raise bad_request("only best_of=1 is supported", "best_of")
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
+        raise bad_request("logprobs are not supported", "logprobs")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if _num(body, name, float, 0.0, lambda v: -2 <= v <= 2, "in [-2, 2]") != 0.0:
+            raise bad_request(f"'{name}' is not supported; use 'repetition_penalty'", name)
+    if body.get("echo") or body.get("suffix"):
+        raise bad_request("'echo' and 'suffix' are not supported", "echo" if body.get("echo") else "suffix")
+    if body.get("tools") or body.get("functions"):
+        raise bad_request("tool calls are not supported", "tools")
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request("'stop' must be a non-empty string or a list of them", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad_request(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
+    return tuple(stops)
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise bad_request(f"messages[{i}] needs a 'role', one of {sorted(ROLES)}", f"messages[{i}].role")
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise bad_request(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise bad_request(f"messages[{i}].content must be a string or a list of text parts",
+                              f"messages[{i}].content")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _prompt(body: dict, encode: Callable[[str], list[int]], vocab: int) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(0 <= t < vocab for t in prompt):
+            raise bad_request(f"'prompt' token ids must be in [0, {vocab})", "prompt")
+        return list(prompt)
+    raise bad_request("'prompt' must be a string, a list of one string, or a list of token ids", "prompt")
+
+
+def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, vocab: int,
+             encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str]) -> Job:
+    allowed = (CHAT_FIELDS if chat else COMPLETION_FIELDS) | EXTENSION_FIELDS
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad_request(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise bad_request("'model' is required", "model")
+    if model not in served:
+        raise APIError(404, f"The model `{model}` does not exist; this server serves `{served[0]}`",
+                       param="model", code="model_not_found")
+    _refuse_unsupported(body)
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    sampling = {
+        "temperature": _num(body, "temperature", float, 1.0, lambda v: 0 <= v <= 2, "in [0, 2]"),
+        "top_p": _num(body, "top_p", float, 1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
+        "top_k": max(0, _num(body, "top_k", int, 0, lambda v: v >= -1, ">= -1 (-1 or 0: off)")),
+        "min_p": _num(body, "min_p", float, 0.0, lambda v: 0 <= v <= 1, "in [0, 1]"),
+        "repetition_penalty": _num(body, "repetition_penalty", float, 1.0, lambda v: v > 0, "> 0"),
+        "seed": _num(body, "seed", int, None, lambda v: 0 <= v < 2 ** 63, "in [0, 2^63)"),
+    }
+    if chat:
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+        prompt_ids = encode(render(_messages(body), kwargs))
+    else:
+        prompt_ids = _prompt(body, encode, vocab)
+    if not prompt_ids:
+        raise bad_request("the prompt is empty", "messages" if chat else "prompt")
+    room = context - len(prompt_ids)
+    if room <= 0:
+        raise bad_request(f"the prompt is {len(prompt_ids)} tokens; this model's context limit is {context} "
+                          "tokens, and at least one must be left to generate", "messages" if chat else "prompt",
+                          code="context_length_exceeded")
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _num(body, name, int, room if chat else 16, lambda v: v >= 1, ">= 1")
+    if max_tokens > room:
+        raise bad_request(f"the prompt ({len(prompt_ids)} tokens) plus {name} ({max_tokens}) exceeds this "
+                          f"model's context limit of {context} tokens", name, code="context_length_exceeded")
+    return Job(chat, model, tuple(prompt_ids), max_tokens, sampling, _stop(body), stream,
+               bool(options.get("include_usage")))
