@@ -8,3 +8,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 from fermium.cli_generate import generate_command  # noqa: E402
 
 app.command("generate")(generate_command)
+from fermium.cli_services import (chat_command, decode_command, demo_command, prefill_command,  # noqa: E402
+                                  router_command, up_command)
+
+for _name, _cmd in {"router": router_command, "prefill": prefill_command, "decode": decode_command,
+                    "up": up_command, "chat": chat_command, "demo": demo_command}.items():
+    app.command(_name)(_cmd)
