@@ -1,0 +1,83 @@
+"""cffi build of native/cpu: `ffibuilder` for setup.py's cffi_modules.
+
+Files named *_ssse3.c, *_avx2.c and *_avx512.c are compiled here with exactly their ISA's
+flags (the SSSE3 ones with -mssse3 and nothing wider) and linked in as objects; every other C
+file is compiled by setuptools for the baseline x86-64 target.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sysconfig
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+MODULE = "native._fermium_cpu"
+HEADERS = ["fermium_cpu.h", "engine.h"]
+COMMON_FLAGS = ["-O2", "-fPIC", "-std=c11", "-D_GNU_SOURCE", "-Wall"]
+ISA_FLAGS: dict[str, list[str]] = {
+    "ssse3": ["-mssse3"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"],
+}
+
+
+def isa_of(source: Path) -> str | None:
+    isa = source.stem.rsplit("_", 1)[-1]
+    return isa if isa in ISA_FLAGS else None
+
+
+def compiler() -> str:
+    return os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
+
+
+def compile_isa_objects(out_dir: Path) -> list[Path]:
+    """Compile every per-ISA source with its own flags; returns the object paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    objects = []
+    for src in sorted(HERE.glob("*.c")):
+        isa = isa_of(src)
+        if isa is None:
+            continue
+        obj = out_dir / f"{src.stem}.o"
+        if not obj.exists() or obj.stat().st_mtime < max(src.stat().st_mtime, *(
+                h.stat().st_mtime for h in HERE.glob("*.h"))):
+            subprocess.run([compiler(), *COMMON_FLAGS, *ISA_FLAGS[isa], "-c", str(src), "-o", str(obj)],
+                           check=True)
+        objects.append(obj)
+    return objects
+
+
+def cdef_text() -> str:
+    parts = []
+    for name in HEADERS:
+        text = (HERE / name).read_text()
+        m = re.search(r"// ---- FM_CDEF begin\n(.*?)// ---- FM_CDEF end", text, re.S)
+        parts.append(m.group(1))
+    return "\n".join(parts)
+
+
+def make_builder() -> FFI:
+    ffi = FFI()
+    ffi.cdef(cdef_text())
+    generic = sorted(str(p.relative_to(HERE.parent.parent)) for p in HERE.glob("*.c") if isa_of(p) is None)
+    objects = compile_isa_objects(HERE.parent.parent / "build" / "native_cpu_isa")
+    ffi.set_source(
+        MODULE,
+        "\n".join(f'#include "{h}"' for h in HEADERS),
+        sources=generic,
+        include_dirs=[str(HERE)],
+        extra_compile_args=COMMON_FLAGS[:1] + ["-std=c11", "-D_GNU_SOURCE"],
+        extra_objects=[str(o) for o in objects],
+        libraries=["m", "pthread"],
+    )
+    return ffi
+
+
+ffibuilder = make_builder()
+
+if __name__ == "__main__":
+    ffibuilder.compile(tmpdir=str(HERE.parent.parent), verbose=True)

@@ -1,0 +1,102 @@
+/* ISA dispatch: one `static const` row of kernels per ISA, chosen once by CPUID + XGETBV
+ * (the OS must save the wide registers), or forced by fm_isa_select. Also the per-type traits. */
+#include <cpuid.h>
+#include <stddef.h>
+#include "quants.h"
+#include "fermium_cpu.h"
+#include "internal.h"
+
+enum { ISA_GENERIC, ISA_SSSE3, ISA_AVX2, ISA_AVX512, ISA_COUNT };
+
+typedef struct {
+    const char *name;
+    fm_vec_dot_fn dot[KIND_COUNT];   // indexed by fm_kind
+} isa_row;
+
+#define ROW(name, isa, fisa) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
+    fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##fisa, fm_dot_bf16_##fisa } }
+
+static const isa_row ISA_ROWS[ISA_COUNT] = {
+    ROW("generic", generic, generic),
+    ROW("ssse3", ssse3, generic),
+    ROW("avx2", avx2, avx2),
+    ROW("avx512", avx512, avx2),
+};
+
+// GGML type -> traits; activation kind decides how x is quantized before the dot
+const fm_type_traits FM_TYPES[KIND_COUNT] = {
+    [KIND_Q4_0] = { FM_Q4_0, QK32, sizeof(block_q4_0), ACT_A8_32 },
+    [KIND_Q8_0] = { FM_Q8_0, QK32, sizeof(block_q8_0), ACT_A8_32 },
+    [KIND_Q4_K] = { FM_Q4_K, QK_K, sizeof(block_q4_K), ACT_A8_256 },
+    [KIND_Q5_K] = { FM_Q5_K, QK_K, sizeof(block_q5_K), ACT_A8_256 },
+    [KIND_Q6_K] = { FM_Q6_K, QK_K, sizeof(block_q6_K), ACT_A8_256 },
+    [KIND_F32] = { FM_F32, 1, 4, ACT_F32 },
+    [KIND_F16] = { FM_F16, 1, 2, ACT_F32 },
+    [KIND_BF16] = { FM_BF16, 1, 2, ACT_F32 },
+};
+
+int fm_kind_of(int type) {
+    for (int k = 0; k < KIND_COUNT; k++)
+        if (FM_TYPES[k].type == type) return k;
+    return -1;
+}
+
+static const isa_row *active;
+
+static uint64_t xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+int fm_isa_supported(int isa) {
+    unsigned a, b, c, d;
+    if (isa == ISA_GENERIC) return 1;
+    if (isa < 0 || isa >= ISA_COUNT || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    if (isa == ISA_SSSE3) return (c >> 9) & 1;
+    const unsigned fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!(osxsave && avx && fma && f16c)) return 0;
+    uint64_t xcr0 = xgetbv0();
+    if ((xcr0 & 0x6) != 0x6) return 0;                        // XMM and YMM state saved
+    unsigned a7, b7, c7, d7;
+    if (!__get_cpuid_count(7, 0, &a7, &b7, &c7, &d7)) return 0;
+    const unsigned avx2 = (b7 >> 5) & 1;
+    if (isa == ISA_AVX2) return avx2;
+    if ((xcr0 & 0xE6) != 0xE6) return 0;                      // opmask and ZMM state saved
+    const unsigned f = (b7 >> 16) & 1, bw = (b7 >> 30) & 1, vl = (b7 >> 31) & 1, vnni = (c7 >> 11) & 1;
+    return avx2 && f && bw && vl && vnni;
+}
+
+int fm_isa_best(void) {
+    for (int isa = ISA_COUNT - 1; isa > 0; isa--)
+        if (fm_isa_supported(isa)) return isa;
+    return ISA_GENERIC;
+}
+
+int fm_isa_select(int isa) {
+    if (!fm_isa_supported(isa)) return -1;
+    active = &ISA_ROWS[isa];
+    return 0;
+}
+
+int fm_isa_active(void) {
+    if (!active) fm_isa_select(fm_isa_best());
+    return (int)(active - ISA_ROWS);
+}
+
+const char *fm_isa_name(int isa) {
+    return isa >= 0 && isa < ISA_COUNT ? ISA_ROWS[isa].name : "unknown";
+}
+
+fm_vec_dot_fn fm_dot_for(int isa, int kind) {
+    if (isa < 0) isa = fm_isa_active();
+    return ISA_ROWS[isa].dot[kind];
+}
+
+float fm_vec_dot(int isa, int type, int n, const void *w, const void *act) {
+    return fm_dot_for(isa, fm_kind_of(type))(n, w, act);
+}
+
+int fm_type_supported(int type) { return fm_kind_of(type) >= 0; }
+int fm_type_block(int type) { return FM_TYPES[fm_kind_of(type)].block; }
+int fm_type_block_bytes(int type) { return FM_TYPES[fm_kind_of(type)].block_bytes; }

@@ -1,0 +1,44 @@
+/* AVX2 dot products of float weight rows (F32, F16 via F16C, BF16) with float activations.
+ * Built with -mavx2 -mfma -mf16c. */
+#include <immintrin.h>
+#include <string.h>
+#include "quants.h"
+
+static inline float hsum256_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+#define FLOAT_DOT(name, load8, scalar)                                   \
+    float name(int n, const void *w, const void *a) {                    \
+        const float *y = a;                                              \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();       \
+        int i = 0;                                                       \
+        for (; i + 16 <= n; i += 16) {                                   \
+            s0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(y + i), s0);          \
+            s1 = _mm256_fmadd_ps(load8(w, i + 8), _mm256_loadu_ps(y + i + 8), s1);  \
+        }                                                                \
+        float s = hsum256_ps(_mm256_add_ps(s0, s1));                     \
+        for (; i < n; i++) s += scalar(w, i) * y[i];                     \
+        return s;                                                        \
+    }
+
+#define F32_LOAD(w, i) _mm256_loadu_ps((const float *)(w) + (i))
+#define F32_ONE(w, i) (((const float *)(w))[i])
+#define F16_LOAD(w, i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fm_f16 *)(w) + (i))))
+#define F16_ONE(w, i) _cvtsh_ss(((const fm_f16 *)(w))[i])
+#define BF16_LOAD(w, i) _mm256_castsi256_ps(_mm256_slli_epi32( \
+    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)(w) + (i)))), 16))
+
+static inline float bf16_one(const void *w, int i) {
+    uint32_t bits = (uint32_t)((const uint16_t *)w)[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+FLOAT_DOT(fm_dot_f32_avx2, F32_LOAD, F32_ONE)
+FLOAT_DOT(fm_dot_f16_avx2, F16_LOAD, F16_ONE)
+FLOAT_DOT(fm_dot_bf16_avx2, BF16_LOAD, bf16_one)

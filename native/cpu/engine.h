@@ -1,0 +1,3 @@
+/* placeholder replaced below */
+// ---- FM_CDEF begin
+// ---- FM_CDEF end

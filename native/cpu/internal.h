@@ -1,0 +1,33 @@
+/* Declarations shared between the C files of native/cpu and not exported to Python. */
+#ifndef FERMIUM_INTERNAL_H
+#define FERMIUM_INTERNAL_H
+
+#include "quants.h"
+#include "fermium_cpu.h"
+
+enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16, KIND_BF16, KIND_COUNT };
+enum { ACT_A8_32, ACT_A8_256, ACT_F32 };
+
+typedef struct { int type, block, block_bytes, act; } fm_type_traits;
+extern const fm_type_traits FM_TYPES[KIND_COUNT];
+
+int fm_kind_of(int type);                       // -1 if unsupported
+fm_vec_dot_fn fm_dot_for(int isa, int kind);    // isa < 0: the active one
+
+// run fn(ctx, task, thread) for task in [0, n_tasks) on the pool; returns when all are done
+typedef void (*fm_task_fn)(void *ctx, int task, int thread);
+void fm_pool_run(fm_pool *pool, fm_task_fn fn, void *ctx, int n_tasks);
+
+// one weight matrix times n prepared activations (already quantized for its type)
+typedef struct {
+    const uint8_t *w;          // row 0 of the matrix, rows row_bytes apart
+    size_t row_bytes;
+    int kind, rows, cols, n;
+    const void *const *acts;   // (n,) activation rows
+    float *const *outs;        // (n,) output rows of `rows` floats
+} fm_mv_job;
+
+// all jobs' rows split across the pool; the caller keeps jobs, acts and outs alive
+void fm_mv_run(fm_pool *pool, const fm_mv_job *jobs, int n_jobs);
+
+#endif

@@ -1,0 +1,67 @@
+/* The matvec driver: rows of one or many weight matrices split into tasks of about
+ * TASK_BYTES of weights, claimed by the pool's threads. Each weight row is read once and
+ * dotted with every activation of its job, so a batch costs one pass over the weights. */
+#include <stdlib.h>
+#include "internal.h"
+
+#define TASK_BYTES (32 * 1024)   // big enough to amortise a claim, small enough to balance
+
+typedef struct {
+    const fm_mv_job *jobs;
+    int n_jobs;
+    int *first_task;     // (n_jobs + 1,) prefix sums of tasks per job
+    int *rows_per_task;  // (n_jobs,)
+} mv_ctx;
+
+static void mv_task(void *arg, int task, int thread) {
+    (void)thread;
+    const mv_ctx *c = arg;
+    int lo = 0, hi = c->n_jobs - 1;
+    while (lo < hi) {  // the job holding this task
+        int mid = (lo + hi + 1) / 2;
+        if (c->first_task[mid] <= task) lo = mid; else hi = mid - 1;
+    }
+    const fm_mv_job *j = &c->jobs[lo];
+    const int r0 = (task - c->first_task[lo]) * c->rows_per_task[lo];
+    const int r1 = r0 + c->rows_per_task[lo] < j->rows ? r0 + c->rows_per_task[lo] : j->rows;
+    const fm_vec_dot_fn dot = fm_dot_for(-1, j->kind);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = j->w + (size_t)r * j->row_bytes;
+        for (int b = 0; b < j->n; b++) j->outs[b][r] = dot(j->cols, row, j->acts[b]);
+    }
+}
+
+void fm_mv_run(fm_pool *pool, const fm_mv_job *jobs, int n_jobs) {
+    if (n_jobs <= 0) return;
+    int stack_first[65], stack_rows[64];
+    int *first = n_jobs < 64 ? stack_first : malloc(sizeof(int) * (size_t)(n_jobs + 1));
+    int *rows = n_jobs < 64 ? stack_rows : malloc(sizeof(int) * (size_t)n_jobs);
+    first[0] = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        int r = (int)(TASK_BYTES / (jobs[i].row_bytes ? jobs[i].row_bytes : 1));
+        rows[i] = r < 1 ? 1 : r;
+        first[i + 1] = first[i] + (jobs[i].rows + rows[i] - 1) / rows[i];
+    }
+    mv_ctx c = { jobs, n_jobs, first, rows };
+    fm_pool_run(pool, mv_task, &c, first[n_jobs]);
+    if (first != stack_first) free(first);
+    if (rows != stack_rows) free(rows);
+}
+
+void fm_matvec(fm_pool *pool, int type, const void *w, size_t row_bytes, int rows, int cols,
+               int n, const float *x, float *y) {
+    const size_t ab = fm_act_bytes(type, cols);
+    uint8_t *act = malloc(ab * (size_t)n);
+    const void **acts = malloc(sizeof(void *) * (size_t)n);
+    float **outs = malloc(sizeof(float *) * (size_t)n);
+    for (int b = 0; b < n; b++) {
+        fm_quantize_act(type, x + (size_t)b * cols, cols, act + ab * b);
+        acts[b] = act + ab * b;
+        outs[b] = y + (size_t)b * rows;
+    }
+    fm_mv_job job = { w, row_bytes, fm_kind_of(type), rows, cols, n, acts, outs };
+    fm_mv_run(pool, &job, 1);
+    free(act);
+    free(acts);
+    free(outs);
+}

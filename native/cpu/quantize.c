@@ -1,0 +1,138 @@
+/* Activation quantizers (fp32 -> 8-bit blocks for the integer dots) and weight row
+ * dequantizers (for the embedding lookup). Portable C: these touch kilobytes, not the weights. */
+#include <math.h>
+#include <string.h>
+#include "internal.h"
+
+static void quantize_a8_32(const float *x, int n, block_a8_32 *y) {
+    for (int b = 0; b < n / QK32; b++, x += QK32) {
+        float amax = 0.0f;
+        for (int i = 0; i < QK32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = d;
+        for (int i = 0; i < QK32; i++) y[b].qs[i] = (int8_t)lrintf(x[i] * id);
+    }
+}
+
+static void quantize_a8_256(const float *x, int n, block_a8_256 *y) {
+    for (int b = 0; b < n / QK_K; b++, x += QK_K) {
+        float amax = 0.0f;
+        for (int i = 0; i < QK_K; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = d;
+        for (int i = 0; i < QK_K; i++) y[b].qs[i] = (int8_t)lrintf(x[i] * id);
+        for (int g = 0; g < QK_K / 16; g++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += y[b].qs[16 * g + i];
+            y[b].bsums[g] = (int16_t)s;
+        }
+    }
+}
+
+size_t fm_act_bytes(int type, int n) {
+    switch (FM_TYPES[fm_kind_of(type)].act) {
+    case ACT_A8_32: return (size_t)(n / QK32) * sizeof(block_a8_32);
+    case ACT_A8_256: return (size_t)(n / QK_K) * sizeof(block_a8_256);
+    default: return (size_t)n * sizeof(float);
+    }
+}
+
+void fm_quantize_act(int type, const float *x, int n, void *act) {
+    switch (FM_TYPES[fm_kind_of(type)].act) {
+    case ACT_A8_32: quantize_a8_32(x, n, act); break;
+    case ACT_A8_256: quantize_a8_256(x, n, act); break;
+    default: memcpy(act, x, (size_t)n * sizeof(float));
+    }
+}
+
+// ---- dequantization of one row (n values)
+
+static void deq_q4_0(const void *w, float *y, int n) {
+    const block_q4_0 *x = w;
+    for (int b = 0; b < n / QK32; b++, y += QK32) {
+        const float d = fm_half(x[b].d);
+        for (int j = 0; j < QK32 / 2; j++) {
+            y[j] = d * ((x[b].qs[j] & 0xF) - 8);
+            y[j + QK32 / 2] = d * ((x[b].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+static void deq_q8_0(const void *w, float *y, int n) {
+    const block_q8_0 *x = w;
+    for (int b = 0; b < n / QK32; b++, y += QK32)
+        for (int j = 0; j < QK32; j++) y[j] = fm_half(x[b].d) * x[b].qs[j];
+}
+
+static void deq_q4_K(const void *w, float *y, int n) {
+    const block_q4_K *x = w;
+    for (int b = 0; b < n / QK_K; b++) {
+        const float d = fm_half(x[b].d), dmin = fm_half(x[b].dmin);
+        const uint8_t *q = x[b].qs;
+        for (int j = 0; j < 4; j++, q += 32, y += 64) {
+            uint8_t s1, m1, s2, m2;
+            fm_scale_min_k4(2 * j, x[b].scales, &s1, &m1);
+            fm_scale_min_k4(2 * j + 1, x[b].scales, &s2, &m2);
+            for (int l = 0; l < 32; l++) {
+                y[l] = d * s1 * (q[l] & 0xF) - dmin * m1;
+                y[l + 32] = d * s2 * (q[l] >> 4) - dmin * m2;
+            }
+        }
+    }
+}
+
+static void deq_q5_K(const void *w, float *y, int n) {
+    const block_q5_K *x = w;
+    for (int b = 0; b < n / QK_K; b++) {
+        const float d = fm_half(x[b].d), dmin = fm_half(x[b].dmin);
+        const uint8_t *q = x[b].qs, *qh = x[b].qh;
+        for (int j = 0; j < 4; j++, q += 32, y += 64) {
+            uint8_t s1, m1, s2, m2;
+            fm_scale_min_k4(2 * j, x[b].scales, &s1, &m1);
+            fm_scale_min_k4(2 * j + 1, x[b].scales, &s2, &m2);
+            for (int l = 0; l < 32; l++) {
+                y[l] = d * s1 * ((q[l] & 0xF) | (((qh[l] >> (2 * j)) & 1) << 4)) - dmin * m1;
+                y[l + 32] = d * s2 * ((q[l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4)) - dmin * m2;
+            }
+        }
+    }
+}
+
+static void deq_q6_K(const void *w, float *y, int n) {
+    const block_q6_K *x = w;
+    for (int b = 0; b < n / QK_K; b++) {
+        const float d = fm_half(x[b].d);
+        const uint8_t *ql = x[b].ql, *qh = x[b].qh;
+        const int8_t *sc = x[b].scales;
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
+            for (int l = 0; l < 32; l++) {
+                const int g = l / 16;
+                y[l] = d * sc[g] * (((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                y[l + 32] = d * sc[g + 2] * (((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                y[l + 64] = d * sc[g + 4] * (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                y[l + 96] = d * sc[g + 6] * (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+        }
+    }
+}
+
+static void deq_f32(const void *w, float *y, int n) { memcpy(y, w, (size_t)n * sizeof(float)); }
+
+static void deq_f16(const void *w, float *y, int n) {
+    for (int i = 0; i < n; i++) y[i] = fm_f16_to_f32(((const fm_f16 *)w)[i]);
+}
+
+static void deq_bf16(const void *w, float *y, int n) {
+    for (int i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)((const uint16_t *)w)[i] << 16;
+        memcpy(y + i, &bits, 4);
+    }
+}
+
+typedef void (*deq_fn)(const void *w, float *y, int n);
+static const deq_fn DEQUANT[KIND_COUNT] = {
+    [KIND_Q4_0] = deq_q4_0, [KIND_Q8_0] = deq_q8_0, [KIND_Q4_K] = deq_q4_K, [KIND_Q5_K] = deq_q5_K,
+    [KIND_Q6_K] = deq_q6_K, [KIND_F32] = deq_f32, [KIND_F16] = deq_f16, [KIND_BF16] = deq_bf16,
+};
+
+void fm_dequant_row(int type, const void *w, float *out, int n) { DEQUANT[fm_kind_of(type)](w, out, n); }

@@ -1,0 +1,88 @@
+/* Block layouts of the GGUF weight types the kernels read, the 8-bit activation blocks they
+ * pair with, and the kernel signatures shared by every ISA sibling. Not a general ggml port:
+ * only the types Fermium decodes with. */
+#ifndef FERMIUM_QUANTS_H
+#define FERMIUM_QUANTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QK32 32
+#define QK_K 256
+
+typedef uint16_t fm_f16;
+
+// ---- weight blocks (byte-exact GGUF layouts)
+typedef struct { fm_f16 d; uint8_t qs[QK32 / 2]; } block_q4_0;              // 18 B
+typedef struct { fm_f16 d; int8_t qs[QK32]; } block_q8_0;                   // 34 B
+typedef struct { fm_f16 d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;  // 144 B
+typedef struct { fm_f16 d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8];
+                 uint8_t qs[QK_K / 2]; } block_q5_K;                          // 176 B
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16];
+                 fm_f16 d; } block_q6_K;                                      // 210 B
+
+// ---- activation blocks: fp32 scale, int8 values
+typedef struct { float d; int8_t qs[QK32]; } block_a8_32;                    // pairs with Q4_0, Q8_0
+typedef struct { float d; int16_t bsums[QK_K / 16]; int8_t qs[QK_K]; } block_a8_256;  // K-quants
+
+// GGML type ids (gguf.GGMLQuantizationType)
+enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K = 13,
+       FM_Q6_K = 14, FM_BF16 = 30 };
+
+// dot of one weight row (n values, n a multiple of the block) with one activation row
+typedef float (*fm_vec_dot_fn)(int n, const void *w, const void *a);
+
+float fm_f16_to_f32(fm_f16 h);
+fm_f16 fm_f32_to_f16(float f);
+
+// branchless f16 -> f32 for block scales (finite values): place the bits, rescale the bias
+static inline float fm_half(fm_f16 h) {
+    union { uint32_t u; float f; } v = { (uint32_t)(h & 0x7FFF) << 13 };
+    v.f *= 0x1p112f;
+    v.u |= (uint32_t)(h & 0x8000) << 16;
+    return v.f;
+}
+
+// the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K/Q5_K super-block, unpacked
+static inline void fm_unpack_scales_k4(const uint8_t *q, uint32_t out[4]) {
+    uint32_t u0, u1, u2;
+    __builtin_memcpy(&u0, q, 4);
+    __builtin_memcpy(&u1, q + 4, 4);
+    __builtin_memcpy(&u2, q + 8, 4);
+    out[0] = u0 & 0x3F3F3F3Fu;
+    out[1] = (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4);
+    out[2] = u1 & 0x3F3F3F3Fu;
+    out[3] = ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4);
+}
+
+// the 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block
+static inline void fm_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// ---- per-ISA kernel sets; every row of the dispatch table is one of these
+#define FM_DECLARE_DOTS(isa) \
+    float fm_dot_q4_0_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_q8_0_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_q4_K_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_q5_K_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_q6_K_a8_##isa(int n, const void *w, const void *a);
+#define FM_DECLARE_FLOAT_DOTS(isa) \
+    float fm_dot_f32_##isa(int n, const void *w, const void *a); \
+    float fm_dot_f16_##isa(int n, const void *w, const void *a); \
+    float fm_dot_bf16_##isa(int n, const void *w, const void *a);
+
+FM_DECLARE_DOTS(generic)
+FM_DECLARE_DOTS(ssse3)
+FM_DECLARE_DOTS(avx2)
+FM_DECLARE_DOTS(avx512)
+FM_DECLARE_FLOAT_DOTS(generic)   // float activations; the SSSE3 row uses these
+FM_DECLARE_FLOAT_DOTS(avx2)      // the AVX-512 row uses these (F16C is there)
+
+#endif

@@ -1,0 +1,117 @@
+"""The compiled CPU kernels (native/cpu, built by cffi at `pip install`), with numpy-friendly
+wrappers: ISA choice, the thread pool, activation quantization, dots and matvecs.
+
+The ISA is chosen once at import: the best this CPU supports, or `FERMIUM_ISA`
+(generic | ssse3 | avx2 | avx512). `select_isa` switches it later, for tests and benchmarks.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+try:
+    from native._fermium_cpu import ffi, lib
+except ImportError as exc:  # the extension is built by pip, not at import
+    raise ImportError(
+        "the native CPU kernels are not built; run `pip install -e .` in the repository root "
+        f"(it compiles native/cpu with cffi): {exc}") from exc
+
+ISAS = ("generic", "ssse3", "avx2", "avx512")
+
+
+class IsaError(RuntimeError):
+    """An ISA that is unknown or that this CPU (or OS) cannot run."""
+
+
+def supported_isas() -> list[str]:
+    return [name for i, name in enumerate(ISAS) if lib.fm_isa_supported(i)]
+
+
+def select_isa(name: str) -> str:
+    if name not in ISAS:
+        raise IsaError(f"unknown ISA {name!r}; choose one of {', '.join(ISAS)}")
+    if lib.fm_isa_select(ISAS.index(name)) != 0:
+        raise IsaError(f"this CPU cannot run the {name} kernels; it supports {', '.join(supported_isas())}")
+    return name
+
+
+def active_isa() -> str:
+    return ISAS[lib.fm_isa_active()]
+
+
+def physical_cores() -> int:
+    """Distinct (package, core) pairs among the online CPUs; hyper-threads count once."""
+    cores = set()
+    for cpu in Path("/sys/devices/system/cpu").glob("cpu[0-9]*"):
+        topo = cpu / "topology"
+        try:
+            cores.add((topo.joinpath("physical_package_id").read_text().strip(),
+                       topo.joinpath("core_id").read_text().strip()))
+        except OSError:
+            continue
+    return len(cores) or os.cpu_count() or 1
+
+
+class Pool:
+    """A persistent pthread pool (one thread per physical core unless told otherwise)."""
+
+    def __init__(self, threads: int | None = None):
+        self.threads = int(threads) if threads else physical_cores()
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.ptr = ffi.gc(lib.fm_pool_new(self.threads), lib.fm_pool_free)
+
+
+def ptr(a: np.ndarray, ctype: str = "void *"):
+    if not a.flags.c_contiguous:
+        raise ValueError("native kernels need C-contiguous arrays")
+    return ffi.cast(ctype, a.ctypes.data)
+
+
+def check_type(qtype: int) -> None:
+    if not lib.fm_type_supported(int(qtype)):
+        raise ValueError(f"no native kernel for GGML type {int(qtype)}")
+
+
+def quantize_act(qtype: int, x: np.ndarray) -> np.ndarray:
+    """x: (n,) float32 -> the activation blocks that pair with weights of `qtype` (bytes)."""
+    check_type(qtype)
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty(lib.fm_act_bytes(int(qtype), x.size), np.uint8)
+    lib.fm_quantize_act(int(qtype), ptr(x, "float *"), x.size, ptr(out))
+    return out
+
+
+def vec_dot(isa: str, qtype: int, w_row: np.ndarray, act: np.ndarray, n: int) -> float:
+    """One weight row (stored blocks) . one prepared activation with the given ISA's kernel."""
+    if isa not in supported_isas():
+        raise IsaError(f"this CPU cannot run the {isa} kernels")
+    return float(lib.fm_vec_dot(ISAS.index(isa), int(qtype), n, ptr(np.ascontiguousarray(w_row)),
+                                ptr(np.ascontiguousarray(act))))
+
+
+def matvec(pool: Pool, qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """w: (rows, row_bytes) stored blocks; x: (B, cols) float32 -> (B, rows)."""
+    check_type(qtype)
+    w = np.ascontiguousarray(w)
+    x = np.ascontiguousarray(np.atleast_2d(x), np.float32)
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    lib.fm_matvec(pool.ptr, int(qtype), ptr(w), w.shape[1], w.shape[0], x.shape[1], x.shape[0],
+                  ptr(x, "float *"), ptr(y, "float *"))
+    return y
+
+
+def membw(pool: Pool, nbytes: int = 1 << 30, reps: int = 3) -> float:
+    """Measured memory read bandwidth in bytes/s with the pool's threads (best of reps)."""
+    bw = lib.fm_membw(pool.ptr, nbytes, reps)
+    if bw <= 0:
+        raise MemoryError(f"could not allocate {nbytes} bytes for the bandwidth measurement")
+    return bw
+
+
+_forced = os.environ.get("FERMIUM_ISA")
+if _forced:
+    select_isa(_forced.strip().lower())
+

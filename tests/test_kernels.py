@@ -1,0 +1,164 @@
+"""Every native dot kernel against its generic sibling and a float reference, for every ISA
+this CPU runs; plus the activation quantizers, row dequantizers, matvec driver and dispatch."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize, quantize
+
+from native import cpu_lib
+
+# SIMD and generic do the same integer sums; only the float accumulation order differs.
+SIBLING_RTOL = 1e-5
+# Activation rounding moves each x_i by at most half its block step (amax / 127 / 2); the
+# dot can move by at most sum |w_i| * that. Slack covers fp32 accumulation.
+ROUNDING_SLACK = 1.001
+FLOAT_ATOL = 1e-4
+# Float-weight kernels take fp32 activations: only summation order differs from float64.
+FLOAT_RTOL = 1e-5
+
+QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+FLOAT_TYPES = [T.F32, T.F16, T.BF16]
+ISAS = cpu_lib.supported_isas()
+N = 1024
+
+
+def f16(rng, n, lo, hi):
+    return rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+
+def random_rows(qtype: T, rows: int, n: int, rng) -> np.ndarray:
+    """(rows, row_bytes) valid blocks: quantized floats, or random bytes with small scales."""
+    if qtype in (T.Q4_0, T.Q8_0):
+        return quantize(rng.standard_normal((rows, n)).astype(np.float32), qtype)
+    if qtype in FLOAT_TYPES:
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        if qtype == T.F32:
+            return x.view(np.uint8)
+        if qtype == T.F16:
+            return x.astype(np.float16).view(np.uint8)
+        return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (rows * n // block, nbytes), dtype=np.uint8)
+    if qtype in (T.Q4_K, T.Q5_K):
+        blocks[:, 0:2] = f16(rng, len(blocks), 1e-3, 4e-3)   # d
+        blocks[:, 2:4] = f16(rng, len(blocks), 1e-3, 4e-3)   # dmin
+    else:
+        blocks[:, 208:210] = f16(rng, len(blocks), 1e-3, 4e-3)
+    return blocks.reshape(rows, -1)
+
+
+def act_values(qtype: T, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The per-element quantization step bound (amax/254) of x for qtype's activation blocks."""
+    block = 32 if qtype in (T.Q4_0, T.Q8_0) else 256
+    amax = np.abs(x.reshape(-1, block)).max(axis=1)
+    return np.repeat(amax / 254.0, block)
+
+
+@pytest.fixture(scope="module")
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_quant_dot_matches_generic_and_float(isa, qtype, rng):
+    w = random_rows(qtype, 8, N, rng)
+    wf = dequantize(w, qtype).astype(np.float64)
+    for r in range(w.shape[0]):
+        x = (rng.standard_normal(N) * rng.uniform(0.1, 10)).astype(np.float32)
+        act = cpu_lib.quantize_act(qtype, x)
+        got = cpu_lib.vec_dot(isa, qtype, w[r], act, N)
+        generic = cpu_lib.vec_dot("generic", qtype, w[r], act, N)
+        magnitude = float(np.abs(wf[r] * x).sum())
+        assert abs(got - generic) <= SIBLING_RTOL * magnitude, (isa, r, got, generic)
+        ref = float(wf[r] @ x.astype(np.float64))
+        bound = float(np.abs(wf[r]) @ act_values(qtype, x)) * ROUNDING_SLACK + FLOAT_ATOL
+        assert abs(got - ref) <= bound, (isa, r, got, ref, bound)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
+def test_float_dot_matches_float(isa, qtype, rng):
+    n = 200   # not a multiple of the vector width: exercises the tails
+    w = random_rows(qtype, 4, n, rng)
+    wf = dequantize(w, qtype).astype(np.float64) if qtype != T.F32 else w.view(np.float32).astype(np.float64)
+    for r in range(4):
+        x = rng.standard_normal(n).astype(np.float32)
+        got = cpu_lib.vec_dot(isa, qtype, w[r], cpu_lib.quantize_act(qtype, x), n)
+        ref = float(wf[r] @ x)
+        assert abs(got - ref) <= FLOAT_RTOL * float(np.abs(wf[r] * x).sum()) + FLOAT_ATOL
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
+def test_dequant_row_matches_gguf(qtype, rng):
+    w = random_rows(qtype, 2, 512, rng)
+    ref = dequantize(w, qtype) if qtype != T.F32 else w.view(np.float32)
+    out = np.empty(512, np.float32)
+    for r in range(2):
+        row = np.ascontiguousarray(w[r])
+        cpu_lib.lib.fm_dequant_row(int(qtype), cpu_lib.ptr(row), cpu_lib.ptr(out, "float *"), 512)
+        np.testing.assert_array_equal(out, ref[r].astype(np.float32))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
+    prev = cpu_lib.active_isa()
+    cpu_lib.select_isa(isa)
+    try:
+        pool = cpu_lib.Pool(threads)
+        rows, n, batch = 300, 512, 3
+        w = random_rows(qtype, rows, n, rng)
+        x = rng.standard_normal((batch, n)).astype(np.float32)
+        y = cpu_lib.matvec(pool, qtype, w, x)
+        for b in range(batch):
+            act = cpu_lib.quantize_act(qtype, x[b])
+            expect = np.array([cpu_lib.vec_dot(isa, qtype, w[r], act, n) for r in range(rows)], np.float32)
+            np.testing.assert_array_equal(y[b], expect)
+    finally:
+        cpu_lib.select_isa(prev)
+
+
+def test_activation_blocks_round_trip(rng):
+    x = rng.standard_normal(512).astype(np.float32)
+    a32 = cpu_lib.quantize_act(T.Q4_0, x).reshape(-1, 36)
+    d = a32[:, :4].copy().view(np.float32)
+    q = a32[:, 4:].view(np.int8).astype(np.float32)
+    back = (q * d).reshape(-1)
+    assert np.all(np.abs(back - x) <= act_values(T.Q4_0, x) * ROUNDING_SLACK)
+    a256 = cpu_lib.quantize_act(T.Q4_K, x).reshape(-1, 4 + 32 + 256)
+    qs = a256[:, 36:].view(np.int8).astype(np.int32)
+    bsums = a256[:, 4:36].copy().view(np.int16)
+    np.testing.assert_array_equal(bsums, qs.reshape(-1, 16, 16).sum(axis=2))
+
+
+def test_dispatch_picks_a_supported_isa_and_refuses_others():
+    assert cpu_lib.active_isa() in ISAS
+    assert "generic" in ISAS and "ssse3" in ISAS   # every x86-64 this project targets has SSSE3
+    with pytest.raises(cpu_lib.IsaError, match="unknown ISA"):
+        cpu_lib.select_isa("neon")
+    for isa in set(cpu_lib.ISAS) - set(ISAS):
+        with pytest.raises(cpu_lib.IsaError, match="cannot run"):
+            cpu_lib.select_isa(isa)
+
+
+def test_forced_isa_from_environment():
+    code = "from native import cpu_lib; print(cpu_lib.active_isa())"
+    env = dict(os.environ, FERMIUM_ISA="ssse3")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "ssse3", out.stderr
+    env["FERMIUM_ISA"] = "sse9"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "unknown ISA 'sse9'" in out.stderr
+
+
+def test_physical_cores_counts_cores():
+    assert 1 <= cpu_lib.physical_cores() <= (os.cpu_count() or 1)
