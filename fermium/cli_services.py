@@ -25,6 +25,14 @@ def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
+def _security(curve_dir: Optional[Path], insecure: bool) -> None:
+    from common.security import configure
+    try:
+        configure(curve_dir, insecure)
+    except (OSError, RuntimeError) as e:
+        raise typer.Exit(f"error: {e}") from None  # type: ignore[arg-type]
+
+
 def _run_worker(server) -> None:
     """Handshake, then the compute loop until SIGTERM or Ctrl-C."""
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
@@ -52,11 +60,14 @@ def router_command(
     heartbeat_timeout: float = typer.Option(2.5, envvar="FERMIUM_HEARTBEAT_TIMEOUT", help="Seconds before a silent worker is dead."),
     metrics_port: int = typer.Option(0, envvar="FERMIUM_METRICS_PORT", help="Prometheus /metrics port; 0 is off."),
     log_level: str = typer.Option("info", envvar="FERMIUM_LOG_LEVEL"),
+    curve_dir: Optional[Path] = typer.Option(None, envvar="FERMIUM_CURVE_DIR", help="CURVE key directory (`fermium keys create`): ZeroMQ encrypted, clients allow-listed."),
+    insecure: bool = typer.Option(False, envvar="FERMIUM_INSECURE", help="Allow plaintext ZeroMQ on non-loopback addresses."),
 ):
     """The router: OpenAI-compatible HTTP API, admission, dispatch to workers."""
     from services.router.config import RouterConfig
     from services.router.server import serve
     _logging(log_level)
+    _security(curve_dir, insecure)
     serve(RouterConfig(_model(model), host, port, workers, served_model_name, max_model_len, max_running,
                        max_queue, heartbeat_timeout, metrics_port, log_level))
 
@@ -72,11 +83,14 @@ def prefill_command(
     metrics_port: int = typer.Option(0, envvar="FERMIUM_METRICS_PORT", help="Prometheus /metrics port; 0 is off."),
     ready_timeout: float = typer.Option(30.0, envvar="FERMIUM_READY_TIMEOUT", help="Seconds to wait for the router."),
     log_level: str = typer.Option("info", envvar="FERMIUM_LOG_LEVEL"),
+    curve_dir: Optional[Path] = typer.Option(None, envvar="FERMIUM_CURVE_DIR", help="CURVE key directory (`fermium keys create`): ZeroMQ encrypted, clients allow-listed."),
+    insecure: bool = typer.Option(False, envvar="FERMIUM_INSECURE", help="Allow plaintext ZeroMQ on non-loopback addresses."),
 ):
     """A prefill worker: runs prompts and ships the state to a decode worker."""
     from services.prefill.config import PrefillConfig
     from services.prefill.server import PrefillServer
     _logging(log_level)
+    _security(curve_dir, insecure)
     options = {"device": device, **({"vram_budget": int(vram_budget * 2**30)} if vram_budget else {})} \
         if backend == "cuda" else {}
     _run_worker(PrefillServer(PrefillConfig(_model(model), router, listen, advertise, backend, options,
@@ -94,11 +108,14 @@ def decode_command(
     metrics_port: int = typer.Option(0, envvar="FERMIUM_METRICS_PORT", help="Prometheus /metrics port; 0 is off."),
     ready_timeout: float = typer.Option(30.0, envvar="FERMIUM_READY_TIMEOUT", help="Seconds to wait for the router."),
     log_level: str = typer.Option("info", envvar="FERMIUM_LOG_LEVEL"),
+    curve_dir: Optional[Path] = typer.Option(None, envvar="FERMIUM_CURVE_DIR", help="CURVE key directory (`fermium keys create`): ZeroMQ encrypted, clients allow-listed."),
+    insecure: bool = typer.Option(False, envvar="FERMIUM_INSECURE", help="Allow plaintext ZeroMQ on non-loopback addresses."),
 ):
     """A decode worker: continuous batching, tokens streamed to the router."""
     from services.decode.config import DecodeConfig
     from services.decode.server import DecodeServer
     _logging(log_level)
+    _security(curve_dir, insecure)
     _run_worker(DecodeServer(DecodeConfig(_model(model), router, listen, advertise, engine, max_batch,
                                           capacity, metrics_port, ready_timeout)))
 
