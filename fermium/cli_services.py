@@ -62,6 +62,7 @@ def router_command(
     log_level: str = typer.Option("info", envvar="FERMIUM_LOG_LEVEL"),
     curve_dir: Optional[Path] = typer.Option(None, envvar="FERMIUM_CURVE_DIR", help="CURVE key directory (`fermium keys create`): ZeroMQ encrypted, clients allow-listed."),
     insecure: bool = typer.Option(False, envvar="FERMIUM_INSECURE", help="Allow plaintext ZeroMQ on non-loopback addresses."),
+    api_key: Optional[str] = typer.Option(None, envvar="FERMIUM_API_KEY", help="Require `Authorization: Bearer KEY` on /v1/*."),
 ):
     """The router: OpenAI-compatible HTTP API, admission, dispatch to workers."""
     from services.router.config import RouterConfig
@@ -69,7 +70,7 @@ def router_command(
     _logging(log_level)
     _security(curve_dir, insecure)
     serve(RouterConfig(_model(model), host, port, workers, served_model_name, max_model_len, max_running,
-                       max_queue, heartbeat_timeout, metrics_port, log_level))
+                       max_queue, heartbeat_timeout, metrics_port, log_level, api_key))
 
 
 def prefill_command(

@@ -17,3 +17,4 @@ class RouterConfig:
     heartbeat_timeout: float = 2.5              # seconds of silence before a worker is dead
     metrics_port: int = 0
     log_level: str = "info"
+    api_key: str | None = None                  # Bearer key required on /v1/* when set

@@ -14,6 +14,7 @@ from common.model.tokenizer import Tokenizer
 
 from .admission import Admission
 from .api import API
+from .auth import api_key_middleware
 from .config import RouterConfig
 from .dispatch import Dispatcher, PrefixCache
 from .generation import Generation
@@ -55,7 +56,8 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
         yield
         await dispatcher.close()
 
-    return Starlette(routes=api.routes(), lifespan=lifespan), dispatcher
+    return Starlette(routes=api.routes(), lifespan=lifespan,
+                     middleware=api_key_middleware(cfg.api_key)), dispatcher
 
 
 def serve(cfg: RouterConfig) -> None:

@@ -1,0 +1,211 @@
+"""The HTTP API in one process (LocalDispatcher, a counting engine, a byte tokenizer):
+bad requests get a 4xx with a clear OpenAI-style body; good ones stream and finish right."""
+from __future__ import annotations
+
+import codecs
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from common.metrics import RouterMetrics
+from services.router.admission import Admission
+from services.router.api import API
+from services.router.dispatch import Dispatcher
+from services.router.generation import Generation
+from services.router.local import LocalDispatcher
+
+CONTEXT = 64
+EOS = 256
+MODEL = "fermium"
+
+
+class ByteTokenizer:
+    """One token per byte, plus EOS."""
+
+    vocab_size = 257
+    eos_ids = {EOS}
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def stream(self):
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+        class Stream:
+            def push(self, t: int) -> str:
+                return dec.decode(bytes([t]))
+
+            def finish(self) -> str:
+                return dec.decode(b"", final=True)
+        return Stream()
+
+
+@dataclass
+class _State:
+    pos: int = 0
+
+
+class CountingEngine:
+    """Greedy output after byte b is b + 1; after 'z' comes EOS."""
+
+    def new_state(self) -> _State:
+        return _State()
+
+    def _logits(self, last: int) -> np.ndarray:
+        out = np.zeros(ByteTokenizer.vocab_size, np.float32)
+        out[EOS if last == ord("z") else (last + 1) % 256] = 1.0
+        return out
+
+    def prefill(self, tokens, state):
+        state.pos += len(tokens)
+        return self._logits(tokens[-1])
+
+    def decode(self, tokens, states):
+        for s in states:
+            s.pos += 1
+        return np.stack([self._logits(t) for t in tokens])
+
+
+def make_app(dispatcher, max_running: int = 4, max_queue: int = 4) -> Starlette:
+    tok = ByteTokenizer()
+    gen = Generation(tok, dispatcher, Admission(max_running, max_queue), RouterMetrics())
+    api = API(gen, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
+              render=lambda msgs, kw: "".join(f"{m['role']}:{m['content']}\n" for m in msgs),
+              health=lambda: {"prefill_workers": 1, "decode_workers": 1})
+    return Starlette(routes=api.routes())
+
+
+@pytest.fixture(scope="module")
+def client():
+    with TestClient(make_app(LocalDispatcher(CountingEngine()))) as c:
+        yield c
+
+
+def completion(**kw) -> dict:
+    return {"model": MODEL, "prompt": "a", "max_tokens": 3, "temperature": 0, **kw}
+
+
+def assert_error(r, status: int, needle: str, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"]
+    assert err["type"] and set(err) == {"message", "type", "param", "code"}
+    if param is not None:
+        assert err["param"] == param
+    return err
+
+
+# ---- bad requests
+
+def test_invalid_json(client):
+    r = client.post("/v1/completions", content=b'{"model": "fermium", "prompt": ', headers={"content-type": "application/json"})
+    assert_error(r, 400, "not valid JSON")
+
+
+def test_invalid_utf8(client):
+    r = client.post("/v1/completions", content=b'{"model": "fermium", "prompt": "\xff\xfe"}')
+    assert_error(r, 400, "not valid UTF-8")
+
+
+def test_unknown_model(client):
+    err = assert_error(client.post("/v1/completions", json=completion(model="gpt-4")), 404, "`gpt-4` does not exist")
+    assert err["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("value", [-1, 0])
+def test_nonpositive_max_tokens(client, value):
+    assert_error(client.post("/v1/completions", json=completion(max_tokens=value)), 400, ">= 1", "max_tokens")
+
+
+def test_prompt_over_context(client):
+    err = assert_error(client.post("/v1/completions", json=completion(prompt="x" * (CONTEXT + 1))), 400,
+                       f"context limit is {CONTEXT}")
+    assert err["code"] == "context_length_exceeded"
+    r = client.post("/v1/completions", json=completion(prompt="x" * 10, max_tokens=CONTEXT))
+    assert_error(r, 400, "exceeds this model's context limit", "max_tokens")
+
+
+def test_unknown_field(client):
+    assert_error(client.post("/v1/completions", json=completion(frobnicate=1)), 400,
+                 "Unrecognized request argument supplied: frobnicate", "frobnicate")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a"}], "prompt": "a"}
+    assert_error(client.post("/v1/chat/completions", json=body), 400, "Unrecognized request argument supplied: prompt")
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("n", 2, "only n=1"), ("temperature", -0.5, "in [0, 2]"), ("top_p", 0, "in (0, 1]"),
+    ("logprobs", 3, "logprobs are not supported"), ("presence_penalty", 0.5, "repetition_penalty"),
+    ("stop", ["a", "b", "c", "d", "e"], "at most 4"), ("seed", "x", "integer")])
+def test_bad_values(client, field, value, needle):
+    assert_error(client.post("/v1/completions", json=completion(**{field: value})), 400, needle, field)
+
+
+def test_bad_messages(client):
+    body = {"model": MODEL, "messages": [{"role": "wizard", "content": "a"}]}
+    assert_error(client.post("/v1/chat/completions", json=body), 400, "needs a 'role'")
+
+
+def test_queue_full_is_429_with_retry_after():
+    with TestClient(make_app(LocalDispatcher(CountingEngine()), max_running=0, max_queue=0)) as c:
+        r = c.post("/v1/completions", json=completion())
+    assert_error(r, 429, "at capacity")
+    assert r.headers["retry-after"] == "1"
+
+
+def test_no_workers_is_503():
+    dispatcher = Dispatcher("inproc://unused", heartbeat_timeout=1.0, metrics=RouterMetrics())
+    with TestClient(make_app(dispatcher)) as c:
+        r = c.post("/v1/completions", json=completion())
+    assert_error(r, 503, "no prefill worker is connected")
+    assert "retry-after" in r.headers
+
+
+# ---- good requests
+
+def test_documented_fields_are_accepted(client):
+    body = {"model": MODEL, "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [
+        {"type": "text", "text": "a"}]}], "max_tokens": 2, "temperature": 0, "stream_options": None,
+        "user": "u1", "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": False, "n": 1,
+        "metadata": {"k": "v"}, "seed": 7, "top_k": 5, "response_format": {"type": "text"}}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "\x0b\x0c"   # after "user:a\n" comes 0x0b
+
+
+def test_completion_length(client):
+    r = client.post("/v1/completions", json=completion(prompt="a", max_tokens=3)).json()
+    assert r["choices"][0]["text"] == "bcd" and r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"] == {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+
+
+def test_completion_eos_and_stop_string(client):
+    r = client.post("/v1/completions", json=completion(prompt="w", max_tokens=10)).json()
+    assert r["choices"][0]["text"] == "xyz" and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == 4            # the EOS token counts, as in vLLM
+    r = client.post("/v1/completions", json=completion(prompt="a", max_tokens=10, stop=["ef", "q"])).json()
+    assert r["choices"][0]["text"] == "bcd" and r["choices"][0]["finish_reason"] == "stop"
+
+
+def test_chat_stream_ends_with_done(client):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "v"}], "stream": True, "max_tokens": 30,
+            "temperature": 0, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "".join(map(chr, range(0x0b, 0x0b + 30)))     # counting up from "\n" + 1
+    finals = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finals[-1] == "length" and all(f is None for f in finals[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 30
+
+
+def test_models_and_health(client):
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+    assert client.get("/health").json()["status"] == "ok"
