@@ -14,3 +14,6 @@ from fermium.cli_services import (chat_command, decode_command, demo_command, pr
 for _name, _cmd in {"router": router_command, "prefill": prefill_command, "decode": decode_command,
                     "up": up_command, "chat": chat_command, "demo": demo_command}.items():
     app.command(_name)(_cmd)
+from fermium.cli_convert import convert_command  # noqa: E402
+
+app.command("convert")(convert_command)

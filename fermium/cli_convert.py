@@ -1,0 +1,31 @@
+"""`fermium convert`: a Hugging Face safetensors checkpoint to a GGUF file."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from common.model.convert import FILE_TYPES, ConvertError, convert
+
+EXIT_BAD_INPUT = 2
+
+
+def convert_command(
+    src_dir: Path = typer.Argument(..., help="Checkpoint directory (config.json + *.safetensors)."),
+    out: Path = typer.Argument(..., help="GGUF file to write."),
+    out_type: str = typer.Option("f16", "--type", help=f"Output type: {', '.join(FILE_TYPES)}."),
+    name: Optional[str] = typer.Option(None, help="general.name (default: the directory name)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+):
+    """Convert a qwen3_5_moe / qwen3_5_moe_text / qwen3_next checkpoint to llama.cpp's GGUF."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    try:
+        result = convert(src_dir, out, out_type, progress=not quiet, name=name)
+    except ConvertError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    types = ", ".join(f"{n} {k}" for k, n in sorted(result.types.items()))
+    typer.echo(f"wrote {result.path} ({result.arch}, {result.n_tensors} tensors: {types}; "
+               f"{result.nbytes / 2**20:.1f} MiB)")
