@@ -17,3 +17,7 @@ for _name, _cmd in {"router": router_command, "prefill": prefill_command, "decod
 from fermium.cli_convert import convert_command  # noqa: E402
 
 app.command("convert")(convert_command)
+from fermium.cli_deploy import deploy_app, keys_app  # noqa: E402
+
+app.add_typer(keys_app, name="keys")
+app.add_typer(deploy_app, name="deploy")
