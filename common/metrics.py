@@ -44,16 +44,23 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEVICE_STAT_KEYS = ("h2d_bytes", "copy_seconds", "peak_device_bytes")   # the GPU panels' series
 
 
+def _with_values(metric, values: tuple[str, ...]):
+    """Create the series of every known label value at 0, so rates and alerts see them at once."""
+    for value in values:
+        metric.labels(value)
+    return metric
+
+
 class _Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
 
-    def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-        return Counter(name, doc, labels, registry=self.registry)
+    def counter(self, name: str, doc: str, labels: tuple[str, ...] = (), values: tuple[str, ...] = ()) -> Counter:
+        return _with_values(Counter(name, doc, labels, registry=self.registry), values)
 
-    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
-        return Gauge(name, doc, labels, registry=self.registry)
+    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = (), values: tuple[str, ...] = ()) -> Gauge:
+        return _with_values(Gauge(name, doc, labels, registry=self.registry), values)
 
     def histogram(self, name: str, doc: str, buckets=LATENCY_BUCKETS) -> Histogram:
         return Histogram(name, doc, buckets=buckets, registry=self.registry)
@@ -71,7 +78,8 @@ class _Metrics:
 class RouterMetrics(_Metrics):
     def __init__(self) -> None:
         super().__init__()
-        self.requests = self.counter("fermium_requests", "Finished requests by outcome", ("outcome",))
+        self.requests = self.counter("fermium_requests", "Finished requests by outcome", ("outcome",),
+                                     ("stop", "length", "cancelled", "error", "rejected"))
         self.prompt_tokens = self.counter("fermium_prompt_tokens", "Prompt tokens of admitted requests")
         self.generation_tokens = self.counter("fermium_generation_tokens", "Tokens streamed to clients")
         self.ttft = self.histogram("fermium_time_to_first_token_seconds", "Arrival to first token")
@@ -80,14 +88,15 @@ class RouterMetrics(_Metrics):
         self.queue_time = self.histogram("fermium_request_queue_time_seconds", "Time in the admission queue")
         self.prefill_time = self.histogram("fermium_request_prefill_time_seconds", "Dispatch to first token")
         self.decode_time = self.histogram("fermium_request_decode_time_seconds", "First to last token")
-        self.workers = self.gauge("fermium_workers", "Live workers by role", ("role",))
+        self.workers = self.gauge("fermium_workers", "Live workers by role", ("role",), ("prefill", "decode"))
         self._load_gauges()
 
 
 class PrefillMetrics(_Metrics):
     def __init__(self) -> None:
         super().__init__()
-        self.requests = self.counter("fermium_prefill_requests", "Prefill requests by outcome", ("outcome",))
+        self.requests = self.counter("fermium_prefill_requests", "Prefill requests by outcome", ("outcome",),
+                                     ("ok", "cancelled", "error"))
         self.tokens = self.counter("fermium_prefill_tokens", "Tokens prefilled")
         self.time = self.histogram("fermium_prefill_time_seconds", "Backend time of one prefill")
         self.weight_bytes = self.counter("fermium_prefill_weight_bytes", "Weight bytes moved by the backend")
@@ -100,7 +109,8 @@ class PrefillMetrics(_Metrics):
 class DecodeMetrics(_Metrics):
     def __init__(self) -> None:
         super().__init__()
-        self.requests = self.counter("fermium_decode_requests", "Decoded sequences by outcome", ("outcome",))
+        self.requests = self.counter("fermium_decode_requests", "Decoded sequences by outcome", ("outcome",),
+                                     ("stop", "length", "cancelled", "error"))
         self.tokens = self.counter("fermium_decode_tokens", "Tokens sampled")
         self.step_time = self.histogram("fermium_decode_step_seconds", "One batched decode step")
         self.batch_size = self.histogram("fermium_decode_batch_size", "Sequences per decode step",
