@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import shutil
 import socket
 import threading
 from dataclasses import dataclass
@@ -163,6 +164,45 @@ def apply(sock: zmq.Socket, address: str, *, bind: bool, pol: SecurityPolicy | N
         sock.curve_secretkey = k.client_secret
         sock.curve_publickey = k.client_public
         sock.curve_serverkey = k.server_public
+
+
+def create_key_bundles(out: str | Path, hosts: list[str]) -> dict[str, Path]:
+    """Create or extend a deployment's keys in `out`, and rebuild one key directory per host.
+
+    out/server.key*            the deployment's server pair (made once, kept)
+    out/clients/HOST.key*      one client pair per host (made once, kept; delete one to revoke it)
+    out/hosts/HOST/            what to copy to HOST as its --curve-dir
+    Returns {host: its key directory} for every host with a client pair.
+    """
+    out = Path(out)
+    clients = out / "clients"
+    clients.mkdir(parents=True, exist_ok=True)
+    if not (out / f"{SERVER}.key_secret").exists():
+        zmq.auth.create_certificates(out, SERVER)
+    for host in hosts:
+        if not host or "/" in host or host.startswith("."):
+            raise ValueError(f"{host!r} is not a usable host name for a key file")
+        if not (clients / f"{host}.key_secret").exists():
+            zmq.auth.create_certificates(clients, host)
+    bundles = {}
+    names = sorted(p.name[:-len(".key_secret")] for p in clients.glob("*.key_secret"))
+    for revoked in (out / "hosts").glob("*") if (out / "hosts").is_dir() else ():
+        if revoked.name not in names:
+            shutil.rmtree(revoked)
+    for host in names:
+        d = out / "hosts" / host
+        (d / AUTHORIZED).mkdir(parents=True, exist_ok=True)
+        for stale in (d / AUTHORIZED).glob("*.key"):
+            stale.unlink()
+        for other in names:
+            (d / AUTHORIZED / f"{other}.key").write_bytes((clients / f"{other}.key").read_bytes())
+        for src, dst in ((out / f"{SERVER}.key", SERVER), (clients / f"{host}.key", CLIENT)):
+            (d / f"{dst}.key").write_bytes(src.read_bytes())
+            secret = d / f"{dst}.key_secret"
+            secret.write_bytes(src.with_name(src.name + "_secret").read_bytes())
+            secret.chmod(0o600)
+        bundles[host] = d
+    return bundles
 
 
 def shutdown() -> None:
