@@ -23,7 +23,7 @@ prefill
     fermium_prefill_weight_bytes_total         counter  weight bytes the backend moved (stats())
     fermium_prefill_backend_stat{key}          gauge    every numeric entry of backend.stats()
     fermium_num_requests_running / _waiting    gauge
-    (fermium_prefill_backend_stat exists from startup for DEVICE_STAT_KEYS, at 0 on the cpu backend)
+    (fermium_prefill_backend_stat exists from startup for BACKEND_STAT_KEYS (0 until the backend reports them))
 decode
     fermium_decode_requests_total{outcome}     counter  outcome: stop | length | cancelled | error
     fermium_decode_tokens_total                counter
@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-DEVICE_STAT_KEYS = ("h2d_bytes", "copy_seconds", "peak_device_bytes")   # the GPU panels' series
+BACKEND_STAT_KEYS = ("h2d_bytes", "copy_seconds", "compute_seconds", "peak_device_bytes")  # dashboard series
 
 
 def _with_values(metric, values: tuple[str, ...]):
@@ -101,7 +101,7 @@ class PrefillMetrics(_Metrics):
         self.time = self.histogram("fermium_prefill_time_seconds", "Backend time of one prefill")
         self.weight_bytes = self.counter("fermium_prefill_weight_bytes", "Weight bytes moved by the backend")
         self.backend_stat = self.gauge("fermium_prefill_backend_stat", "Numeric backend stats", ("key",))
-        for key in DEVICE_STAT_KEYS:
+        for key in BACKEND_STAT_KEYS:
             self.backend_stat.labels(key).set(0)
         self._load_gauges()
 
