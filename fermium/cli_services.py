@@ -132,7 +132,8 @@ def up_command(
 ):
     """Start router, prefill and decode on loopback; Ctrl-C stops them all."""
     from fermium.stack import Stack, stream_chat
-    with Stack(_model(model), port=port, engine=engine, backend=backend, metrics_port=metrics_port) as stack:
+    ports = {name: metrics_port + i for i, name in enumerate(("router", "prefill", "decode"))} if metrics_port else {}
+    with Stack(_model(model), port=port, engine=engine, backend=backend, metrics_ports=ports) as stack:
         stack.wait_ready(ready_timeout)
         if chat is not None:
             stream_chat(stack.url, chat)

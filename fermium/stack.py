@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -22,36 +23,44 @@ def free_port() -> int:
 
 
 class Stack:
-    """Router, prefill and decode as children of this process; stopped on exit, whatever happens."""
+    """Router, prefill and decode as children of this process; stopped on exit, whatever happens.
+
+    `workers` lists the worker processes by name; a name's role is its text before any "-"
+    (e.g. "decode-b" is a second decode worker). `extra[name]` adds command-line flags.
+    """
 
     def __init__(self, model: str, *, port: int, engine: str = "auto", backend: str = "cpu",
-                 metrics_port: int = 0, extra: dict[str, list[str]] | None = None, quiet: bool = False):
+                 metrics_ports: dict[str, int] | None = None, workers: tuple[str, ...] = ("prefill", "decode"),
+                 extra: dict[str, list[str]] | None = None, log_dir: Path | None = None):
         self.model, self.port = model, port
         self.url = f"http://127.0.0.1:{port}"
         self.workers = f"tcp://127.0.0.1:{free_port()}"
-        metrics = {role: str(metrics_port + i if metrics_port else 0)
-                   for i, role in enumerate(("router", "prefill", "decode"))}
-        extra = extra or {}
-        self.argv = {
-            "router": ["router", "--port", str(port), "--workers", self.workers],
-            "prefill": ["prefill", "--router", self.workers, "--backend", backend],
-            "decode": ["decode", "--router", self.workers, "--engine", engine],
-        }
-        for role, argv in self.argv.items():
-            argv += ["--model", model, "--metrics-port", metrics[role], *extra.get(role, [])]
-        self.quiet = quiet
+        metrics_ports, extra = metrics_ports or {}, extra or {}
+        role_argv = {"prefill": ["--router", self.workers, "--backend", backend],
+                     "decode": ["--router", self.workers, "--engine", engine]}
+        self.argv = {"router": ["router", "--port", str(port), "--workers", self.workers]}
+        for name in workers:
+            role = name.split("-")[0]
+            self.argv[name] = [role, *role_argv[role]]
+        for name, argv in self.argv.items():
+            argv += ["--model", model, "--metrics-port", str(metrics_ports.get(name, 0)), *extra.get(name, [])]
+        self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, role: str) -> subprocess.Popen:
-        out = subprocess.DEVNULL if self.quiet else None
-        proc = subprocess.Popen([sys.executable, "-m", "fermium", *self.argv[role]], stdout=out, stderr=out,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.procs[role] = proc
+    def start(self, name: str) -> subprocess.Popen:
+        """Start (or restart) one child."""
+        out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else None
+        proc = subprocess.Popen([sys.executable, "-m", "fermium", *self.argv[name]], stdout=out,
+                                stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if out:
+            out.close()
+        self.procs[name] = proc
         return proc
 
     def __enter__(self) -> "Stack":
-        for role in ("router", "prefill", "decode"):
-            self.start(role)
+        for name in self.argv:
+            self.start(name)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -60,14 +69,19 @@ class Stack:
     def _dead(self) -> list[str]:
         return [f"{role} exited with code {p.returncode}" for role, p in self.procs.items() if p.poll() is not None]
 
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=2.0).json()
+
     def wait_ready(self, timeout: float) -> None:
-        """Until /health says both workers are attached; a child that dies ends the wait."""
+        """Until /health lists every worker; a child that dies ends the wait."""
+        want = len(self.procs) - 1
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if dead := self._dead():
-                raise RuntimeError(f"the stack did not start: {', '.join(dead)} (see its messages above)")
+                where = f"in {self.log_dir}" if self.log_dir else "above"
+                raise RuntimeError(f"the stack did not start: {', '.join(dead)} (see its messages {where})")
             try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                if len(self.health().get("workers", ())) >= want:
                     return
             except httpx.HTTPError:
                 pass

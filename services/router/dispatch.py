@@ -142,16 +142,19 @@ class Dispatcher:
                 w.inflight.discard(msg.rid)
         elif isinstance(msg, Tokens):
             track.generated.extend(msg.tokens)
-        elif isinstance(msg, Finished) and msg.state is not None:
-            self.cache.store(track.prompt + tuple(track.generated), msg.pos, msg.state)
+        elif isinstance(msg, Finished):
+            if msg.state is not None:
+                self.cache.store(track.prompt + tuple(track.generated), msg.pos, msg.state)
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return
         track.events.put_nowait(msg)
 
     def _hello(self, msg: Hello | Heartbeat) -> None:
-        known = isinstance(msg, Heartbeat) and self.registry.heartbeat(msg.worker_id, msg.running, msg.waiting)
-        if known:
+        if isinstance(msg, Heartbeat) and self.registry.heartbeat(msg.worker_id, msg.running, msg.waiting):
+            return
+        if msg.worker_id in self.registry.workers:    # a repeated Hello: the ack may have crossed it
+            self.registry.workers[msg.worker_id].link.put(HelloAck(msg.rid, msg.worker_id, True, ""))
             return
         try:
             replaced = self.registry.register(msg.worker_id, msg.role, msg.address, msg.capacity, msg.model)

@@ -26,8 +26,6 @@ CHAT_TEMPLATE_KWARGS = ("enable_thinking",)   # chat_template_kwargs that render
 
 def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[Starlette, Dispatcher]:
     """The ASGI app and its dispatcher; the dispatcher starts and stops with the app."""
-    from common.model.chat_template import render_chat
-
     model = GGUFModel(cfg.model)
     tokenizer = Tokenizer.from_gguf(model)
     template = model.get("tokenizer.chat_template") if model.has("tokenizer.chat_template") else None
@@ -37,13 +35,16 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
     generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics)
 
     def render(messages: list[dict], kwargs: dict) -> str:
+        from common.model.chat_template import render_chat
         extra = {k: bool(v) for k, v in kwargs.items() if k in CHAT_TEMPLATE_KWARGS}
         return render_chat(messages, template=template, **extra)
 
     def health() -> dict:
         return {"prefill_workers": dispatcher.registry.count("prefill"),
                 "decode_workers": dispatcher.registry.count("decode"),
-                "running": generation.admission.running, "waiting": generation.admission.waiting}
+                "running": generation.admission.running, "waiting": generation.admission.waiting,
+                "workers": [{"id": w.worker_id, "role": w.role, "address": w.address, "inflight": len(w.inflight)}
+                            for w in dispatcher.registry.workers.values()]}
 
     served = (cfg.served_model_name, Path(cfg.model).stem)   # the file's stem is accepted too
     api = API(generation, served=served, context=context,
