@@ -1,0 +1,180 @@
+"""Wire protocol: round trips of every message, zero-copy arrays, and rejection of every kind
+of malformed frame, both by the codec and by a live inbox that must keep serving."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from common import protocol
+from common.mp import PullQueue, PushQueue, open_socket
+from common.protocol import ProtocolError, VERSION, decode_frames, encode_message
+from common.protocol.codec import kinds
+from common.protocol.decode import DecodeRequest
+from common.protocol.prefill import PrefillRequest
+from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Tokens
+from common.protocol.worker import Cancel, HelloAck
+from common.worker import WorkerLink
+
+RECV_TIMEOUT_S = 5.0
+
+
+def state(seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((6, 3)).astype(np.float32), rng.standard_normal((4, 8, 8)).astype(np.float32),
+            np.zeros((0, 2, 16), np.float32), rng.standard_normal((5, 2, 16)).astype(np.float16)]
+
+
+SAMPLES = [
+    Hello("h1", "decode-1", "decode", "tcp://127.0.0.1:1", 8, "m.gguf"),
+    Heartbeat("h2", "decode-1", "decode", "tcp://127.0.0.1:1", 8, "m.gguf", 3, 1),
+    PrefillDone("r1", "prefill-1", 17, 0.25),
+    Tokens("r1", "decode-1", [5, 6, 7]),
+    Finished("r1", "decode-1", "length", 9, 26, None),
+    Finished("r1", "decode-1", "stop", 9, 26, state(1)),
+    Failed("r1", "prefill-1", "boom"),
+    HelloAck("h1", "decode-1", True, ""),
+    Cancel("r1", "client disconnected"),
+    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {"temperature": 0.0, "seed": None}, 16, [3],
+                   False, None),
+    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {}, 16, [], True, state(2)),
+    DecodeRequest("r3", 3, [1, 2, 3], {"top_k": 4}, 5, [0], False, state(3), np.arange(11, dtype=np.float32)),
+]
+
+
+def same(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg):
+    frames = encode_message(msg)
+    back = decode_frames([bytes(f) for f in frames])
+    assert type(back) is type(msg)
+    for f in dataclasses.fields(msg):
+        assert same(getattr(msg, f.name), getattr(back, f.name)), f.name
+
+
+def test_arrays_are_separate_frames_without_copies():
+    msg = SAMPLES[-1]
+    frames = encode_message(msg)
+    assert len(frames) == 1 + len(msg.state) + 1
+    for arr, frame in zip(msg.state, frames[1:]):
+        if arr.size:
+            assert np.shares_memory(arr, np.frombuffer(frame, arr.dtype))
+    header = msgpack.unpackb(frames[0])
+    assert header["v"] == VERSION and header["k"] == DecodeRequest.KIND
+    assert header["a"]["logits"] == ["float32", [11], len(frames) - 1]
+
+
+def test_kinds_are_single_bytes_and_documented():
+    for kind, cls in kinds().items():
+        assert 0 <= kind <= 255
+        module = __import__(cls.__module__, fromlist=["_"])
+        assert re.search(rf"0x{kind:02x} {cls.__name__}\b", module.__doc__), f"{cls.__name__} missing from docstring"
+    assert "VERSION" in protocol.codec.__doc__ and "frame 0" in protocol.codec.__doc__
+
+
+def _header(frames) -> dict:
+    return msgpack.unpackb(frames[0])
+
+
+def _with_header(frames, **changes) -> list:
+    h = _header(frames)
+    h.update(changes)
+    return [msgpack.packb(h), *frames[1:]]
+
+
+GOOD = encode_message(SAMPLES[-1])
+
+
+@pytest.mark.parametrize("frames, needle", [
+    ([], "empty"),
+    ([b"\xc1\xc1not msgpack"], "not msgpack"),
+    ([msgpack.packb([1, 2])], "must be a map"),
+    (_with_header(GOOD, v=VERSION + 1), "protocol version"),
+    (_with_header(GOOD, k=0xEE), "unknown message kind"),
+    (_with_header(GOOD, f={**_header(GOOD)["f"], "extra": 1}), "unknown fields ['extra']"),
+    (_with_header(GOOD, f={k: v for k, v in _header(GOOD)["f"].items() if k != "pos"}), "missing fields ['pos']"),
+    (_with_header(GOOD, f={**_header(GOOD)["f"], "pos": "3"}), "DecodeRequest.pos: str"),
+    (_with_header(GOOD, f={**_header(GOOD)["f"], "pos": True}), "DecodeRequest.pos: bool"),
+    (_with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["complex128", [11], 5]}), "dtype 'complex128'"),
+    (_with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [12], 5]}), "needs 48"),
+    (_with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [11], 9]}), "frame index 9"),
+    (_with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [11], 1]}), "missing or reused"),
+    (GOOD[:-1], "frame index"),
+    ([*GOOD, b"stray"], "not referenced"),
+])
+def test_malformed_frames_are_rejected(frames, needle):
+    with pytest.raises(ProtocolError) as e:
+        decode_frames([bytes(f) for f in frames])
+    assert needle in str(e.value)
+    if frames and len(frames[0]) > 4 and _readable(frames[0]):
+        assert e.value.rid == "r3"          # the reply can name the request
+
+
+def _readable(header: bytes) -> bool:
+    try:
+        return isinstance(msgpack.unpackb(header), dict)
+    except Exception:
+        return False
+
+
+def test_encode_refuses_object_arrays():
+    with pytest.raises(ProtocolError, match="cannot go on the wire"):
+        encode_message(Finished("r", "w", "stop", 1, 1, [np.array([object()])]))
+
+
+def test_inbox_survives_garbage_and_keeps_serving():
+    errors = []
+    inbox = PullQueue("tcp://127.0.0.1:0", name="test", on_error=errors.append)
+    out = PushQueue(inbox.address, name="test")
+    raw = open_socket(zmq.PUSH, inbox.address, bind=False)     # bytes as they are, no encoder
+    try:
+        for frames in ([b"garbage"], _with_header(GOOD, v=99), GOOD[:-1]):
+            raw.send_multipart([bytes(f) for f in frames])
+        out.put(SAMPLES[3])
+        got = inbox.get(RECV_TIMEOUT_S)
+        assert isinstance(got, Tokens) and got.tokens == [5, 6, 7]
+        assert len(errors) == 3 and all(isinstance(e, ProtocolError) for e in errors)
+    finally:
+        raw.close()
+        for q in (out, inbox):
+            q.close()
+
+
+def test_worker_answers_a_rejected_request_with_failed():
+    router = PullQueue("tcp://127.0.0.1:0", name="router")
+    link = WorkerLink("decode", router_address=router.address, inbox_address="tcp://127.0.0.1:0", advertise=None,
+                      capacity=1, model="m", load=lambda: (0, 0))
+    raw = open_socket(zmq.PUSH, link.address, bind=False)
+    try:
+        raw.send_multipart([bytes(f) for f in _with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [3], 5]})])
+        reply = router.get(RECV_TIMEOUT_S)
+        assert isinstance(reply, Failed) and reply.rid == "r3" and "needs 12" in reply.error
+        assert link.get(0.1) is None        # nothing reached the service loop
+    finally:
+        raw.close()
+        for q in (link, router):
+            q.close()
+
+
+def test_handshake_timeout_says_what_to_do():
+    link = WorkerLink("prefill", router_address="tcp://127.0.0.1:9", inbox_address="tcp://127.0.0.1:0",
+                      advertise=None, capacity=1, model="m", load=lambda: (0, 0))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="Start `fermium router` first"):
+            link.start(timeout=0.5)
+        assert time.monotonic() - t0 < 3
+    finally:
+        link.close()
