@@ -9,6 +9,7 @@ STAMP   = $(VENV)/.installed
 .PHONY: demo test setup clean
 
 $(STAMP): pyproject.toml setup.py
+	bash tools/ci_system_deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
