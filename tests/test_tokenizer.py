@@ -275,6 +275,11 @@ def test_tiny_vocabulary_merges():
     assert tiny.eos_ids == {3}
 
 
+def test_bos_is_added_only_when_the_file_asks():
+    tiny = Tokenizer.from_gguf(Metadata(**_tiny_fields(**{"tokenizer.ggml.add_bos_token": True})))
+    assert tiny.encode("ab") == [3, 2]
+
+
 def test_unknown_pre_tokenizer_names_the_supported_ones():
     with pytest.raises(TokenizerError, match="'llama-bpe'.*qwen2.*qwen35"):
         Tokenizer.from_gguf(Metadata(**_tiny_fields(**{"tokenizer.ggml.pre": "llama-bpe"})))

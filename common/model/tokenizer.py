@@ -103,7 +103,7 @@ class Tokenizer:
         kind = _get(model, "tokenizer.ggml.model")
         if kind != "gpt2":
             raise TokenizerError(f"tokenizer.ggml.model is {kind!r}; only 'gpt2' (byte-level BPE) is supported")
-        pre = _get(model, "tokenizer.ggml.pre") if model.has("tokenizer.ggml.pre") else "default"
+        pre = _get(model, "tokenizer.ggml.pre")
         if pre not in PRE_TOKENIZERS:
             raise TokenizerError(f"tokenizer.ggml.pre is {pre!r}; supported pre-tokenizers: "
                                  f"{', '.join(sorted(PRE_TOKENIZERS))}")
