@@ -157,7 +157,10 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-        prompt_ids = encode(render(_messages(body), kwargs))
+        try:
+            prompt_ids = encode(render(_messages(body), kwargs))
+        except ValueError as e:                      # the chat template refused the conversation
+            raise bad_request(str(e), "messages") from None
     else:
         prompt_ids = _prompt(body, encode, vocab)
     if not prompt_ids:

@@ -9,6 +9,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from common.metrics import RouterMetrics
+from common.model.chat_template import render_chat
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
 
@@ -21,9 +22,6 @@ from .generation import Generation
 
 log = logging.getLogger("fermium.router")
 
-CHAT_TEMPLATE_KWARGS = ("enable_thinking",)   # chat_template_kwargs that render_chat takes
-
-
 def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[Starlette, Dispatcher]:
     """The ASGI app and its dispatcher; the dispatcher starts and stops with the app."""
     model = GGUFModel(cfg.model)
@@ -35,9 +33,9 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
     generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics)
 
     def render(messages: list[dict], kwargs: dict) -> str:
-        from common.model.chat_template import render_chat
-        extra = {k: bool(v) for k, v in kwargs.items() if k in CHAT_TEMPLATE_KWARGS}
-        return render_chat(messages, template=template, **extra)
+        extra = dict(kwargs)
+        thinking = bool(extra.pop("enable_thinking", True))
+        return render_chat(messages, template=template, enable_thinking=thinking, template_kwargs=extra)
 
     def health() -> dict:
         return {"prefill_workers": dispatcher.registry.count("prefill"),
