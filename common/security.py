@@ -203,11 +203,3 @@ def create_key_bundles(out: str | Path, hosts: list[str]) -> dict[str, Path]:
             secret.chmod(0o600)
         bundles[host] = d
     return bundles
-
-
-def shutdown() -> None:
-    """Stop the ZAP handlers (tests; a service simply exits)."""
-    with _lock:
-        for auth in _authenticators.values():
-            auth.stop()
-        _authenticators.clear()
