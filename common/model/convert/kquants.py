@@ -27,19 +27,27 @@ def _fit_asymmetric(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep:
     """x: [n, 32] -> (scale [n], min [n] >= 0) minimising sum w (scale*q - min - x)^2."""
     w = np.sqrt(np.mean(x * x, axis=1, keepdims=True)) + np.abs(x)
     lo = np.minimum(x.min(axis=1), 0.0)
-    hi = x.max(axis=1)
-    span = hi - lo
+    span = x.max(axis=1) - lo
     flat = span <= 0
     span = np.where(flat, 1.0, span)
-    best_scale = span / nmax
-    best_min = lo.copy()
-    q = np.clip(np.rint((x - lo[:, None]) / best_scale[:, None]), 0, nmax)
-    best_err = np.sum(w * (best_scale[:, None] * q + lo[:, None] - x) ** 2, axis=1)
-    sw, sx = w.sum(axis=1), (w * x).sum(axis=1)
+    shifted = x - lo[:, None]
+    sw, sx, sx2 = w.sum(axis=1), (w * x).sum(axis=1), (w * x * x).sum(axis=1)
+
+    def err(scale, mn, sl, sl2, sxl):
+        # sum w (scale q + mn - x)^2, expanded over the sums
+        return (scale * scale * sl2 + 2 * scale * mn * sl - 2 * scale * sxl
+                + mn * mn * sw - 2 * mn * sx + sx2)
+
+    def sums(q):
+        wq = w * q
+        return wq.sum(axis=1), (wq * q).sum(axis=1), (wq * x).sum(axis=1)
+
+    best_scale, best_min = span / nmax, lo
+    best_err = err(best_scale, best_min,
+                   *sums(np.clip(np.rint(shifted * (nmax / span)[:, None]), 0, nmax)))
     for step in range(nstep + 1):
         iscale = (rmin + rdelta * step + nmax) / span
-        q = np.clip(np.rint(iscale[:, None] * (x - lo[:, None])), 0, nmax)
-        sl, sl2, sxl = (w * q).sum(axis=1), (w * q * q).sum(axis=1), (w * q * x).sum(axis=1)
+        sl, sl2, sxl = sums(np.clip(np.rint(shifted * iscale[:, None]), 0, nmax))
         det = sw * sl2 - sl * sl
         ok = det > 0
         det = np.where(ok, det, 1.0)
@@ -48,9 +56,9 @@ def _fit_asymmetric(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep:
         pos = mn > 0                     # the offset may only lower values: refit through 0
         scale = np.where(pos, sxl / np.where(sl2 > 0, sl2, 1.0), scale)
         mn = np.where(pos, 0.0, mn)
-        err = np.sum(w * (scale[:, None] * q + mn[:, None] - x) ** 2, axis=1)
-        better = ok & (err < best_err)
-        best_err = np.where(better, err, best_err)
+        e = err(scale, mn, sl, sl2, sxl)
+        better = ok & (e < best_err)
+        best_err = np.where(better, e, best_err)
         best_scale = np.where(better, scale, best_scale)
         best_min = np.where(better, mn, best_min)
     best_scale = np.where(flat, 0.0, best_scale)
@@ -162,7 +170,7 @@ def quantize_k(rows: np.ndarray, kind: str) -> np.ndarray:
     func, nbytes = _BLOCK_FUNCS[kind]
     if rows.shape[-1] % QK_K:
         raise ValueError(f"{kind} needs rows that are a multiple of {QK_K}, got {rows.shape[-1]}")
-    blocks = np.asarray(rows, dtype=np.float64).reshape(-1, QK_K)
+    blocks = np.asarray(rows, dtype=np.float32).reshape(-1, QK_K)
     out = np.empty((blocks.shape[0], nbytes), np.uint8)
     for i in range(0, blocks.shape[0], CHUNK_BLOCKS):
         out[i:i + CHUNK_BLOCKS] = func(blocks[i:i + CHUNK_BLOCKS])
