@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,21 +13,12 @@ import pytest
 
 from fermium.deploy_units import UNITS, UnitSettings, render_all, render_unit
 from tests.conftest import REPO, fermium_cli
+from tests.deploy_helpers import system_tool
 
 DEPLOY = REPO / "deploy"
 PROM = DEPLOY / "prometheus"
 DASHBOARD = DEPLOY / "grafana" / "fermium-dashboard.json"
 MIN_SCHEMA_VERSION = 36        # Grafana 9+: datasource references are {type, uid} objects
-
-
-def system_tool(name: str) -> str:
-    """Path of a Debian tool the deployment is checked with; installs it (as root) when missing."""
-    if shutil.which(name) is None:
-        subprocess.run(["bash", str(REPO / "tools" / "ci_system_deps.sh")], check=False)
-    path = shutil.which(name)
-    assert path, (f"{name} is not installed: run `apt-get install -y --no-install-recommends systemd prometheus` "
-                  "(tools/ci_system_deps.sh, which `make setup` runs as root)")
-    return path
 
 
 def venv_prefix() -> Path:
