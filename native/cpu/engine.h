@@ -1,3 +1,62 @@
-/* placeholder replaced below */
+/* The native decode engine: one token for each of n sequences through every layer, in C.
+ * The model is described by pointers into the memory-mapped GGUF (weights in their stored
+ * blocks) plus small fp32 vectors the caller dequantized once. */
+#ifndef FERMIUM_ENGINE_H
+#define FERMIUM_ENGINE_H
+
+#include <stddef.h>
+#include "fermium_cpu.h"
+
 // ---- FM_CDEF begin
+typedef struct {
+    const void *data;          // NULL when absent
+    int type;                  // GGML type id
+    int rows, cols;            // one matrix: (rows, cols); an expert stack repeats it
+    size_t row_bytes, mat_bytes;
+} fm_weight;
+
+typedef struct {
+    int is_full;
+    const float *attn_norm, *post_norm;   // (H,) stored 1+w
+    // Gated DeltaNet
+    fm_weight qkv, z, alpha, beta, ba, ssm_out;   // ba (qwen3next) when alpha.data is NULL
+    const float *conv_w;       // (C, K)
+    const float *ssm_a;        // (nv,) = -exp(A_log)
+    const float *dt_bias;      // (nv,)
+    const float *ssm_norm;     // (dv,)
+    // gated full attention
+    fm_weight q, k, v, o;
+    const float *q_norm, *k_norm;   // (hd,)
+    // MoE
+    fm_weight router, gate_exps, up_exps, down_exps, sh_gate, sh_up, sh_down;
+    const float *sh_gate_inp;  // (H,) or NULL: shared expert scaled by sigmoid(sh_gate_inp . x)
+} fm_layer;
+
+typedef struct {
+    int hidden, vocab, n_layers;
+    float rms_eps;
+    int n_heads, n_kv_heads, head_dim, rope_dim;
+    float rope_theta;
+    int conv_kernel, n_k_heads, n_v_heads, head_k_dim, head_v_dim, v_tiled;
+    int n_experts, n_experts_used, expert_ffn, shared_ffn;
+    fm_weight embd, output;
+    const float *out_norm;     // (H,)
+    const fm_layer *layers;    // (n_layers,)
+} fm_model;
+
+typedef struct {
+    int pos;                   // tokens already consumed; this token goes to position pos
+    float *const *conv;        // per linear layer: (C, K-1)
+    float *const *ssm;         // per linear layer: (nv, dk, dv)
+    float *const *k, *const *v;  // per full layer: (>= pos+1, nkv, hd); row pos is written
+} fm_seq;
+
+typedef struct fm_engine fm_engine;
+fm_engine *fm_engine_new(const fm_model *model, fm_pool *pool);
+void fm_engine_free(fm_engine *engine);
+// logits: (n, vocab); returns 0, or -1 when out of memory
+int fm_decode(fm_engine *engine, int n, const int *tokens, const fm_seq *seqs, float *logits);
+double fm_engine_bytes(const fm_engine *engine);   // weight bytes read by the last fm_decode
 // ---- FM_CDEF end
+
+#endif

@@ -1,0 +1,124 @@
+/* fp32 ops of one decode step. See ops.h. */
+#include <string.h>
+#include "ops.h"
+
+#pragma GCC optimize("O3")
+
+static float sum_sq(const float *x, int n) {
+    float s[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += x[i + k] * x[i + k];
+    for (; i < n; i++) s[0] += x[i] * x[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+static float dot(const float *a, const float *b, int n) {
+    float s[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    for (; i < n; i++) s[0] += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+void fm_rmsnorm(const float *x, const float *w, float *y, int n, float eps) {
+    const float r = 1.0f / sqrtf(sum_sq(x, n) / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+}
+
+void fm_l2norm_scale(float *x, int n, float eps, float scale) {
+    const float r = scale / sqrtf(sum_sq(x, n) + eps);
+    for (int i = 0; i < n; i++) x[i] *= r;
+}
+
+void fm_conv_update(float *state, const float *w, const float *x, float *out, int C, int K) {
+    for (int c = 0; c < C; c++) {
+        float *s = state + (size_t)c * (K - 1);
+        const float *wc = w + (size_t)c * K;
+        float acc = wc[K - 1] * x[c];
+        for (int j = 0; j < K - 1; j++) acc += wc[j] * s[j];
+        for (int j = 0; j + 1 < K - 1; j++) s[j] = s[j + 1];
+        if (K > 1) s[K - 2] = x[c];
+        out[c] = fm_silu(acc);
+    }
+}
+
+void fm_gdn_head(float *S, const float *q, const float *k, const float *v, float decay, float beta,
+                 float *o, int dk, int dv) {
+    float mem[dv], delta[dv];
+    memset(mem, 0, sizeof mem);
+    for (int i = 0; i < dk; i++) {          // S *= decay ; mem = S^T k
+        float *row = S + (size_t)i * dv;
+        const float ki = k[i];
+        for (int j = 0; j < dv; j++) {
+            row[j] *= decay;
+            mem[j] += row[j] * ki;
+        }
+    }
+    for (int j = 0; j < dv; j++) {
+        delta[j] = beta * (v[j] - mem[j]);
+        o[j] = 0.0f;
+    }
+    for (int i = 0; i < dk; i++) {          // S += k delta^T ; o = S^T q
+        float *row = S + (size_t)i * dv;
+        const float ki = k[i], qi = q[i];
+        for (int j = 0; j < dv; j++) {
+            row[j] += ki * delta[j];
+            o[j] += row[j] * qi;
+        }
+    }
+}
+
+void fm_rope_neox(float *x, int rope_dim, const float *cs) {
+    const int half = rope_dim / 2;
+    const float *c = cs, *s = cs + half;
+    for (int i = 0; i < half; i++) {
+        const float x0 = x[i], x1 = x[i + half];
+        x[i] = x0 * c[i] - x1 * s[i];
+        x[i + half] = x1 * c[i] + x0 * s[i];
+    }
+}
+
+void fm_attend(const float *q, const float *K, const float *V, int T, int stride, int hd, float scale,
+               float *scores, float *o) {
+    float mx = -INFINITY;
+    for (int t = 0; t < T; t++) {
+        scores[t] = dot(q, K + (size_t)t * stride, hd) * scale;
+        mx = scores[t] > mx ? scores[t] : mx;
+    }
+    float sum = 0.0f;
+    for (int t = 0; t < T; t++) {
+        scores[t] = expf(scores[t] - mx);
+        sum += scores[t];
+    }
+    memset(o, 0, sizeof(float) * (size_t)hd);
+    for (int t = 0; t < T; t++) {
+        const float p = scores[t] / sum;
+        const float *vt = V + (size_t)t * stride;
+        for (int j = 0; j < hd; j++) o[j] += p * vt[j];
+    }
+}
+
+void fm_route(const float *logits, int E, int k, float *probs, int *ids, float *w) {
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
+    for (int e = 0; e < E; e++) {
+        probs[e] = expf(logits[e] - mx);
+        sum += probs[e];
+    }
+    for (int e = 0; e < E; e++) probs[e] /= sum;
+    float kept = 0.0f;
+    for (int s = 0; s < k; s++) {            // k passes: k is 8, E is 256
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int r = 0; r < s; r++) taken |= ids[r] == e;
+            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+        }
+        ids[s] = best;
+        w[s] = probs[best];
+        kept += probs[best];
+    }
+    for (int s = 0; s < k; s++) w[s] /= kept;
+}

@@ -1,0 +1,29 @@
+/* fp32 ops of one decode step (norms, conv update, Gated DeltaNet, RoPE, attention, routing).
+ * Plain C loops shaped for the compiler's vectorizer; not the weight-streaming kernels. */
+#ifndef FERMIUM_OPS_H
+#define FERMIUM_OPS_H
+
+#include <math.h>
+
+static inline float fm_silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float fm_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float fm_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// y = x / rms(x) * w ; y may alias x
+void fm_rmsnorm(const float *x, const float *w, float *y, int n, float eps);
+// x *= 1 / sqrt(sum x^2 + eps) * scale
+void fm_l2norm_scale(float *x, int n, float eps, float scale);
+// causal depthwise conv over [state | x] then SiLU; state (C, K-1) shifts in x
+void fm_conv_update(float *state, const float *w, const float *x, float *out, int C, int K);
+// one Gated DeltaNet value head: S (dk, dv) decays, takes the delta rule, o = S^T q
+void fm_gdn_head(float *S, const float *q, const float *k, const float *v, float decay, float beta,
+                 float *o, int dk, int dv);
+// NeoX rotate-half on the first rope_dim dims; cs: (rope_dim/2) cos then (rope_dim/2) sin
+void fm_rope_neox(float *x, int rope_dim, const float *cs);
+// o = softmax(K q * scale) V over T cached positions; rows `stride` floats apart
+void fm_attend(const float *q, const float *K, const float *V, int T, int stride, int hd, float scale,
+               float *scores, float *o);
+// softmax over E logits, top-k, renormalise the k kept weights
+void fm_route(const float *logits, int E, int k, float *probs, int *ids, float *w);
+
+#endif

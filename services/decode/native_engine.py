@@ -1,0 +1,174 @@
+"""The native CPU decode engine: the whole decode step (every layer, the LM head) runs in C
+(native/cpu/engine.c) on weights read in place from the memory-mapped GGUF.
+
+Same `prefill` / `decode` signatures and `SequenceState` as the reference engine. The ISA
+choice is process-wide (see native.cpu_lib); `isa=` switches it.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from common.model.config import ModelConfigError
+from common.model.gguf_file import GGUFModel, Tensor
+from common.state import SequenceState
+from native import cpu_lib
+from native.cpu_lib import ffi, lib
+
+KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
+
+
+class NativeEngine:
+    def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None):
+        if isa:
+            cpu_lib.select_isa(isa)
+        self.model = model
+        self.cfg = model.config
+        self.isa = cpu_lib.active_isa()
+        self.pool = cpu_lib.Pool(threads)
+        self.threads = self.pool.threads
+        self._alive: list = []          # cffi structs and fp32 vectors the C side points into
+        self._model_c = self._describe()
+        engine = lib.fm_engine_new(self._model_c, self.pool.ptr)
+        if engine == ffi.NULL:
+            raise MemoryError("could not allocate the native engine's scratch buffers")
+        self._engine = ffi.gc(engine, lib.fm_engine_free)
+        self.last_bytes = 0.0           # weight bytes read by the last decode step
+
+    # ---- model description
+    def _weight(self, name: str, optional: bool = False):
+        w = ffi.new("fm_weight *")
+        if name not in self.model:
+            if optional:
+                return w[0]
+            raise ModelConfigError(f"{self.model.path}: missing tensor {name!r}")
+        t: Tensor = self.model.tensor(name)
+        if not lib.fm_type_supported(int(t.qtype)):
+            raise ModelConfigError(f"{name}: no native kernel for type {t.qtype.name}")
+        block = lib.fm_type_block(int(t.qtype))
+        if t.shape[-1] % block:
+            raise ModelConfigError(f"{name}: row length {t.shape[-1]} is not a multiple of the "
+                                   f"{t.qtype.name} block ({block})")
+        rows, cols = (t.shape[-2], t.shape[-1]) if len(t.shape) > 1 else (1, t.shape[0])
+        w.data = ffi.cast("void *", t.raw.ctypes.data)
+        w.type, w.rows, w.cols = int(t.qtype), rows, cols
+        w.row_bytes, w.mat_bytes = t.row_bytes, rows * t.row_bytes
+        return w[0]
+
+    def _vector(self, name: str, optional: bool = False):
+        if name not in self.model:
+            if optional:
+                return ffi.NULL
+            raise ModelConfigError(f"{self.model.path}: missing tensor {name!r}")
+        a = np.ascontiguousarray(self.model.f32(name).reshape(-1), np.float32)
+        self._alive.append(a)
+        return ffi.cast("float *", a.ctypes.data)
+
+    def _describe(self):
+        cfg, m = self.cfg, ffi.new("fm_model *")
+        layers = ffi.new("fm_layer[]", cfg.n_layers)
+        self._alive += [m, layers]
+        for i in range(cfg.n_layers):
+            L, p = layers[i], f"blk.{i}."
+            L.is_full = int(cfg.is_full_attention(i))
+            L.attn_norm = self._vector(p + "attn_norm.weight")
+            L.post_norm = self._vector(p + "post_attention_norm.weight")
+            if L.is_full:
+                L.q, L.k, L.v, L.o = (self._weight(p + f"attn_{n}.weight") for n in ("q", "k", "v", "output"))
+                L.q_norm = self._vector(p + "attn_q_norm.weight")
+                L.k_norm = self._vector(p + "attn_k_norm.weight")
+            else:
+                L.qkv, L.z = self._weight(p + "attn_qkv.weight"), self._weight(p + "attn_gate.weight")
+                if p + "ssm_ba.weight" in self.model:
+                    L.ba = self._weight(p + "ssm_ba.weight")
+                else:
+                    L.alpha, L.beta = self._weight(p + "ssm_alpha.weight"), self._weight(p + "ssm_beta.weight")
+                L.ssm_out = self._weight(p + "ssm_out.weight")
+                L.conv_w = self._vector(p + "ssm_conv1d.weight")
+                L.ssm_a = self._vector(p + "ssm_a")
+                L.dt_bias = self._vector(p + "ssm_dt.bias")
+                L.ssm_norm = self._vector(p + "ssm_norm.weight")
+            L.router = self._weight(p + "ffn_gate_inp.weight")
+            L.gate_exps, L.up_exps, L.down_exps = (self._weight(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+            L.sh_gate, L.sh_up, L.sh_down = (self._weight(p + f"ffn_{n}_shexp.weight", optional=True)
+                                             for n in ("gate", "up", "down"))
+            L.sh_gate_inp = self._vector(p + "ffn_gate_inp_shexp.weight", optional=True)
+        m.hidden, m.vocab, m.n_layers, m.rms_eps = cfg.hidden_size, cfg.vocab_size, cfg.n_layers, cfg.rms_eps
+        m.n_heads, m.n_kv_heads, m.head_dim, m.rope_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim
+        m.rope_theta, m.conv_kernel = cfg.rope_theta, cfg.conv_kernel
+        m.n_k_heads, m.n_v_heads, m.head_k_dim, m.head_v_dim = cfg.n_k_heads, cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim
+        m.v_tiled = int(cfg.v_head_layout == "tiled")
+        m.n_experts, m.n_experts_used = cfg.n_experts, cfg.n_experts_used
+        m.expert_ffn, m.shared_ffn = cfg.expert_ffn, cfg.shared_ffn
+        m.embd = self._weight("token_embd.weight")
+        m.output = self._weight("output.weight" if "output.weight" in self.model else "token_embd.weight")
+        m.out_norm = self._vector("output_norm.weight")
+        m.layers = layers
+        return m
+
+    # ---- state plumbing
+    def new_state(self) -> SequenceState:
+        return SequenceState.empty(self.cfg)
+
+    @staticmethod
+    def _writable(a: np.ndarray) -> np.ndarray:
+        if a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable:
+            return a
+        return np.array(a, np.float32, order="C")
+
+    def _kv_room(self, a: np.ndarray, pos: int) -> np.ndarray:
+        """A buffer whose first pos rows are `a` and that has a row for position pos."""
+        if a.shape[0] != pos:
+            raise ValueError(f"KV cache holds {a.shape[0]} positions but the state is at {pos}")
+        base = a.base
+        if (isinstance(base, np.ndarray) and base.ndim == 3 and base.shape[1:] == a.shape[1:]
+                and base.shape[0] > pos and base.dtype == np.float32 and base.flags.c_contiguous
+                and base.flags.writeable and base.ctypes.data == a.ctypes.data):
+            return base
+        buf = np.empty((pos + max(KV_GROW, pos), *a.shape[1:]), np.float32)
+        buf[:pos] = a
+        return buf
+
+    def _seq(self, s: SequenceState, seq, keep: list) -> list[np.ndarray]:
+        s.conv = [self._writable(a) for a in s.conv]
+        s.ssm = [self._writable(a) for a in s.ssm]
+        kbufs = [self._kv_room(a, s.pos) for a in s.k]
+        vbufs = [self._kv_room(a, s.pos) for a in s.v]
+        lists = [ffi.new("float *[]", [ffi.cast("float *", a.ctypes.data) for a in arrays] or 1)
+                 for arrays in (s.conv, s.ssm, kbufs, vbufs)]
+        keep += lists
+        seq.pos = s.pos
+        seq.conv, seq.ssm, seq.k, seq.v = lists
+        return kbufs, vbufs
+
+    # ---- engine contract
+    def decode(self, tokens: Sequence[int], states: list[SequenceState]) -> np.ndarray:
+        """One token per sequence; advances each state in place. Returns logits (B, vocab)."""
+        n = len(tokens)
+        if n != len(states) or n == 0:
+            raise ValueError(f"decode needs one token per state, got {n} tokens for {len(states)} states")
+        ids = np.asarray(tokens, np.int64)
+        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+        keep: list = []
+        seqs = ffi.new("fm_seq[]", n)
+        bufs = [self._seq(s, seqs[b], keep) for b, s in enumerate(states)]
+        tok = ffi.new("int[]", [int(t) for t in ids])
+        logits = np.empty((n, self.cfg.vocab_size), np.float32)
+        if lib.fm_decode(self._engine, n, tok, seqs, ffi.cast("float *", logits.ctypes.data)) != 0:
+            raise MemoryError("native decode ran out of scratch memory")
+        self.last_bytes = lib.fm_engine_bytes(self._engine)
+        for s, (kbufs, vbufs) in zip(states, bufs):
+            s.pos += 1
+            s.k = [buf[:s.pos] for buf in kbufs]
+            s.v = [buf[:s.pos] for buf in vbufs]
+        return logits
+
+    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = 64,
+                all_logits: bool = False) -> np.ndarray:
+        """Token by token through the decode step (`chunk` is accepted for the common signature)."""
+        if len(tokens) == 0:
+            raise ValueError("prefill needs at least one token")
+        rows = [self.decode([t], [state])[0] for t in tokens]
+        return np.stack(rows) if all_logits else rows[-1]
