@@ -11,8 +11,9 @@ from tests.conftest import fermium_cli
 PROMPT_LEN, GREEDY_STEPS = 100, 32
 # float32 on both sides, different summation orders: a relative error of 1e-4 of the largest logit
 LOGIT_REL_TOL = 1e-4
-# chunked and recurrent forms are algebraically equal; float32 rounding differs
-STATE_ABS_TOL = 1e-5
+# chunked and recurrent forms are algebraically equal; float32 rounding differs. One layer's rule
+# agrees to 1e-5 absolute; through a stack of layers the error scales with the values' size.
+STATE_TOL = 1e-5
 
 
 def prompt_ids(vocab: int, n: int = PROMPT_LEN, seed: int = 1) -> list[int]:
@@ -55,7 +56,7 @@ def test_chunked_and_recurrent_agree(tiny_model):
     a = engine.prefill(ids, chunked, all_logits=True, chunk=64)
     b = engine.forward(ids, recurrent, recurrent=True)
     for x, y in zip(chunked.arrays(), recurrent.arrays()):
-        assert np.abs(x - y).max() <= STATE_ABS_TOL
+        assert np.abs(x - y).max() <= STATE_TOL * max(1.0, np.abs(y).max())
     assert np.abs(a - b).max() <= LOGIT_REL_TOL * np.abs(b).max()
     assert chunked.pos == recurrent.pos == len(ids)
 
@@ -88,3 +89,20 @@ def test_quantized_files_run_close_to_f32(tiny_model, qtype, tmp_path):
     got = quant.prefill(ids, quant.new_state(), all_logits=True)
     assert np.isfinite(got).all()
     assert np.abs(got - ref).max() <= QUANT_REL_TOL[qtype] * np.abs(ref).max()
+
+
+def test_the_delta_rule_chunked_equals_recurrent():
+    from common.engine.deltanet import chunked_rule, recurrent_rule
+    rng = np.random.default_rng(5)
+    H, T, dk, dv = 3, 150, 16, 8
+    unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)
+    q, k = unit(rng.standard_normal((2, H, T, dk)).astype(np.float32))
+    v = rng.standard_normal((H, T, dv)).astype(np.float32)
+    g = -np.abs(rng.standard_normal((H, T))).astype(np.float32)
+    beta = rng.uniform(0, 1, (H, T)).astype(np.float32)
+    S0 = rng.standard_normal((H, dk, dv)).astype(np.float32)
+    o_rec, s_rec = recurrent_rule(q, k, v, g, beta, S0)
+    for chunk in (1, 7, 64):
+        o_chk, s_chk = chunked_rule(q, k, v, g, beta, S0, chunk)
+        assert np.abs(s_chk - s_rec).max() <= STATE_TOL
+        assert np.abs(o_chk - o_rec).max() <= STATE_TOL
