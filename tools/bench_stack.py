@@ -1,0 +1,149 @@
+"""Overhead of the service stack, and the cost of shipping a 35B-sized state.
+
+1. The same prompt and model, greedy, in this process and through the full stack (router,
+   prefill, decode as processes, one streaming HTTP request): time to first token and decode
+   tok/s, and their ratios.
+2. A SequenceState of the 35B model's shapes (30 linear layers of 32x128x128 f32 plus an
+   8192x3 conv tail, 10 full layers of KV for --kv-tokens) sent through our protocol over
+   loopback TCP, PushQueue -> PullQueue: median one-way time and throughput.
+
+    .venv/bin/python tools/bench_stack.py --model models/demo.gguf --engine reference
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.engine.reference import ReferenceEngine  # noqa: E402
+from common.model.gguf_file import GGUFModel  # noqa: E402
+from common.model.tokenizer import Tokenizer  # noqa: E402
+from common.mp import PullQueue, PushQueue  # noqa: E402
+from common.protocol.decode import DecodeRequest  # noqa: E402
+from common.sampling import Sampler, SamplingParams  # noqa: E402
+from fermium.stack import Stack, free_port  # noqa: E402
+from services.decode.engines import load_engine  # noqa: E402
+
+# the 35B model's per-sequence state
+LINEAR_LAYERS, FULL_LAYERS = 30, 10
+SSM_SHAPE, CONV_SHAPE, KV_HEADS, HEAD_DIM = (32, 128, 128), (8192, 3), 2, 256
+
+
+def _summary(runs: list[list[float]], starts: list[float]) -> dict:
+    """Median TTFT and median decode rate over runs of token arrival times."""
+    ttft = statistics.median(r[0] - t0 for r, t0 in zip(runs, starts))
+    rate = statistics.median((len(r) - 1) / (r[-1] - r[0]) for r in runs)
+    return {"ttft_s": ttft, "tok_per_s": rate, "tokens": len(runs[0])}
+
+
+def in_process(model_path: str, engine_name: str, prompt: str, max_tokens: int, repeats: int) -> dict:
+    model = GGUFModel(model_path)
+    ids = Tokenizer.from_gguf(model).encode(prompt)
+    prefill_engine = ReferenceEngine(model)                # what the `cpu` prefill backend runs
+    _, decoder = load_engine(engine_name, model)
+
+    def run(n: int) -> list[float]:
+        sampler, state = Sampler(SamplingParams()), prefill_engine.new_state()
+        token = sampler.sample(prefill_engine.prefill(ids, state), ids)
+        times = [time.perf_counter()]
+        for _ in range(n - 1):
+            token = sampler.sample(decoder.decode([token], [state])[0], ids)
+            times.append(time.perf_counter())
+        return times
+
+    run(2)                                                 # warm-up: first-call costs are not the subject
+    starts, runs = [], []
+    for _ in range(repeats):
+        starts.append(time.perf_counter())
+        runs.append(run(max_tokens))
+    return _summary(runs, starts)
+
+
+def through_stack(model_path: str, engine_name: str, prompt: str, max_tokens: int, repeats: int) -> dict:
+    with tempfile.TemporaryDirectory() as logs, httpx.Client(timeout=None) as client, \
+            Stack(model_path, port=free_port(), engine=engine_name, log_dir=Path(logs)) as stack:
+        stack.wait_ready(120)
+        body = {"model": "fermium", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        _stream(client, stack.url, {**body, "max_tokens": 2})
+        starts, runs = [], []
+        for _ in range(repeats):
+            starts.append(time.perf_counter())
+            runs.append(_stream(client, stack.url, body))
+    return _summary(runs, starts)
+
+
+def _stream(client: httpx.Client, url: str, body: dict) -> list[float]:
+    """Arrival time of each streamed chunk that carries text."""
+    times = []
+    with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                times.append(time.perf_counter())
+    return times
+
+
+def state_arrays(kv_tokens: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    conv = [rng.standard_normal(CONV_SHAPE, dtype=np.float32) for _ in range(LINEAR_LAYERS)]
+    ssm = [rng.standard_normal(SSM_SHAPE, dtype=np.float32) for _ in range(LINEAR_LAYERS)]
+    kv = [rng.standard_normal((kv_tokens, KV_HEADS, HEAD_DIM), dtype=np.float32) for _ in range(2 * FULL_LAYERS)]
+    return conv + ssm + kv
+
+
+def ship_state(kv_tokens: int, repeats: int) -> dict:
+    arrays = state_arrays(kv_tokens)
+    logits = np.zeros(248320, np.float32)
+    inbox = PullQueue("tcp://127.0.0.1:0", name="bench")
+    out = PushQueue(inbox.address, name="bench")
+    times = []
+    try:
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            out.put(DecodeRequest(f"r{i}", kv_tokens, [], {}, 1, [], False, arrays, logits))
+            got = inbox.get(timeout=30)
+            times.append(time.perf_counter() - t0)
+            assert got is not None and np.array_equal(got.state[0], arrays[0])
+    finally:
+        out.close()
+        inbox.close()
+    nbytes = sum(a.nbytes for a in arrays) + logits.nbytes
+    median = statistics.median(times[1:])                  # the first send also opens the connection
+    return {"state_mb": nbytes / 1e6, "median_s": median, "gb_per_s": nbytes / median / 1e9}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="GGUF file (default: the bundled demo model)")
+    ap.add_argument("--engine", default="reference", help="decode engine: reference, native")
+    ap.add_argument("--prompt", default="ROMEO:\nWhat light through yonder window breaks? It is the east,")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--kv-tokens", type=int, default=256, help="tokens of KV in the shipped state")
+    ap.add_argument("--runs", type=int, default=5, help="generations per side (medians are reported)")
+    ap.add_argument("--repeats", type=int, default=10, help="state sends")
+    args = ap.parse_args()
+    if args.model is None:
+        from common.model.default import default_model_path
+        args.model = str(default_model_path())
+    local = in_process(args.model, args.engine, args.prompt, args.max_tokens, args.runs)
+    stack = through_stack(args.model, args.engine, args.prompt, args.max_tokens, args.runs)
+    ship = ship_state(args.kv_tokens, args.repeats)
+    print(f"model {args.model}, decode engine {args.engine}, {args.max_tokens} tokens, median of {args.runs} runs")
+    print(f"in-process   TTFT {local['ttft_s'] * 1e3:8.1f} ms   decode {local['tok_per_s']:8.1f} tok/s")
+    print(f"full stack   TTFT {stack['ttft_s'] * 1e3:8.1f} ms   decode {stack['tok_per_s']:8.1f} tok/s")
+    print(f"stack/local  TTFT x{stack['ttft_s'] / local['ttft_s']:.3f}        "
+          f"tok/s x{stack['tok_per_s'] / local['tok_per_s']:.3f}")
+    print(f"state ship   {ship['state_mb']:.1f} MB over loopback TCP: {ship['median_s'] * 1e3:.1f} ms "
+          f"median of {args.repeats} ({ship['gb_per_s']:.2f} GB/s)")
+
+
+if __name__ == "__main__":
+    main()
