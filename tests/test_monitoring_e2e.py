@@ -1,5 +1,6 @@
-"""The monitoring path end to end: the three services and a real Prometheus server on loopback,
-scraping them with deploy/prometheus's jobs and rules; after real requests, every PromQL
+"""The monitoring path end to end: the three services, started from the systemd units' command
+lines and the example env file, and a real Prometheus server on loopback scraping them with
+deploy/prometheus's jobs and rules; after real requests, every PromQL
 expression of every dashboard panel is evaluated through Prometheus's HTTP API and must return
 data. A panel over a metric the services do not export fails here."""
 from __future__ import annotations
@@ -7,16 +8,19 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import math
+import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from fermium.stack import Stack, free_port
+from fermium.stack import free_port
 from tests.conftest import REPO
-from tests.deploy_helpers import system_tool
+from tests.deploy_helpers import system_tool, unit_command
 from tests.stack_helpers import write_tiny_gguf
 
 DEPLOY = REPO / "deploy"
@@ -28,15 +32,68 @@ PROMPTS = ["the cat", "ROMEO:", "To be, or not", "hello there"]
 JOBS = {"fermium-router": "router", "fermium-prefill": "prefill", "fermium-decode": "decode"}
 
 
+class UnitStack:
+    """The three services started as their systemd units would start them: the ExecStart lines
+    of deploy/systemd, the environment of the example env file with this machine's values."""
+
+    def __init__(self, root: Path, overrides: dict[str, str]):
+        self.env_file = (DEPLOY / "fermium.env.example").read_text() + "\n# this machine\n" + \
+            "".join(f"{k}={v}\n" for k, v in overrides.items())
+        self.url = f"http://127.0.0.1:{overrides['FERMIUM_PORT']}"
+        self.root, self.procs = root, {}
+
+    def start(self) -> "UnitStack":
+        for service in JOBS.values():
+            argv, env = unit_command((DEPLOY / "systemd" / f"fermium-{service}.service").read_text(), self.env_file)
+            assert Path(argv[0]).name == "fermium", argv
+            env = {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1", **env}
+            log = open(self.root / f"{service}.log", "wb")
+            self.procs[service] = subprocess.Popen([sys.executable, "-m", "fermium", *argv[1:]], env=env,
+                                                   cwd=self.root, stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            dead = {s: p.returncode for s, p in self.procs.items() if p.poll() is not None}
+            assert not dead, f"{dead} exited; see {self.root}/*.log: " + \
+                "".join((self.root / f"{s}.log").read_text()[-2000:] for s in dead)
+            try:
+                if len(httpx.get(f"{self.url}/health", timeout=2).json()["workers"]) == 2:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"the stack was not ready; see {self.root}/*.log"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("monitoring-stack")
-    model = write_tiny_gguf(root / "tiny.gguf")
-    ports = {name: free_port() for name in JOBS.values()}
-    with Stack(str(model), port=free_port(), engine="reference", metrics_ports=ports, log_dir=root) as s:
-        s.wait_ready(READY_TIMEOUT_S)
+    workers = f"tcp://127.0.0.1:{free_port()}"
+    ports = {service: free_port() for service in JOBS.values()}
+    overrides = {"FERMIUM_MODEL": str(write_tiny_gguf(root / "tiny.gguf")), "FERMIUM_PORT": str(free_port()),
+                 "FERMIUM_WORKERS": workers, "FERMIUM_ROUTER": workers, "FERMIUM_ENGINE": "reference",
+                 "FERMIUM_LOG_LEVEL": "warning",
+                 **{f"FERMIUM_{service.upper()}_METRICS_PORT": str(port) for service, port in ports.items()}}
+    s = UnitStack(root, overrides).start()
+    try:
+        s.wait_ready()
         s.metrics_ports = ports
         yield s
+    finally:
+        s.stop()
 
 
 def prometheus_config(stack, rules: str) -> dict:
