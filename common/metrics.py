@@ -41,7 +41,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-BACKEND_STAT_KEYS = ("h2d_bytes", "copy_seconds", "compute_seconds", "peak_device_bytes")  # dashboard series
+BACKEND_STAT_KEYS = ("h2d_bytes", "copy_seconds", "compute_seconds", "peak_device_bytes",
+                     "vram_budget_bytes")  # the dashboard's series
 
 
 def _with_values(metric, values: tuple[str, ...]):

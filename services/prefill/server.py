@@ -44,6 +44,7 @@ class PrefillServer:
         self._running = True
 
     def start(self) -> None:
+        self._export_stats(self.backend.stats())     # budget and device memory before the first prompt
         self.metrics.serve(self.cfg.metrics_port)
         self.link.start(self.cfg.ready_timeout)
 
