@@ -261,3 +261,10 @@ def test_decode_worker_with_right_key_joins(secure_stack):
         assert secure_stack.procs["decode-b"].poll() is None, "the second decode worker exited"
         time.sleep(0.2)
     assert sorted(w["role"] for w in _workers(secure_stack)) == ["decode", "decode", "prefill"]
+
+
+def test_router_refuses_a_plaintext_non_loopback_bind(tmp_path):
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+    r = subprocess.run([sys.executable, "-m", "fermium", "router", "--model", str(model), "--port", str(free_port()),
+                        "--workers", f"tcp://{BIND_HOST}:{free_port()}"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "refusing to bind" in r.stderr and "--insecure" in r.stderr, r.stderr
