@@ -1,0 +1,148 @@
+"""The native decode engine against the numpy reference engine on tiny synthetic GGUFs."""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.engine.reference import ReferenceEngine
+from common.model.gguf_file import GGUFModel
+from native import cpu_lib
+from services.decode.native_engine import NativeEngine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
+
+# Float weights: the native engine dots fp32 activations too; only summation order differs.
+FLOAT_REL_TOL = 1e-4
+# Quantized weights: the native engine rounds activations to 8 bits per block (the reference
+# keeps them fp32). Typical token: well under 1% of the largest logit after 4 layers.
+QUANT_MEDIAN_REL_TOL = 0.015
+# A near-tie in the router can send one token to a different expert on one side; that token's
+# logits then move by a few percent. Bounded, not zero.
+QUANT_MAX_REL_TOL = 0.1
+QUANT_MIN_ARGMAX_AGREEMENT = 0.9
+PROMPT, STEPS = 24, 8
+
+
+def prompt(n: int = PROMPT, seed: int = 1) -> list[int]:
+    return np.random.default_rng(seed).integers(0, TINY.vocab, n).tolist()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synthetic")
+    out = {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY) for r in ("f32", "q8_0", "q4_0", "q4_k_m")}
+    out["next-f32"] = write_synthetic(root / "next-f32.gguf", layers=4, recipe="f32", widths=TINY, arch="qwen3next")
+    return out
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-token max error relative to the reference's largest logit."""
+    return np.abs(a - b).max(axis=-1) / np.abs(b).max()
+
+
+def greedy(engine, ids: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+    state = engine.new_state()
+    rows = [engine.prefill(ids, state, all_logits=True)]
+    tokens = []
+    for _ in range(steps):
+        tokens.append(int(np.argmax(rows[-1][-1])))
+        rows.append(engine.decode([tokens[-1]], [state]))
+    return tokens, np.concatenate(rows)
+
+
+@pytest.mark.parametrize("name", ["f32", "next-f32"])
+def test_float_files_match_reference_and_greedy_tokens(files, name):
+    model = GGUFModel(files[name])
+    ref_tokens, ref = greedy(ReferenceEngine(model), prompt(), STEPS)
+    tokens, got = greedy(NativeEngine(model, threads=2), prompt(), STEPS)
+    assert tokens == ref_tokens
+    assert rel_err(got, ref).max() <= FLOAT_REL_TOL
+
+
+@pytest.mark.parametrize("isa", sorted({"ssse3", cpu_lib.active_isa()}))
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m"])
+def test_quantized_files_track_reference(files, name, isa):
+    model = GGUFModel(files[name])
+    ref = ReferenceEngine(model)
+    expect = ref.prefill(prompt(), ref.new_state(), all_logits=True)
+    prev = cpu_lib.active_isa()
+    try:
+        eng = NativeEngine(model, threads=2, isa=isa)
+        got = eng.prefill(prompt(), eng.new_state(), all_logits=True)
+    finally:
+        cpu_lib.select_isa(prev)
+    err = rel_err(got, expect)
+    assert np.median(err) <= QUANT_MEDIAN_REL_TOL, err
+    assert err.max() <= QUANT_MAX_REL_TOL, err
+    assert (got.argmax(-1) == expect.argmax(-1)).mean() >= QUANT_MIN_ARGMAX_AGREEMENT
+
+
+def test_batched_decode_equals_one_at_a_time(files):
+    model = GGUFModel(files["q4_k_m"])
+    eng = NativeEngine(model, threads=2)
+    states = [eng.new_state() for _ in range(3)]
+    for s, n in zip(states, (5, 11, 0)):       # three different positions
+        if n:
+            eng.prefill(prompt(n, seed=n), s)
+    alone = [s.copy() for s in states]
+    tokens = [7, 300, 42]
+    batched = eng.decode(tokens, states)
+    for b in range(3):
+        np.testing.assert_array_equal(batched[b], eng.decode([tokens[b]], [alone[b]])[0])
+        for x, y in zip(states[b].arrays(), alone[b].arrays()):
+            np.testing.assert_array_equal(x, y)
+    assert [s.pos for s in states] == [6, 12, 1]
+
+
+def test_continues_a_reference_prefill_through_kv_growth(files):
+    """State handed over from another engine (read-only arrays, as off the wire) decodes on."""
+    model = GGUFModel(files["f32"])
+    ref, eng = ReferenceEngine(model), NativeEngine(model, threads=2)
+    s_ref = ref.new_state()
+    ref.prefill(prompt(), s_ref)
+    s_nat = s_ref.copy()
+    for a in s_nat.arrays():
+        a.flags.writeable = False
+    for step in range(40):                     # crosses a KV buffer regrowth on the way
+        tok = (step * 37) % TINY.vocab
+        a, b = eng.decode([tok], [s_nat])[0], ref.decode([tok], [s_ref])[0]
+        assert np.abs(a - b).max() <= FLOAT_REL_TOL * np.abs(b).max()
+    assert s_nat.pos == s_ref.pos == PROMPT + 40
+    for x, y in zip(s_nat.arrays(), s_ref.arrays()):
+        assert x.shape == y.shape and np.abs(x - y).max() <= 1e-4
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def test_weights_are_read_in_place(tmp_path):
+    """Resident memory grows by at most 1.1x the file: nothing is dequantized or copied."""
+    widths = replace(TINY, hidden=1024, experts=64, experts_used=8, expert_ffn=512, vocab=16384)
+    path = write_synthetic(tmp_path / "mid.gguf", layers=4, recipe="q4_0", widths=widths)
+    before = rss_bytes()
+    model = GGUFModel(path)
+    eng = NativeEngine(model, threads=2)
+    states = [eng.new_state() for _ in range(4)]
+    for step in range(4):
+        eng.decode([step, 100 + step, 200, 300], states)
+    grown = rss_bytes() - before
+    assert grown <= 1.1 * path.stat().st_size, (grown, path.stat().st_size)
+    # the per-token weight traffic counts routed experts only: far below the file size
+    assert 0 < eng.last_bytes < 0.6 * model.nbytes
+
+
+def test_bad_requests_are_refused(files):
+    eng = NativeEngine(GGUFModel(files["q4_0"]), threads=1)
+    with pytest.raises(ValueError, match="out of range"):
+        eng.decode([TINY.vocab], [eng.new_state()])
+    with pytest.raises(ValueError, match="one token per state"):
+        eng.decode([1, 2], [eng.new_state()])

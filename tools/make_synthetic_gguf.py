@@ -1,0 +1,233 @@
+"""Write a random-weight GGUF of the qwen35moe architecture, for decode benchmarks and tests.
+
+Weights are random bytes in valid blocks with scales chosen so each matrix has a standard
+deviation of about gain / sqrt(in): no quantizer runs, so a real-width file of a few GB takes
+seconds. Tensors stream to disk one at a time.
+
+    python tools/make_synthetic_gguf.py /tmp/syn-q4_0.gguf --layers 4 --type q4_0
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES
+
+ARCHES = ("qwen35moe", "qwen3next")   # qwen3next: one ssm_ba matrix instead of ssm_alpha + ssm_beta
+
+
+@dataclass(frozen=True)
+class Widths:
+    hidden: int = 2048
+    vocab: int = 248320
+    experts: int = 256
+    experts_used: int = 8
+    expert_ffn: int = 512
+    shared_ffn: int = 512
+    k_heads: int = 16
+    v_heads: int = 32
+    head_k: int = 128
+    head_v: int = 128
+    heads: int = 16
+    kv_heads: int = 2
+    head_dim: int = 256
+    rope_dim: int = 64
+    conv_kernel: int = 4
+
+
+REAL = Widths()
+# every matrix's input width a multiple of 256, so each recipe applies (K-quants included)
+TINY = Widths(hidden=256, vocab=512, experts=8, experts_used=2, expert_ffn=256, shared_ffn=256,
+              k_heads=2, v_heads=4, head_k=64, head_v=64, heads=2, kv_heads=1, head_dim=128, rope_dim=32)
+
+
+# ---- random blocks: (rows, cols) of `qtype` with roughly the given standard deviation
+
+def _f16_field(rng, n: int, scale: float) -> np.ndarray:
+    return (scale * rng.uniform(0.5, 1.5, n)).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+
+def _bytes(rng, rows: int, cols: int, qtype: T) -> np.ndarray:
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    return np.frombuffer(rng.bytes(rows * cols // block * nbytes), np.uint8).copy().reshape(-1, nbytes)
+
+
+def _q4_0(rng, rows, cols, std):
+    b = _bytes(rng, rows, cols, T.Q4_0)
+    b[:, 0:2] = _f16_field(rng, len(b), std / 4.6)          # nibbles - 8: std 4.6
+    return b
+
+
+def _q8_0(rng, rows, cols, std):
+    b = _bytes(rng, rows, cols, T.Q8_0)
+    b[:, 2:][b[:, 2:] == 0x80] = 0x81                      # quantizers never write -128
+    b[:, 0:2] = _f16_field(rng, len(b), std / 73.0)
+    return b
+
+
+def _kquant(spread: float, mean_q: float, qtype: T):
+    def make(rng, rows, cols, std):
+        b = _bytes(rng, rows, cols, qtype)
+        d = std / spread
+        b[:, 0:2] = _f16_field(rng, len(b), d)
+        b[:, 2:4] = _f16_field(rng, len(b), d * mean_q)   # mins cancel the mean of scale * q
+        return b
+    return make
+
+
+def _q6_k(rng, rows, cols, std):
+    b = _bytes(rng, rows, cols, T.Q6_K)
+    b[:, 208:210] = _f16_field(rng, len(b), std / 1365.0)  # int8 scale * (q - 32): std 1365
+    return b
+
+
+def _float(dtype):
+    def make(rng, rows, cols, std):
+        return (rng.standard_normal((rows, cols), np.float32) * std).astype(dtype).view(np.uint8)
+    return make
+
+
+MAKERS: dict[T, Callable] = {
+    T.Q4_0: _q4_0, T.Q8_0: _q8_0, T.Q4_K: _kquant(290.0, 7.5, T.Q4_K), T.Q5_K: _kquant(590.0, 15.5, T.Q5_K),
+    T.Q6_K: _q6_k, T.F32: _float(np.float32), T.F16: _float(np.float16),
+}
+
+
+# ---- recipes: tensor name, layer -> type of a matrix (1-D tensors are always F32)
+
+def _q4_k_m(name: str, layer: int) -> T:
+    if name == "output.weight" or name.endswith("attn_v.weight"):
+        return T.Q6_K
+    if name.endswith("ffn_down_exps.weight"):
+        return T.Q6_K if layer % 2 == 0 else T.Q4_K
+    if name.endswith("ffn_down_shexp.weight"):
+        return T.Q5_K
+    return T.Q4_K
+
+
+def _uniform(qtype: T, head: T) -> Callable[[str, int], T]:
+    return lambda name, layer: head if name == "output.weight" else qtype
+
+
+RECIPES: dict[str, Callable[[str, int], T]] = {
+    "q4_0": _uniform(T.Q4_0, T.Q6_K),      # llama.cpp keeps the LM head at Q6_K in Q4_0 files
+    "q8_0": _uniform(T.Q8_0, T.Q8_0),
+    "q4_k_m": _q4_k_m,
+    "f16": _uniform(T.F16, T.F16),
+    "f32": _uniform(T.F32, T.F32),
+}
+FLOAT_SMALL = ("ffn_gate_inp.weight", "ssm_alpha.weight", "ssm_beta.weight", "ssm_ba.weight")   # kept F32
+ROUTER_GAIN = 4.0   # router logits of std ~4: clear top-k margins, so engines rarely disagree on a route
+
+
+def tensor_plan(w: Widths, layers: int, interval: int, arch: str = "qwen35moe"):
+    """(name, shape (numpy order), kind) for every tensor; kind 'matrix', 'norm' or a 1-D role."""
+    H, C = w.hidden, 2 * w.k_heads * w.head_k + w.v_heads * w.head_v
+    plan = [("token_embd.weight", (w.vocab, H), "embed")]
+    for i in range(layers):
+        p = f"blk.{i}."
+        plan += [(p + "attn_norm.weight", (H,), "norm"), (p + "post_attention_norm.weight", (H,), "norm")]
+        if (i + 1) % interval == 0:
+            plan += [(p + "attn_q.weight", (2 * w.heads * w.head_dim, H), "matrix"),
+                     (p + "attn_k.weight", (w.kv_heads * w.head_dim, H), "matrix"),
+                     (p + "attn_v.weight", (w.kv_heads * w.head_dim, H), "matrix"),
+                     (p + "attn_output.weight", (H, w.heads * w.head_dim), "matrix"),
+                     (p + "attn_q_norm.weight", (w.head_dim,), "norm"), (p + "attn_k_norm.weight", (w.head_dim,), "norm")]
+        else:
+            plan += [(p + "attn_qkv.weight", (C, H), "matrix"), (p + "attn_gate.weight", (w.v_heads * w.head_v, H), "matrix"),
+                     (p + "ssm_conv1d.weight", (C, w.conv_kernel), "conv"), (p + "ssm_a", (w.v_heads,), "ssm_a"),
+                     (p + "ssm_dt.bias", (w.v_heads,), "small"), (p + "ssm_norm.weight", (w.head_v,), "norm"),
+                     (p + "ssm_out.weight", (H, w.v_heads * w.head_v), "matrix")]
+            if arch == "qwen3next":
+                plan += [(p + "ssm_ba.weight", (2 * w.v_heads, H), "matrix")]
+            else:
+                plan += [(p + "ssm_alpha.weight", (w.v_heads, H), "matrix"), (p + "ssm_beta.weight", (w.v_heads, H), "matrix")]
+        plan += [(p + "ffn_gate_inp.weight", (w.experts, H), "router"),
+                 (p + "ffn_gate_exps.weight", (w.experts, w.expert_ffn, H), "matrix"),
+                 (p + "ffn_up_exps.weight", (w.experts, w.expert_ffn, H), "matrix"),
+                 (p + "ffn_down_exps.weight", (w.experts, H, w.expert_ffn), "matrix"),
+                 (p + "ffn_gate_inp_shexp.weight", (H,), "small"),
+                 (p + "ffn_gate_shexp.weight", (w.shared_ffn, H), "matrix"),
+                 (p + "ffn_up_shexp.weight", (w.shared_ffn, H), "matrix"),
+                 (p + "ffn_down_shexp.weight", (H, w.shared_ffn), "matrix")]
+    return plan + [("output_norm.weight", (H,), "norm"), ("output.weight", (w.vocab, H), "matrix")]
+
+
+def _one_d(rng, kind: str, n: int) -> np.ndarray:
+    if kind == "norm":
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    if kind == "ssm_a":
+        return (-np.exp(0.5 * rng.standard_normal(n))).astype(np.float32)
+    return (0.5 * rng.standard_normal(n)).astype(np.float32)
+
+
+def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", widths: Widths = REAL,
+                    gain: float = 0.5, seed: int = 0, interval: int = 4, arch: str = "qwen35moe") -> Path:
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown type {recipe!r}; choose one of {', '.join(RECIPES)}")
+    if arch not in ARCHES:
+        raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHES)}")
+    rng, w, path = np.random.default_rng(seed), widths, Path(path)
+    writer = GGUFWriter(path, arch)
+    for key, value in [("block_count", layers), ("context_length", 262144), ("embedding_length", w.hidden),
+                       ("attention.head_count", w.heads), ("attention.head_count_kv", w.kv_heads),
+                       ("attention.key_length", w.head_dim), ("attention.value_length", w.head_dim),
+                       ("rope.dimension_count", w.rope_dim), ("full_attention_interval", interval),
+                       ("ssm.conv_kernel", w.conv_kernel), ("ssm.state_size", w.head_k),
+                       ("ssm.group_count", w.k_heads), ("ssm.time_step_rank", w.v_heads),
+                       ("ssm.inner_size", w.v_heads * w.head_v), ("expert_count", w.experts),
+                       ("expert_used_count", w.experts_used), ("expert_feed_forward_length", w.expert_ffn),
+                       ("expert_shared_feed_forward_length", w.shared_ffn)]:
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32(f"{arch}.rope.freq_base", 1e7)
+    writer.add_string("general.name", f"synthetic-{recipe}-{layers}l")
+
+    plan = []
+    for name, shape, kind in tensor_plan(w, layers, interval, arch):
+        if len(shape) == 1 or kind == "conv" or name.endswith(FLOAT_SMALL):
+            qtype = T.F32
+        else:
+            layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
+            qtype = RECIPES[recipe](name, layer)
+        block, nbytes = GGML_QUANT_SIZES[qtype]
+        byte_shape = (*shape[:-1], shape[-1] // block * nbytes)
+        writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
+        plan.append((name, shape, kind, qtype, byte_shape))
+    writer.write_header_to_file(path)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, shape, kind, qtype, byte_shape in plan:
+        if len(shape) == 1:
+            data = _one_d(rng, kind, shape[0]).view(np.uint8)
+        elif kind == "conv":
+            data = (0.5 * rng.standard_normal(shape)).astype(np.float32).view(np.uint8)
+        else:
+            std = {"embed": 1.0, "router": ROUTER_GAIN}.get(kind, gain) / (1.0 if kind == "embed" else np.sqrt(shape[-1]))
+            data = MAKERS[qtype](rng, int(np.prod(shape[:-1])), shape[-1], std)
+        writer.write_tensor_data(np.ascontiguousarray(data).reshape(byte_shape))
+    writer.close()
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="GGUF file to write")
+    ap.add_argument("--layers", type=int, default=4, help="trunk layers (every 4th is full attention)")
+    ap.add_argument("--type", dest="recipe", default="q4_0", choices=sorted(RECIPES))
+    ap.add_argument("--tiny", action="store_true", help="small widths (hidden 256) instead of the real 35B ones")
+    ap.add_argument("--arch", default="qwen35moe", choices=ARCHES)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    path = write_synthetic(args.out, layers=args.layers, recipe=args.recipe,
+                           widths=TINY if args.tiny else REAL, seed=args.seed, arch=args.arch)
+    print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB)")
+
+
+if __name__ == "__main__":
+    main()
