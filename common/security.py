@@ -140,19 +140,22 @@ def _authenticator(ctx: zmq.Context, allowed: Path) -> None:
         auth.configure_curve(domain="*", location=str(allowed))
 
 
-def apply(sock: zmq.Socket, address: str, *, bind: bool, pol: SecurityPolicy | None = None) -> None:
+def apply(sock: zmq.Socket, address: str, *, bind: bool) -> None:
     """Set CURVE options on `sock` before it binds/connects `address`, or refuse a plaintext
     socket beyond loopback. Raises InsecureBindError with the fix."""
-    pol = pol or policy()
+    pol = policy()
     if address.startswith(LOCAL_TRANSPORTS):
         return
     if pol.keys is None:
-        if not pol.insecure and not is_loopback(address):
-            verb = "bind" if bind else "connect to"
+        if is_loopback(address):
+            return
+        verb = "bind" if bind else "connect to"
+        if not pol.insecure:
             raise InsecureBindError(
                 f"refusing to {verb} {address} without encryption: it is reachable from other hosts. "
                 "Pass --curve-dir DIR (FERMIUM_CURVE_DIR) with keys from `fermium keys create`, "
-                "bind a loopback address, or accept plaintext with --insecure (FERMIUM_INSECURE=1).")
+                "use a loopback address, or accept plaintext with --insecure (FERMIUM_INSECURE=1).")
+        log.warning("plaintext ZeroMQ: %s %s without CURVE (--insecure)", verb, address)
         return
     k = pol.keys
     if bind:
