@@ -75,7 +75,24 @@ def test_tensors_are_memory_mapped_not_copied(tmp_path):
                       {"token_embd.weight": np.arange(128, dtype=np.float32).reshape(8, 16)})
     model = GGUFModel(path)
     t = model.tensor("token_embd.weight")
-    assert np.shares_memory(t.raw, model.reader.data)
+    assert np.shares_memory(t.raw, model.file.data)
     assert t.shape == (8, 16)
     np.testing.assert_array_equal(t.dequant(), np.arange(128, dtype=np.float32).reshape(8, 16))
     np.testing.assert_array_equal(t.dequant([2]), np.arange(32, 48, dtype=np.float32)[None])
+
+
+def test_truncated_file_is_a_clear_error(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", "qwen35moe", KEYS,
+                      {"token_embd.weight": np.ones((64, 64), np.float32)})
+    path.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(ModelConfigError, match="truncated"):
+        GGUFModel(path)
+
+
+def test_metadata_matches_gguf_packages_reader(tmp_path):
+    from gguf import GGUFReader
+    path = write_gguf(tmp_path / "m.gguf", "qwen35moe", KEYS)
+    ours, theirs = GGUFModel(path), GGUFReader(path)
+    assert set(ours.keys()) == set(theirs.fields) - {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
+    for key in ours.keys():
+        assert ours.get(key) == pytest.approx(theirs.fields[key].contents())

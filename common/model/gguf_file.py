@@ -13,11 +13,12 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from .config import ModelConfig, ModelConfigError
+from .gguf_reader import FastGGUF, GGUFFormatError
 
 # Types the reference path can dequantize; the native kernels cover a subset of these.
 SUPPORTED_TYPES = {
@@ -59,26 +60,43 @@ class GGUFModel:
         if not self.path.is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
         try:
-            self.reader = GGUFReader(self.path, "r")
-        except Exception as exc:  # gguf raises bare ValueError/struct errors on bad files
-            raise ModelConfigError(f"{self.path}: not a readable GGUF file ({exc})") from exc
+            self.file = FastGGUF(self.path)
+        except GGUFFormatError as exc:
+            raise ModelConfigError(f"not a readable GGUF file: {exc}") from exc
+        self.fields = self.file.fields
         self.tensors: dict[str, Tensor] = {}
-        for t in self.reader.tensors:
-            qtype = GGMLQuantizationType(t.tensor_type)
+        for entry in self.file.entries:
+            try:
+                qtype = GGMLQuantizationType(entry.ggml_type)
+            except ValueError:
+                qtype = None
             if qtype not in SUPPORTED_TYPES:
                 raise ModelConfigError(
-                    f"{self.path}: tensor {t.name} has type {qtype.name}; supported: "
+                    f"{self.path}: tensor {entry.name} has type "
+                    f"{qtype.name if qtype else entry.ggml_type}; supported: "
                     f"{', '.join(sorted(q.name for q in SUPPORTED_TYPES))}")
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            raw = t.data.view(np.uint8).reshape(*shape[:-1], -1)
-            self.tensors[t.name] = Tensor(t.name, qtype, shape, raw)
+            shape = tuple(reversed(entry.ne))
+            block, block_bytes = GGML_QUANT_SIZES[qtype]
+            if shape[-1] % block:
+                raise ModelConfigError(f"{self.path}: tensor {entry.name} rows of {shape[-1]} are not "
+                                       f"whole {qtype.name} blocks of {block}")
+            rows = int(np.prod(shape[:-1], dtype=np.int64))
+            row_bytes = shape[-1] // block * block_bytes
+            try:
+                raw = self.file.tensor_bytes(entry, rows * row_bytes).reshape(*shape[:-1], row_bytes)
+            except GGUFFormatError as exc:
+                raise ModelConfigError(str(exc)) from exc
+            self.tensors[entry.name] = Tensor(entry.name, qtype, shape, raw)
 
     # ---- metadata
     def has(self, key: str) -> bool:
-        return key in self.reader.fields
+        return key in self.fields
 
     def get(self, key: str):
-        return self.reader.fields[key].contents()
+        return self.fields[key]
+
+    def keys(self) -> list[str]:
+        return list(self.fields)
 
     @cached_property
     def config(self) -> ModelConfig:

@@ -1,0 +1,88 @@
+"""Interop with llama.cpp's own converter (opt-in: FERMIUM_LLAMA_CPP_DIR = a llama.cpp tree,
+e.g. `export FERMIUM_LLAMA_CPP_DIR=$(tools/fetch_llama_cpp.sh)`).
+
+llama.cpp's convert_hf_to_gguf.py runs on the same tiny checkpoints; every tensor (name, shape,
+type, bytes) and every metadata key must match ours, except the two free-text `general.*`
+labels that it derives from the directory name and the parameter count. Its pre-tokenizer
+detection hashes the real Qwen vocabulary, which a tiny test tokenizer cannot match, so the
+run pins the answer (`qwen35` / `qwen2`) that it gives for the real models.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.model.convert import convert
+from common.model.gguf_file import GGUFModel
+
+from .test_convert import build_checkpoint
+
+LLAMA_CPP = os.environ.get("FERMIUM_LLAMA_CPP_DIR")
+pytestmark = pytest.mark.skipif(
+    not LLAMA_CPP or not Path(LLAMA_CPP, "convert_hf_to_gguf.py").is_file(),
+    reason="set FERMIUM_LLAMA_CPP_DIR to a llama.cpp tree (tools/fetch_llama_cpp.sh)")
+
+FREE_TEXT_KEYS = {"general.name", "general.size_label"}
+SSM_A_ATOL = 1e-6          # -exp(A_log) in float32: torch.exp and numpy.exp may differ by an ulp
+LOGIT_RTOL = 1e-5          # same weights up to that ulp: logits agree to float32 round-off
+
+DRIVER = """
+import runpy, sys
+tree, pre = sys.argv[1], sys.argv[2]
+sys.argv = [tree + "/convert_hf_to_gguf.py"] + sys.argv[3:]
+sys.path.insert(0, tree)
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+PRE = {"qwen3_5_moe_text": "qwen35", "qwen3_next": "qwen2"}
+
+
+def llama_cpp_convert(src: Path, out: Path, kind: str, out_type: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", DRIVER, LLAMA_CPP, PRE[kind], str(src),
+                           "--outfile", str(out), "--outtype", out_type, "--no-mtp"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _fields(model: GGUFModel) -> dict:
+    return {k: model.get(k) for k in model.keys()
+            if not k.startswith("GGUF.") and k not in FREE_TEXT_KEYS}
+
+
+@pytest.mark.parametrize("kind", list(PRE))
+@pytest.mark.parametrize("out_type", ["f32", "bf16", "q8_0"])
+def test_same_file_as_llama_cpp(tmp_path, kind, out_type):
+    build_checkpoint(kind, tmp_path / "hf")
+    llama_cpp_convert(tmp_path / "hf", tmp_path / "theirs.gguf", kind, out_type)
+    convert(tmp_path / "hf", tmp_path / "ours.gguf", out_type, progress=False)
+    theirs, ours = GGUFModel(tmp_path / "theirs.gguf"), GGUFModel(tmp_path / "ours.gguf")
+    assert _fields(ours) == _fields(theirs)
+    assert set(ours.tensors) == set(theirs.tensors)
+    for name, t in theirs.tensors.items():
+        o = ours.tensors[name]
+        assert (o.qtype, o.shape) == (t.qtype, t.shape), name
+        if name.endswith("ssm_a"):
+            np.testing.assert_allclose(o.dequant(), t.dequant(), rtol=0, atol=SSM_A_ATOL)
+        else:
+            assert np.array_equal(o.raw, t.raw), name
+
+
+@pytest.mark.parametrize("kind", list(PRE))
+def test_llama_cpp_file_gives_the_same_logits(tmp_path, kind):
+    from common.engine.reference import ReferenceEngine
+    build_checkpoint(kind, tmp_path / "hf")
+    llama_cpp_convert(tmp_path / "hf", tmp_path / "theirs.gguf", kind, "f32")
+    convert(tmp_path / "hf", tmp_path / "ours.gguf", "f32", progress=False)
+    tokens = list(range(5, 45))
+    logits = []
+    for path in (tmp_path / "theirs.gguf", tmp_path / "ours.gguf"):
+        engine = ReferenceEngine(GGUFModel(path))
+        logits.append(engine.prefill(tokens, engine.new_state(), all_logits=True))
+    scale = np.abs(logits[1]).max()
+    np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=LOGIT_RTOL * scale)
