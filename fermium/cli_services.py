@@ -33,6 +33,10 @@ def _security(curve_dir: Optional[Path], insecure: bool) -> None:
         raise typer.Exit(f"error: {e}") from None  # type: ignore[arg-type]
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def _run_worker(server) -> None:
     """Handshake, then the compute loop until SIGTERM or Ctrl-C."""
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
@@ -129,11 +133,14 @@ def up_command(
     metrics_port: int = typer.Option(0, envvar="FERMIUM_METRICS_PORT", help="First of three /metrics ports (router, prefill, decode); 0 is off."),
     chat: Optional[str] = typer.Option(None, help="Stream the answer to this message, then stop the stack."),
     ready_timeout: float = typer.Option(120.0, help="Seconds to wait for the stack to be ready."),
+    log_level: str = typer.Option("warning", envvar="FERMIUM_LOG_LEVEL", help="Log level of the three services."),
 ):
     """Start router, prefill and decode on loopback; Ctrl-C stops them all."""
     from fermium.stack import Stack, stream_chat
+    signal.signal(signal.SIGTERM, _interrupt)   # stopped by a service manager: same clean stop as Ctrl-C
     ports = {name: metrics_port + i for i, name in enumerate(("router", "prefill", "decode"))} if metrics_port else {}
-    with Stack(_model(model), port=port, engine=engine, backend=backend, metrics_ports=ports) as stack:
+    quiet = {name: ["--log-level", log_level] for name in ("router", "prefill", "decode")}
+    with Stack(_model(model), port=port, engine=engine, backend=backend, metrics_ports=ports, extra=quiet) as stack:
         stack.wait_ready(ready_timeout)
         if chat is not None:
             stream_chat(stack.url, chat)
@@ -157,4 +164,4 @@ def chat_command(
 def demo_command(port: int = typer.Option(8000, envvar="FERMIUM_PORT", help="HTTP port of the router.")):
     """Bring the stack up on the bundled demo model and stream one chat answer."""
     up_command(model=None, port=port, engine="auto", backend="cpu", metrics_port=0, chat=DEMO_QUESTION,
-               ready_timeout=120.0)
+               ready_timeout=120.0, log_level="warning")

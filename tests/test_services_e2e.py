@@ -3,6 +3,10 @@ same text as in-process generation (greedy), 8 concurrent streams, /metrics that
 from __future__ import annotations
 
 import concurrent.futures as cf
+import signal
+import subprocess
+import sys
+import time
 
 import httpx
 import openai
@@ -19,6 +23,8 @@ from tests.stack_helpers import CHATML, write_tiny_gguf
 
 READY_TIMEOUT_S = 60        # three Python processes starting on a shared 2-core machine
 MAX_TOKENS = 12
+STOP_WITHIN_S = 15          # Ctrl-C on `fermium up`: SIGTERM to children, 5 s grace each at most
+CANCEL_WITHIN_S = 5         # disconnect -> router Cancel -> decode drops the sequence
 PROMPTS = ["the cat", "ROMEO:", "To be, or not", "hello there", "a", "What light", "zz top", "Once upon"]
 
 
@@ -74,9 +80,10 @@ def test_chat_matches_in_process(client, local):
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
 
 
-def test_eight_concurrent_streams(client, local):
+def test_eight_concurrent_streams(client, local, stack):
     tok, expect = local
     want = {p: expect(tok.encode(p)) for p in PROMPTS}
+    before = scrape(stack.metrics_ports["decode"])
 
     def one(prompt: str) -> str:
         stream = client.completions.create(model="fermium", prompt=prompt, max_tokens=MAX_TOKENS,
@@ -86,6 +93,63 @@ def test_eight_concurrent_streams(client, local):
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
         got = dict(zip(PROMPTS, pool.map(one, PROMPTS)))
     assert got == want
+    after = scrape(stack.metrics_ports["decode"])
+    steps = after["fermium_decode_batch_size_count{}"] - before.get("fermium_decode_batch_size_count{}", 0)
+    rows = after["fermium_decode_batch_size_sum{}"] - before.get("fermium_decode_batch_size_sum{}", 0)
+    assert rows == len(PROMPTS) * (MAX_TOKENS - 1) and steps < rows   # sequences shared decode steps
+
+
+def test_client_disconnect_cancels_down_to_decode(stack):
+    port = stack.metrics_ports["decode"]
+    before = scrape(port).get("fermium_decode_requests_total{outcome=cancelled}", 0)
+    body = {"model": "fermium", "prompt": "the cat", "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: {")
+    deadline = time.monotonic() + CANCEL_WITHIN_S
+    while scrape(port).get("fermium_decode_requests_total{outcome=cancelled}", 0) == before:
+        assert time.monotonic() < deadline, "decode did not drop the abandoned sequence"
+        time.sleep(0.1)
+    assert stack.health()["running"] == 0
+
+
+def test_fermium_up_chat_and_ctrl_c(stack):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    up = subprocess.Popen([sys.executable, "-m", "fermium", "up", "--model", stack.model, "--port", str(port),
+                           "--engine", "reference"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert "Fermium is up at" in up.stdout.readline()       # the banner is the first line
+        chat = subprocess.run([sys.executable, "-m", "fermium", "chat", "Hello", "--url", url, "--max-tokens", "6"],
+                              capture_output=True, text=True, timeout=READY_TIMEOUT_S)
+        assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr[-2000:]
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=STOP_WITHIN_S) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
+def test_prefill_backend_registry():
+    from services.prefill.backends import UnknownBackendError, available_backends, create_backend
+    assert available_backends()["cpu"] == (True, "numpy")
+    with pytest.raises(UnknownBackendError, match="no prefill backend named 'tpu'; registered: .*cpu"):
+        create_backend("tpu", None)
+
+
+def test_scheduler_joins_between_steps():
+    from services.decode.scheduler import BatchScheduler, Sequence
+    sched = BatchScheduler(max_batch=2)
+    seqs = [Sequence(f"r{i}", None, None, [], 4, frozenset(), False) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    assert [s.rid for s in sched.admit()] == ["r0", "r1"] and len(sched.waiting) == 1
+    sched.retire(seqs[0])
+    assert [s.rid for s in sched.admit()] == ["r2"]
+    assert sched.cancel("r1") is seqs[1] and sched.cancel("r1") is None
+    assert [s.rid for s in sched.running] == ["r2"]
 
 
 def test_seeded_sampling_is_repeatable(client):

@@ -45,13 +45,14 @@ def _summary(runs: list[list[float]], starts: list[float]) -> dict:
     return {"ttft_s": ttft, "tok_per_s": rate, "tokens": len(runs[0])}
 
 
-def in_process(model_path: str, engine_name: str, prompt: str, max_tokens: int, repeats: int) -> dict:
+def compare(model_path: str, engine_name: str, prompt: str, max_tokens: int, runs: int) -> tuple[dict, dict]:
+    """Alternate in-process and full-stack generations, so both see the same machine load."""
     model = GGUFModel(model_path)
     ids = Tokenizer.from_gguf(model).encode(prompt)
     prefill_engine = ReferenceEngine(model)                # what the `cpu` prefill backend runs
     _, decoder = load_engine(engine_name, model)
 
-    def run(n: int) -> list[float]:
+    def local(n: int) -> list[float]:
         sampler, state = Sampler(SamplingParams()), prefill_engine.new_state()
         token = sampler.sample(prefill_engine.prefill(ids, state), ids)
         times = [time.perf_counter()]
@@ -60,25 +61,20 @@ def in_process(model_path: str, engine_name: str, prompt: str, max_tokens: int, 
             times.append(time.perf_counter())
         return times
 
-    run(2)                                                 # warm-up: first-call costs are not the subject
-    starts, runs = [], []
-    for _ in range(repeats):
-        starts.append(time.perf_counter())
-        runs.append(run(max_tokens))
-    return _summary(runs, starts)
-
-
-def through_stack(model_path: str, engine_name: str, prompt: str, max_tokens: int, repeats: int) -> dict:
+    body = {"model": "fermium", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    sides = {"local": ([], []), "stack": ([], [])}
     with tempfile.TemporaryDirectory() as logs, httpx.Client(timeout=None) as client, \
             Stack(model_path, port=free_port(), engine=engine_name, log_dir=Path(logs)) as stack:
         stack.wait_ready(120)
-        body = {"model": "fermium", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        local(2)                                           # warm-ups: first-call costs are not the subject
         _stream(client, stack.url, {**body, "max_tokens": 2})
-        starts, runs = [], []
-        for _ in range(repeats):
-            starts.append(time.perf_counter())
-            runs.append(_stream(client, stack.url, body))
-    return _summary(runs, starts)
+        for _ in range(runs):
+            for name, run in (("local", lambda: local(max_tokens)),
+                              ("stack", lambda: _stream(client, stack.url, body))):
+                starts, times = sides[name]
+                starts.append(time.perf_counter())
+                times.append(run())
+    return _summary(*sides["local"][::-1]), _summary(*sides["stack"][::-1])
 
 
 def _stream(client: httpx.Client, url: str, body: dict) -> list[float]:
@@ -133,8 +129,7 @@ def main() -> None:
     if args.model is None:
         from common.model.default import default_model_path
         args.model = str(default_model_path())
-    local = in_process(args.model, args.engine, args.prompt, args.max_tokens, args.runs)
-    stack = through_stack(args.model, args.engine, args.prompt, args.max_tokens, args.runs)
+    local, stack = compare(args.model, args.engine, args.prompt, args.max_tokens, args.runs)
     ship = ship_state(args.kv_tokens, args.repeats)
     print(f"model {args.model}, decode engine {args.engine}, {args.max_tokens} tokens, median of {args.runs} runs")
     print(f"in-process   TTFT {local['ttft_s'] * 1e3:8.1f} ms   decode {local['tok_per_s']:8.1f} tok/s")
