@@ -31,8 +31,10 @@ __device__ __forceinline__ int gdn_key_head(const GdnShape& s, int h) {
 // qkv: [T, C] = [q (nk*dk) | k (nk*dk) | v (nv*dv)]; g, beta: [T, nv]
 // out: gcum [nv, nch, 64], aqk [nv, nch, 64, 64], u [nv, nch, 64, dv], wk [nv, nch, 64, dk]
 extern "C" __global__ void gdn_chunk_prep(const float* qkv, const float* g, const float* beta,
-                                          GdnShape s, float* gcum, float* aqk, float* u, float* wk)
+                                          int T, int C, int nk, int nv, int dk, int dv, int tiled,
+                                          float* gcum, float* aqk, float* u, float* wk)
 {
+    const GdnShape s = {T, C, nk, nv, dk, dv, tiled};
     __shared__ float gc[GDN_C], bt[GDN_C];
     __shared__ float A[GDN_C][GDN_C + 1];
     __shared__ float ta[GDN_C][GDN_TILE + 1], tb[GDN_C][GDN_TILE + 1];
@@ -129,10 +131,12 @@ extern "C" __global__ void gdn_chunk_prep(const float* qkv, const float* g, cons
 
 // ---------------------------------------------------------------------------- sequential scan
 // grid (nv, dv / 32). state: [nv, dk, dv] in/out; o: [T, nv * dv]
-extern "C" __global__ void gdn_chunk_scan(const float* qkv, GdnShape s, const float* gcum,
-                                          const float* aqk, const float* u, const float* wk,
-                                          float* state, float* o, int nch)
+extern "C" __global__ void gdn_chunk_scan(const float* qkv,
+                                          int T, int C, int nk, int nv, int dk, int dv, int tiled,
+                                          const float* gcum, const float* aqk, const float* u,
+                                          const float* wk, float* state, float* o, int nch)
 {
+    const GdnShape s = {T, C, nk, nv, dk, dv, tiled};
     __shared__ float S[GDN_MAX_DK][GDN_TILE + 1];
     __shared__ float vn[GDN_C][GDN_TILE + 1];
     __shared__ float gc[GDN_C], wdecay[GDN_C];

@@ -68,6 +68,25 @@ extern "C" __global__ void moe_route(const float* logits, int* ids, float* w, in
     }
 }
 
+// counts[e] += 1 for every (token, slot) routed to expert e; counts zeroed beforehand
+extern "C" __global__ void moe_count(const int* ids, int* counts, int n)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(counts + ids[i], 1);
+}
+
+// group (token, slot) pairs by expert: cursor starts at each expert's first row. Rows within
+// an expert come in any order; every row is computed on its own, so results do not depend on it.
+// tok[row] = token of that row, pos[t * k + j] = row of pair (t, j)
+extern "C" __global__ void moe_scatter(const int* ids, int* cursor, int* tok, int* pos, int n, int k)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int row = atomicAdd(cursor + ids[i], 1);
+    tok[row] = i / k;
+    pos[i] = row;
+}
+
 // act[r, f] = silu(gate[r, f]) * up[r, f] over n elements
 extern "C" __global__ void silu_mul(const float* gate, const float* up, float* act, long long n)
 {

@@ -1,0 +1,255 @@
+"""The `cuda` prefill backend: hand-written Fermi-subset kernels (native/cuda) under pycuda,
+with the weights streamed from page-locked host memory under a VRAM budget.
+
+A prompt runs layer by layer over all of its tokens, so every streamed weight crosses the bus
+once per prompt (once per pass of `pass_tokens` for longer ones). Per layer, the routing is
+counted on the GPU and read back; only the experts some token routes to are copied, in chunks
+on a copy stream that overlap the GEMMs of the chunks already there. See cuda_plan for what is
+resident, and cuda_stream for the ring of slot regions.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+
+import numpy as np
+
+from common.state import SequenceState
+
+from . import register_backend
+from .cuda_layers import F32, LayerRunner, StateBlock
+from .cuda_plan import DEFAULT_BUDGET, head_rows, layout, make_plan, parse_size, workspace_bytes
+from .cuda_stream import Timeline
+
+log = logging.getLogger("fermium.prefill.cuda")
+
+
+def _driver():
+    import pycuda.driver as cuda
+    cuda.init()
+    return cuda
+
+
+def dense_tiles(T: int) -> np.ndarray:
+    starts = np.arange(0, T, 64)
+    return np.stack([np.zeros_like(starts), starts, np.minimum(64, T - starts),
+                     np.zeros_like(starts)], axis=1).astype(np.int32)
+
+
+def rope_table(positions: np.ndarray, rope_dim: int, theta: float) -> np.ndarray:
+    """[T, rope_dim/2, 2] (cos, sin), computed in float64 like the reference."""
+    half = rope_dim // 2
+    inv = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
+    ang = positions.astype(np.float64)[:, None] * inv[None, :]
+    return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
+
+
+@register_backend("cuda")
+class CUDABackend:
+    name = "cuda"
+
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        try:
+            cuda = _driver()
+        except ImportError as exc:
+            return False, f"pycuda is not installed ({exc}); install the `gpu` extra"
+        except Exception as exc:
+            return False, f"no usable CUDA driver: {exc}"
+        if cuda.Device.count() == 0:
+            return False, "the CUDA driver reports no device"
+        if shutil.which("nvcc") is None:
+            return False, "nvcc is not on PATH (it compiles native/cuda at start)"
+        return True, f"{cuda.Device.count()} device(s), first: {cuda.Device(0).name()}"
+
+    def __init__(self, model, *, device: int = 0, vram_budget: int | str = DEFAULT_BUDGET,
+                 pass_tokens: int = 4096, max_context: int = 8192, regions: int = 8):
+        from .cuda_kernels import Kernels
+        from .cuda_stream import ExpertStreamer
+        from .cuda_weights import DeviceArena, HostExperts, ResidentWeights
+
+        self.cuda = cuda = _driver()
+        self.model, self.cfg = model, model.config
+        cfg = self.cfg
+        self.ctx = cuda.Device(int(device)).make_context()
+        try:
+            self.plan = make_plan(cfg, {n: t.nbytes for n, t in model.tensors.items()},
+                                  budget=parse_size(vram_budget), pass_tokens=int(pass_tokens),
+                                  max_context=int(max_context), regions=int(regions))
+            for line in self.plan.describe():
+                log.info(line)
+            free0 = cuda.mem_get_info()[0]
+            self.kernels = Kernels()
+            self.arena = DeviceArena(cuda)
+            self.weights = ResidentWeights(cuda, self.arena, model, self.plan)
+            self.host = HostExperts(cuda, model, self.plan)
+            self.streamer = ExpertStreamer(cuda, self.arena, self.plan, self.host, model)
+            offsets, size = layout(workspace_bytes(cfg, self.plan.pass_tokens))
+            base = self.arena.alloc("workspace", size)
+            self.ws = {ph: {n: base + o for n, o in names.items()} for ph, names in offsets.items()}
+            self.state = self._alloc_state()
+            self.compute = cuda.Stream()
+            self.timeline = Timeline(cuda)
+            P, E, k = self.plan.pass_tokens, cfg.n_experts, cfg.n_experts_used
+            self.counts_h = cuda.pagelocked_empty(E, np.int32)
+            self.upload_h = cuda.pagelocked_empty((P * k // 64 + E + 1) * 4 + 7 * E, np.int32)
+            self.embed_h = cuda.pagelocked_empty(P * cfg.hidden_size, np.float32)
+            self.rope_h = cuda.pagelocked_empty(P * max(cfg.rope_dim, 2), np.float32)
+            self.tiles_h = cuda.pagelocked_empty(-(-P // 64) * 4, np.int32)
+            self.head_host = None if self.plan.head_resident else self._head_source()
+            self.runner = LayerRunner(cuda, self.kernels, cfg, self.weights, self.streamer, self.ws,
+                                      self.state, self.compute, self.timeline,
+                                      (self.counts_h, self.upload_h), model)
+            self.device_used_at_start = free0 - cuda.mem_get_info()[0]
+            log.info("device memory: %.2f GiB allocated by the backend (peak counted %.2f GiB)",
+                     self.device_used_at_start / 2**30, self.arena.peak / 2**30)
+        finally:
+            self.ctx.pop()
+        self._stats = {"h2d_bytes": 0, "copy_seconds": 0.0, "compute_seconds": 0.0,
+                       "wall_seconds": 0.0, "calls": 0, "tokens": 0,
+                       "peak_device_bytes": self.arena.peak, "vram_budget_bytes": self.plan.budget,
+                       "pinned_host": int(self.host.pinned)}
+
+    def _alloc_state(self) -> StateBlock:
+        cfg, a = self.cfg, self.arena
+        conv = cfg.conv_channels * (cfg.conv_kernel - 1) * F32
+        ssm = cfg.n_v_heads * cfg.head_k_dim * cfg.head_v_dim * F32
+        kv = self.plan.max_context * cfg.n_kv_heads * cfg.head_dim * F32
+        return StateBlock(conv=[a.alloc(f"conv {n}", conv) for n in range(len(cfg.linear_layers))],
+                          ssm=[a.alloc(f"ssm {n}", ssm) for n in range(len(cfg.linear_layers))],
+                          k=[a.alloc(f"k {n}", kv) for n in range(len(cfg.full_layers))],
+                          v=[a.alloc(f"v {n}", kv) for n in range(len(cfg.full_layers))])
+
+    def _head_source(self) -> np.ndarray:
+        raw = self.weights.head_tensor.raw
+        if getattr(self.model, "host_pinned", False) or not self.host.pinned:
+            return raw
+        buf = self.cuda.pagelocked_empty(raw.shape, np.uint8)
+        np.copyto(buf, raw)
+        return buf
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, tokens, state: SequenceState, *, all_logits: bool = False) -> np.ndarray:
+        self.ctx.push()
+        try:
+            return self._prefill(tokens, state, all_logits)
+        finally:
+            self.ctx.pop()
+
+    def _prefill(self, tokens, state: SequenceState, all_logits: bool) -> np.ndarray:
+        cuda, cfg, s = self.cuda, self.cfg, self.compute
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise ValueError("prefill needs a non-empty 1-D token sequence")
+        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+            raise ValueError(f"token id out of range [0, {cfg.vocab_size})")
+        pos = state.pos
+        if pos + len(ids) > self.plan.max_context:
+            raise ValueError(f"context of {pos + len(ids)} tokens exceeds this backend's max_context "
+                             f"{self.plan.max_context}")
+        h2d0, t0 = self.streamer.h2d_bytes, time.perf_counter()
+        self._upload_state(state)
+        H, keep, outs = cfg.hidden_size, self.ws["keep"], []
+        for p0 in range(0, len(ids), self.plan.pass_tokens):
+            chunk = ids[p0:p0 + self.plan.pass_tokens]
+            T = len(chunk)
+            self.embed_h[:T * H] = self.model.tensor("token_embd.weight").dequant(chunk).reshape(-1)
+            cuda.memcpy_htod_async(keep["x"], self.embed_h[:T * H], s)
+            tiles = dense_tiles(T).reshape(-1)
+            self.tiles_h[:tiles.size] = tiles
+            cuda.memcpy_htod_async(keep["tiles"], self.tiles_h[:tiles.size], s)
+            if cfg.full_layers:
+                table = rope_table(np.arange(pos, pos + T), cfg.rope_dim, cfg.rope_theta).reshape(-1)
+                self.rope_h[:table.size] = table
+                cuda.memcpy_htod_async(keep["rope"], self.rope_h[:table.size], s)
+            for i in range(cfg.n_layers):
+                self.runner.layer(i, T, pos)
+            pos += T
+            last = p0 + T >= len(ids)
+            if all_logits:
+                outs.append(self._head(keep["x"], T))
+            elif last:
+                outs.append(self._head(keep["x"] + (T - 1) * H * F32, 1))
+        s.synchronize()
+        self.streamer.copy.synchronize()
+        self._download_state(state, pos)
+        wall = time.perf_counter() - t0
+        st = self._stats
+        st["h2d_bytes"] += self.streamer.h2d_bytes - h2d0
+        st["copy_seconds"] += self.streamer.copies.seconds()
+        st["compute_seconds"] += self.timeline.seconds()
+        st["wall_seconds"] += wall
+        st["calls"] += 1
+        st["tokens"] += len(ids)
+        st["peak_device_bytes"] = self.arena.peak
+        logits = np.concatenate(outs, axis=0)
+        return logits if all_logits else logits[-1]
+
+    def _head(self, x: int, nrows: int) -> np.ndarray:
+        """Final norm and LM head for nrows hidden rows at x -> [nrows, vocab]."""
+        cuda, cfg, k, s = self.cuda, self.cfg, self.kernels, self.compute
+        H, V, hw = cfg.hidden_size, cfg.vocab_size, self.weights.head_tensor
+        head = self.ws["head"]
+        per = head_rows(cfg, self.plan.pass_tokens)
+        out = np.empty((nrows, V), np.float32)
+        xn = self.ws["keep"]["xn"]
+        for r0 in range(0, nrows, per):
+            n = min(per, nrows - r0)
+            k.rms_norm(s, x + r0 * H * F32, H, 0, xn, H, 0, self.weights["output_norm.weight"].ptr,
+                       n, 1, H, cfg.rms_eps)
+            tiles = dense_tiles(n).reshape(-1)
+            cuda.memcpy_htod_async(head["tiles"], tiles, s)
+            gemm = dict(x=xn, ldx=H, ldy=V, tiles=head["tiles"], n_tiles=-(-n // 64), K=H,
+                        row_bytes=hw.row_bytes)
+            if self.plan.head_resident:
+                k.gemm(s, hw.qtype, y=head["logits"], w=self.weights["head"].ptr, N=V, **gemm)
+            else:
+                rows = max(1, self.plan.region_bytes // hw.row_bytes)
+                for n0 in range(0, V, rows):
+                    n1 = min(V, n0 + rows)
+                    region, addr, ready = self.streamer.issue_rows(self.head_host[n0:n1])
+                    s.wait_for_event(ready)
+                    k.gemm(s, hw.qtype, y=head["logits"] + n0 * F32, w=addr, N=n1 - n0, **gemm)
+                    self.streamer.release(region, s)
+            s.synchronize()
+            cuda.memcpy_dtoh(out[r0:r0 + n], head["logits"])
+        return out
+
+    # ------------------------------------------------------------------ state in and out
+    def _upload_state(self, state: SequenceState) -> None:
+        cuda, row = self.cuda, self.cfg.n_kv_heads * self.cfg.head_dim
+        for n, ptr in enumerate(self.state.conv):
+            cuda.memcpy_htod(ptr, np.ascontiguousarray(state.conv[n], np.float32))
+            cuda.memcpy_htod(self.state.ssm[n], np.ascontiguousarray(state.ssm[n], np.float32))
+        for n in range(len(self.state.k)):
+            if state.pos:
+                cuda.memcpy_htod(self.state.k[n], np.ascontiguousarray(state.k[n][:state.pos], np.float32))
+                cuda.memcpy_htod(self.state.v[n], np.ascontiguousarray(state.v[n][:state.pos], np.float32))
+
+    def _download_state(self, state: SequenceState, pos: int) -> None:
+        cuda, cfg = self.cuda, self.cfg
+        for n in range(len(self.state.conv)):
+            conv = np.empty_like(state.conv[n], dtype=np.float32)
+            ssm = np.empty((cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim), np.float32)
+            cuda.memcpy_dtoh(conv, self.state.conv[n])
+            cuda.memcpy_dtoh(ssm, self.state.ssm[n])
+            state.conv[n], state.ssm[n] = conv, ssm
+        for n in range(len(self.state.k)):
+            kk = np.empty((pos, cfg.n_kv_heads, cfg.head_dim), np.float32)
+            vv = np.empty_like(kk)
+            cuda.memcpy_dtoh(kk, self.state.k[n])
+            cuda.memcpy_dtoh(vv, self.state.v[n])
+            state.k[n], state.v[n] = kk, vv
+        state.pos = pos
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def close(self) -> None:
+        self.ctx.push()
+        try:
+            self.arena.free()
+        finally:
+            self.ctx.pop()
+            self.ctx.detach()

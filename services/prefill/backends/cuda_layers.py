@@ -1,0 +1,203 @@
+"""One layer of the model on the GPU: the Gated DeltaNet or gated-attention mixer, then the MoE.
+
+`LayerRunner` owns no memory: it is handed the resident weights, the workspace (device
+addresses by phase and name), the state block and the streams. Everything is enqueued on the
+compute stream; the only host synchronisation per layer is the routing count, which decides
+which experts cross the bus.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from .cuda_plan import EXPERT_TENSORS
+
+F32 = 4
+L2_EPS = 1e-6          # the reference's l2_norm epsilon
+
+
+@dataclass(frozen=True)
+class StateBlock:
+    conv: list[int]        # per linear layer: [C, K-1]
+    ssm: list[int]         # per linear layer: [nv, dk, dv]
+    k: list[int]           # per full layer: [max_context, nkv, hd]
+    v: list[int]
+
+
+class LayerRunner:
+    def __init__(self, cuda, kernels, cfg, weights, streamer, ws, state: StateBlock, compute,
+                 timeline, host_scratch, model):
+        self.cuda, self.k, self.cfg, self.w, self.st = cuda, kernels, cfg, weights, streamer
+        self.ws, self.state, self.s, self.tl, self.model = ws, state, compute, timeline, model
+        self.slot_of = {i: n for n, i in enumerate(cfg.linear_layers)} | \
+                       {i: n for n, i in enumerate(cfg.full_layers)}
+        self.counts_h, self.upload_h = host_scratch
+        self.eq = {(i, t): model.tensor(f"blk.{i}.{t}.weight") for i in range(cfg.n_layers)
+                   for t in EXPERT_TENSORS}
+        self.T = 0
+
+    # ---------------------------------------------------------------- helpers
+    def dense(self, name: str, x: int, ldx: int, y: int, ldy: int, accumulate: bool = False) -> None:
+        t = self.w[name]
+        self.k.gemm(self.s, t.qtype, x=x, ldx=ldx, y=y, ldy=ldy, w=t.ptr, row_bytes=t.row_bytes,
+                    tiles=self.ws["keep"]["tiles"], n_tiles=-(-self.T // 64), N=t.N, K=t.K,
+                    accumulate=accumulate)
+
+    def norm(self, name: str, x: int, y: int) -> None:
+        H = self.cfg.hidden_size
+        self.k.rms_norm(self.s, x, H, 0, y, H, 0, self.w[name].ptr, self.T, 1, H, self.cfg.rms_eps)
+
+    # ---------------------------------------------------------------- one layer
+    def layer(self, i: int, T: int, pos: int) -> None:
+        self.T = T
+        keep, p = self.ws["keep"], f"blk.{i}."
+        start = self.tl.begin(self.s)
+        self.norm(p + "attn_norm.weight", keep["x"], keep["xn"])
+        if self.cfg.is_full_attention(i):
+            self.full(p, self.slot_of[i], pos)
+        else:
+            self.linear(p, self.slot_of[i])
+        self.norm(p + "post_attention_norm.weight", keep["x"], keep["xn"])
+        self.moe(i, p, start)
+
+    def linear(self, p: str, n: int) -> None:
+        cfg, k, s, T, L = self.cfg, self.k, self.s, self.T, self.ws["linear"]
+        H, C, nk, nv, dk, dv = (cfg.hidden_size, cfg.conv_channels, cfg.n_k_heads, cfg.n_v_heads,
+                                cfg.head_k_dim, cfg.head_v_dim)
+        xn = self.ws["keep"]["xn"]
+        self.dense(p + "attn_qkv.weight", xn, H, L["qkv"], C)
+        self.dense(p + "attn_gate.weight", xn, H, L["z"], nv * dv)
+        self.dense(p + "ssm_beta.weight", xn, H, L["beta"], nv)
+        self.dense(p + "ssm_alpha.weight", xn, H, L["alpha"], nv)
+        k.conv1d(s, L["qkv"], self.state.conv[n], self.w[p + "ssm_conv1d.weight"].ptr, L["conv"],
+                 T, C, cfg.conv_kernel)
+        k.l2_norm(s, L["conv"], C, T * nk, nk, dk, L2_EPS, float(1.0 / np.sqrt(dk)))
+        k.l2_norm(s, L["conv"] + nk * dk * F32, C, T * nk, nk, dk, L2_EPS, 1.0)
+        k.gdn_gates(s, L["alpha"], L["beta"], self.w[p + "ssm_a"].ptr, self.w[p + "ssm_dt.bias"].ptr, T, nv)
+        k.gdn_chunked(s, L["conv"], L["alpha"], L["beta"],
+                      (T, C, nk, nv, dk, dv, int(cfg.v_head_layout == "tiled")),
+                      L["gcum"], L["aqk"], L["u"], L["wk"], self.state.ssm[n], L["o"])
+        k.rms_norm_gated(s, L["o"], L["z"], L["o"], self.w[p + "ssm_norm.weight"].ptr, T * nv, dv, cfg.rms_eps)
+        self.dense(p + "ssm_out.weight", L["o"], nv * dv, self.ws["keep"]["x"], H, accumulate=True)
+
+    def full(self, p: str, n: int, pos: int) -> None:
+        cfg, k, s, T, A = self.cfg, self.k, self.s, self.T, self.ws["full"]
+        H, nh, nkv, hd = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        xn, row = self.ws["keep"]["xn"], nkv * hd
+        kc, vc = self.state.k[n], self.state.v[n]
+        knew, vnew = kc + pos * row * F32, vc + pos * row * F32
+        self.dense(p + "attn_q.weight", xn, H, A["q2"], nh * 2 * hd)
+        self.dense(p + "attn_k.weight", xn, H, A["kraw"], row)
+        self.dense(p + "attn_v.weight", xn, H, vnew, row)
+        k.rms_norm(s, A["q2"], nh * 2 * hd, 2 * hd, A["q"], nh * hd, hd,
+                   self.w[p + "attn_q_norm.weight"].ptr, T * nh, nh, hd, cfg.rms_eps)
+        k.rms_norm(s, A["kraw"], row, hd, knew, row, hd,
+                   self.w[p + "attn_k_norm.weight"].ptr, T * nkv, nkv, hd, cfg.rms_eps)
+        cs = self.ws["keep"]["rope"]
+        k.rope(s, A["q"], nh * hd, nh, hd, cfg.rope_dim, cs, T)
+        k.rope(s, knew, row, nkv, hd, cfg.rope_dim, cs, T)
+        k.attention(s, A["q"], kc, vc, A["q2"] + hd * F32, nh * 2 * hd, 2 * hd, A["att"], T, pos, nh, nkv, hd)
+        self.dense(p + "attn_output.weight", A["att"], nh * hd, self.ws["keep"]["x"], H, accumulate=True)
+
+    # ---------------------------------------------------------------- MoE
+    def moe(self, i: int, p: str, start) -> None:
+        cfg, k, s, T, M = self.cfg, self.k, self.s, self.T, self.ws["moe"]
+        H, E, top, F = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn
+        xn, x = self.ws["keep"]["xn"], self.ws["keep"]["x"]
+        self.dense(p + "ffn_gate_inp.weight", xn, H, M["logits"], E)
+        k.moe_route(s, M["logits"], M["ids"], M["w"], T, E, top)
+        self.cuda.memset_d32_async(M["counts"], 0, E, s)
+        k.moe_count(s, M["ids"], M["counts"], T * top)
+        self.cuda.memcpy_dtoh_async(self.counts_h, M["counts"], s)
+        self.tl.end(s, start)
+        s.synchronize()
+
+        # host: group rows by expert, tile them, place the streamed chunks
+        counts = self.counts_h[:E].astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        used = np.nonzero(counts)[0]
+        P = self.st.plan.pinned_experts
+        chunks = self.st.chunks(i, used[used >= P])
+        places = self.st.place(i, chunks)
+        ntile = -(-counts // 64)
+        tile_start = np.concatenate([[0], np.cumsum(ntile)])
+        n_tiles = int(tile_start[-1])
+        expert_of = np.repeat(np.arange(E), ntile)
+        local = np.arange(n_tiles) - tile_start[expert_of]
+        row0 = offsets[expert_of] + local * 64
+        tiles = np.stack([expert_of, row0, np.minimum(64, counts[expert_of] - local * 64),
+                          np.zeros_like(row0)], axis=1).astype(np.int32)
+        woff = np.zeros((3, E), np.int64)
+        for j, t in enumerate(EXPERT_TENSORS):
+            eb = self.st.ebytes[(i, t)]
+            if P:
+                woff[j, :P] = self.w.experts[(i, t)].ptr + np.arange(P) * eb
+            for experts, where in zip(chunks, places):
+                woff[j, experts] = where.addr[t] + np.arange(len(experts)) * eb
+        up = self.upload_h
+        n_t = tiles.size
+        up[:n_t] = tiles.reshape(-1)
+        up[n_t:n_t + E] = offsets
+        up[n_t + E:n_t + E + 6 * E] = woff.reshape(-1).view(np.int32)
+
+        # copies for the first ring's worth of chunks go out before any compute is queued
+        ready = {}
+        for c in range(min(len(chunks), self.st.regions)):
+            ready[c] = self.st.issue(i, chunks[c], places[c])
+
+        start = self.tl.begin(s)
+        self.cuda.memcpy_htod_async(M["tiles"], up[:n_t], s)
+        self.cuda.memcpy_htod_async(M["cursor"], up[n_t:n_t + E], s)
+        self.cuda.memcpy_htod_async(M["woff"], up[n_t + E:n_t + 7 * E], s)
+        k.moe_scatter(s, M["ids"], M["cursor"], M["tok"], M["pos"], T * top, top)
+        shared = self.shared_expert(p)
+        resident = used[used < P]
+        if len(resident):
+            self.expert_gemms(i, int(resident[0]), int(resident[-1]), counts, offsets, tile_start)
+        self.tl.end(s, start)
+
+        for c, (experts, where) in enumerate(zip(chunks, places)):
+            if c not in ready:
+                ready[c] = self.st.issue(i, experts, where)
+            s.wait_for_event(ready[c])
+            start = self.tl.begin(s)
+            self.expert_gemms(i, int(experts[0]), int(experts[-1]), counts, offsets, tile_start)
+            self.tl.end(s, start)
+            self.st.release(where.region, s)
+
+        start = self.tl.begin(s)
+        sg = M["sg"] if shared and p + "ffn_gate_inp_shexp.weight" in self.w else 0
+        k.moe_combine(s, x, M["down"], M["pos"], M["w"], M["shd"] if shared else 0, sg, T, H, top)
+        self.tl.end(s, start)
+
+    def expert_gemms(self, i: int, first: int, last: int, counts, offsets, tile_start) -> None:
+        """gate, up, SiLU * up and down for the rows of experts first..last (one group)."""
+        cfg, k, s, M = self.cfg, self.k, self.s, self.ws["moe"]
+        H, E, F = cfg.hidden_size, cfg.n_experts, cfg.expert_ffn
+        r0, r1 = int(offsets[first]), int(offsets[last] + counts[last])
+        t0, t1 = int(tile_start[first]), int(tile_start[last + 1])
+        tiles = M["tiles"] + t0 * 16
+        for j, (t, out) in enumerate((("ffn_gate_exps", "g"), ("ffn_up_exps", "u"))):
+            w = self.eq[(i, t)]
+            k.gemm(s, w.qtype, x=self.ws["keep"]["xn"], ldx=H, xrows=M["tok"], y=M[out], ldy=F, w=0,
+                   woff=M["woff"] + j * E * 8, row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0,
+                   N=F, K=H)
+        k.silu_mul(s, M["g"] + r0 * F * F32, M["u"] + r0 * F * F32, M["g"] + r0 * F * F32, (r1 - r0) * F)
+        w = self.eq[(i, "ffn_down_exps")]
+        k.gemm(s, w.qtype, x=M["g"], ldx=F, y=M["down"], ldy=H, w=0, woff=M["woff"] + 2 * E * 8,
+               row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0, N=H, K=F)
+
+    def shared_expert(self, p: str) -> bool:
+        if p + "ffn_up_shexp.weight" not in self.w:
+            return False
+        M, Fs, H = self.ws["moe"], self.cfg.shared_ffn, self.cfg.hidden_size
+        xn = self.ws["keep"]["xn"]
+        self.dense(p + "ffn_gate_shexp.weight", xn, H, M["shg"], Fs)
+        self.dense(p + "ffn_up_shexp.weight", xn, H, M["shu"], Fs)
+        self.k.silu_mul(self.s, M["shg"], M["shu"], M["shg"], self.T * Fs)
+        self.dense(p + "ffn_down_shexp.weight", M["shg"], Fs, M["shd"], H)
+        if p + "ffn_gate_inp_shexp.weight" in self.w:
+            self.dense(p + "ffn_gate_inp_shexp.weight", xn, H, M["sg"], 1)
+        return True
