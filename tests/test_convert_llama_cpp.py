@@ -51,17 +51,30 @@ def llama_cpp_convert(src: Path, out: Path, kind: str, out_type: str) -> None:
 
 
 def _fields(model: GGUFModel) -> dict:
-    return {k: model.get(k) for k in model.keys()
+    return {k: model.get(k) for k in model.reader.fields
             if not k.startswith("GGUF.") and k not in FREE_TEXT_KEYS}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(kind, out_type) -> (llama.cpp's file, ours), each converted once per module."""
+    made: dict[tuple[str, str], tuple[GGUFModel, GGUFModel]] = {}
+
+    def get(kind: str, out_type: str) -> tuple[GGUFModel, GGUFModel]:
+        if (kind, out_type) not in made:
+            root = tmp_path_factory.mktemp(f"{kind}-{out_type}")
+            build_checkpoint(kind, root / "hf")
+            llama_cpp_convert(root / "hf", root / "theirs.gguf", kind, out_type)
+            convert(root / "hf", root / "ours.gguf", out_type, progress=False)
+            made[kind, out_type] = GGUFModel(root / "theirs.gguf"), GGUFModel(root / "ours.gguf")
+        return made[kind, out_type]
+    return get
 
 
 @pytest.mark.parametrize("kind", list(PRE))
 @pytest.mark.parametrize("out_type", ["f32", "bf16", "q8_0"])
-def test_same_file_as_llama_cpp(tmp_path, kind, out_type):
-    build_checkpoint(kind, tmp_path / "hf")
-    llama_cpp_convert(tmp_path / "hf", tmp_path / "theirs.gguf", kind, out_type)
-    convert(tmp_path / "hf", tmp_path / "ours.gguf", out_type, progress=False)
-    theirs, ours = GGUFModel(tmp_path / "theirs.gguf"), GGUFModel(tmp_path / "ours.gguf")
+def test_same_file_as_llama_cpp(pair, kind, out_type):
+    theirs, ours = pair(kind, out_type)
     assert _fields(ours) == _fields(theirs)
     assert set(ours.tensors) == set(theirs.tensors)
     for name, t in theirs.tensors.items():
@@ -74,15 +87,12 @@ def test_same_file_as_llama_cpp(tmp_path, kind, out_type):
 
 
 @pytest.mark.parametrize("kind", list(PRE))
-def test_llama_cpp_file_gives_the_same_logits(tmp_path, kind):
+def test_llama_cpp_file_gives_the_same_logits(pair, kind):
     from common.engine.reference import ReferenceEngine
-    build_checkpoint(kind, tmp_path / "hf")
-    llama_cpp_convert(tmp_path / "hf", tmp_path / "theirs.gguf", kind, "f32")
-    convert(tmp_path / "hf", tmp_path / "ours.gguf", "f32", progress=False)
     tokens = list(range(5, 45))
     logits = []
-    for path in (tmp_path / "theirs.gguf", tmp_path / "ours.gguf"):
-        engine = ReferenceEngine(GGUFModel(path))
+    for model in pair(kind, "f32"):
+        engine = ReferenceEngine(model)
         logits.append(engine.prefill(tokens, engine.new_state(), all_logits=True))
     scale = np.abs(logits[1]).max()
     np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=LOGIT_RTOL * scale)
