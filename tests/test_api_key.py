@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 from services.router.auth import api_key_middleware
 
 KEY = "sk-fermium-test-0123456789"
+ROUTER_START_S = 60     # one Python process loading a tiny model on a shared 2-core machine
 
 
 def _app(api_key: str | None) -> Starlette:
@@ -82,3 +83,41 @@ def test_openai_client_sees_an_authentication_error():
         with pytest.raises(openai.AuthenticationError, match="Incorrect API key"):
             models("wrong")
         assert [m.id for m in models(KEY)] == ["tiny"]
+
+
+def test_router_process_enforces_the_key(tmp_path):
+    """`fermium router` with FERMIUM_API_KEY (the systemd env file's way), no workers needed."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from fermium.stack import free_port
+    from tests.stack_helpers import write_tiny_gguf
+
+    port = free_port()
+    env = {**os.environ, "FERMIUM_API_KEY": KEY}
+    proc = subprocess.Popen([sys.executable, "-m", "fermium", "router", "--model", str(write_tiny_gguf(tmp_path / "m.gguf")),
+                             "--port", str(port), "--workers", f"tcp://127.0.0.1:{free_port()}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ROUTER_START_S
+        while True:
+            assert proc.poll() is None, "the router exited"
+            try:
+                health = httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "the router did not start"
+                time.sleep(0.2)
+        assert health.status_code in (200, 503), health.text      # 503: no workers; no key asked either way
+        r = httpx.get(f"{url}/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        ok = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200 and ok.json()["data"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
