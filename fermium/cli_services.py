@@ -73,8 +73,11 @@ def router_command(
     from services.router.server import serve
     _logging(log_level)
     _security(curve_dir, insecure)
-    serve(RouterConfig(_model(model), host, port, workers, served_model_name, max_model_len, max_running,
-                       max_queue, heartbeat_timeout, metrics_port, log_level, api_key))
+    serve(RouterConfig(model=_model(model), host=host, port=port, workers=workers,
+                       served_model_name=served_model_name, max_model_len=max_model_len,
+                       max_running=max_running, max_queue=max_queue, heartbeat_timeout=heartbeat_timeout,
+                       request_timeout=request_timeout, metrics_port=metrics_port, log_level=log_level,
+                       api_key=api_key))
 
 
 def prefill_command(
@@ -98,8 +101,9 @@ def prefill_command(
     _security(curve_dir, insecure)
     options = {"device": device, **({"vram_budget": int(vram_budget * 2**30)} if vram_budget else {})} \
         if backend == "cuda" else {}
-    _run_worker(PrefillServer(PrefillConfig(_model(model), router, listen, advertise, backend, options,
-                                            metrics_port, ready_timeout)))
+    _run_worker(PrefillServer(PrefillConfig(
+        model=_model(model), router=router, listen=listen, advertise=advertise, backend=backend,
+        backend_options=options, metrics_port=metrics_port, ready_timeout=ready_timeout)))
 
 
 def decode_command(
@@ -121,8 +125,9 @@ def decode_command(
     from services.decode.server import DecodeServer
     _logging(log_level)
     _security(curve_dir, insecure)
-    _run_worker(DecodeServer(DecodeConfig(_model(model), router, listen, advertise, engine, max_batch,
-                                          capacity, metrics_port, ready_timeout)))
+    _run_worker(DecodeServer(DecodeConfig(
+        model=_model(model), router=router, listen=listen, advertise=advertise, engine=engine,
+        max_batch=max_batch, capacity=capacity, metrics_port=metrics_port, ready_timeout=ready_timeout)))
 
 
 def up_command(

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from common.metrics import RouterMetrics
 from services.router.admission import Admission
 from services.router.api import API
-from services.router.dispatch import Dispatcher
+from services.router.dispatch import Dispatcher, Track
 from services.router.generation import Generation
 from services.router.local import LocalDispatcher
 
@@ -70,9 +70,9 @@ class CountingEngine:
         return np.stack([self._logits(t) for t in tokens])
 
 
-def make_app(dispatcher, max_running: int = 4, max_queue: int = 4) -> Starlette:
+def make_app(dispatcher, max_running: int = 4, max_queue: int = 4, request_timeout: float = 30.0) -> Starlette:
     tok = ByteTokenizer()
-    gen = Generation(tok, dispatcher, Admission(max_running, max_queue), RouterMetrics())
+    gen = Generation(tok, dispatcher, Admission(max_running, max_queue), RouterMetrics(), request_timeout)
     api = API(gen, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
               render=lambda msgs, kw: "".join(f"{m['role']}:{m['content']}\n" for m in msgs),
               health=lambda: {"prefill_workers": 1, "decode_workers": 1})
@@ -162,6 +162,22 @@ def test_no_workers_is_503():
         r = c.post("/v1/completions", json=completion())
     assert_error(r, 503, "no prefill worker is connected")
     assert "retry-after" in r.headers
+
+
+class SilentDispatcher(LocalDispatcher):
+    """Accepts requests and never answers: a lost message somewhere between the workers."""
+
+    def submit(self, job, stop_ids):
+        track = Track("silent", job.prompt_ids, "p", "d")
+        self.tracks[track.rid] = track
+        return track
+
+
+def test_a_request_nobody_answers_ends_with_an_error():
+    with TestClient(make_app(SilentDispatcher(CountingEngine()), request_timeout=0.3)) as c:
+        r = c.post("/v1/completions", json=completion())
+        assert_error(r, 500, "no reply from the workers")
+        assert c.get("/health").json()["status"] == "ok"
 
 
 # ---- good requests

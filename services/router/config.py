@@ -15,6 +15,7 @@ class RouterConfig:
     max_running: int = 64                       # requests dispatched to workers at once
     max_queue: int = 256                        # requests waiting for a slot; beyond that, 429
     heartbeat_timeout: float = 2.5              # seconds of silence before a worker is dead
+    request_timeout: float = 600.0              # seconds a request may wait for its next event
     metrics_port: int = 0
     log_level: str = "info"
     api_key: str | None = None                  # Bearer key required on /v1/* when set

@@ -5,6 +5,7 @@ stop strings, metrics, and cancellation when the client goes away or a stop stri
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -53,8 +54,10 @@ class StopMatcher:
 
 
 class Generation:
-    def __init__(self, tokenizer, dispatcher: Dispatcher, admission: Admission, metrics: RouterMetrics):
+    def __init__(self, tokenizer, dispatcher: Dispatcher, admission: Admission, metrics: RouterMetrics,
+                 request_timeout: float = 600.0):
         self.tokenizer = tokenizer
+        self.request_timeout = request_timeout
         self.dispatcher = dispatcher
         self.admission = admission
         self.metrics = metrics
@@ -93,7 +96,11 @@ class Generation:
         n = 0
         try:
             while True:
-                msg = await track.events.get()
+                try:
+                    msg = await asyncio.wait_for(track.events.get(), self.request_timeout)
+                except asyncio.TimeoutError:
+                    outcome = "error"
+                    raise GenerationError(f"no reply from the workers for {self.request_timeout:.0f} s") from None
                 if isinstance(msg, PrefillDone):
                     continue
                 if isinstance(msg, Failed):

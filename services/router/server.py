@@ -30,7 +30,8 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
     context = min(cfg.max_model_len or model.config.context_length, model.config.context_length)
     metrics = RouterMetrics()
     dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache)
-    generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics)
+    generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics,
+                            cfg.request_timeout)
 
     def render(messages: list[dict], kwargs: dict) -> str:
         extra = dict(kwargs)
