@@ -21,3 +21,6 @@ from fermium.cli_deploy import deploy_app, keys_app  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(deploy_app, name="deploy")
+from fermium.cli_bench import bench_app  # noqa: E402
+
+app.add_typer(bench_app, name="bench")

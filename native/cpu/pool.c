@@ -1,13 +1,18 @@
-/* A persistent thread pool: workers spin briefly on a generation counter, then sleep on a
- * condition variable. The calling thread takes part as thread 0. Tasks are claimed one at a
- * time from an atomic counter, so a slow core does less of the work. */
+/* A persistent thread pool. A job is published by bumping the generation in the high half of
+ * one 64-bit counter whose low half is the next task index; a thread claims a task by CAS on
+ * that counter, so a thread that wakes late can never take a task of a newer job. The caller
+ * takes part as thread 0 and returns once every task has run, without waiting for threads
+ * that never woke: under CPU contention the work simply lands on whoever is running.
+ * Idle workers spin briefly, then sleep on a condition variable. */
 #include <immintrin.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include "internal.h"
 
-#define SPIN_ROUNDS 20000   // ~0.3 ms of `pause` before a worker sleeps
+#define WORKER_SPINS 4000   // ~0.1 ms of `pause` before an idle worker sleeps
+#define CALLER_SPINS 2000   // then the waiting caller yields its core between checks
 
 struct fm_pool {
     int n_threads;
@@ -15,18 +20,33 @@ struct fm_pool {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     atomic_int sleeping;
-    atomic_uint generation;
-    atomic_int next_task, finished;
     atomic_bool stop;
-    fm_task_fn fn;
-    void *ctx;
-    int n_tasks;
+    _Atomic uint64_t counter;          // (generation << 32) | next task
+    atomic_int done;                   // tasks of the current job finished
+    _Atomic(fm_task_fn) fn;
+    _Atomic(void *) ctx;
+    atomic_int n_tasks;
 };
 
 typedef struct { fm_pool *pool; int index; } worker_arg;
 
-static void drain(fm_pool *p, int thread) {
-    for (int t; (t = atomic_fetch_add(&p->next_task, 1)) < p->n_tasks;) p->fn(p->ctx, t, thread);
+static inline uint32_t generation(fm_pool *p) { return (uint32_t)(atomic_load(&p->counter) >> 32); }
+
+static void drain(fm_pool *p, uint32_t gen, int thread) {
+    for (;;) {
+        uint64_t v = atomic_load(&p->counter);
+        if ((uint32_t)(v >> 32) != gen) return;
+        fm_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        const int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+        const uint32_t task = (uint32_t)v;
+        if (task >= (uint32_t)n) return;
+        // success proves the job was unchanged while fn, ctx and n were read
+        if (atomic_compare_exchange_weak(&p->counter, &v, v + 1)) {
+            fn(ctx, (int)task, thread);
+            atomic_fetch_add(&p->done, 1);
+        }
+    }
 }
 
 static void *worker_main(void *arg) {
@@ -34,27 +54,25 @@ static void *worker_main(void *arg) {
     fm_pool *p = wa->pool;
     const int index = wa->index;
     free(wa);
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        unsigned gen;
+        uint32_t gen;
         int spins = 0;
-        while ((gen = atomic_load(&p->generation)) == seen && !atomic_load(&p->stop)) {
-            if (++spins < SPIN_ROUNDS) {
+        while ((gen = generation(p)) == seen && !atomic_load(&p->stop)) {
+            if (++spins < WORKER_SPINS) {
                 _mm_pause();
                 continue;
             }
             pthread_mutex_lock(&p->lock);
             atomic_fetch_add(&p->sleeping, 1);
-            while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
-                pthread_cond_wait(&p->wake, &p->lock);
+            while (generation(p) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->lock);
             atomic_fetch_sub(&p->sleeping, 1);
             pthread_mutex_unlock(&p->lock);
             spins = 0;
         }
         if (atomic_load(&p->stop)) return NULL;
         seen = gen;
-        drain(p, index);
-        atomic_fetch_add(&p->finished, 1);
+        drain(p, gen, index);
     }
 }
 
@@ -94,17 +112,20 @@ void fm_pool_run(fm_pool *p, fm_task_fn fn, void *ctx, int n_tasks) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store(&p->next_task, 0);
-    atomic_store(&p->finished, 0);
-    atomic_fetch_add(&p->generation, 1);
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
+    atomic_store(&p->done, 0);
+    const uint32_t gen = generation(p) + 1;
+    atomic_store(&p->counter, (uint64_t)gen << 32);
     if (atomic_load(&p->sleeping) > 0) {
         pthread_mutex_lock(&p->lock);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->lock);
     }
-    drain(p, 0);
-    while (atomic_load(&p->finished) < p->n_threads - 1) _mm_pause();
+    drain(p, gen, 0);
+    for (int spins = 0; atomic_load(&p->done) < n_tasks; spins++) {
+        if (spins < CALLER_SPINS) _mm_pause();
+        else sched_yield();
+    }
 }

@@ -6,6 +6,7 @@ choice is process-wide (see native.cpu_lib); `isa=` switches it.
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ class NativeEngine:
             raise MemoryError("could not allocate the native engine's scratch buffers")
         self._engine = ffi.gc(engine, lib.fm_engine_free)
         self.last_bytes = 0.0           # weight bytes read by the last decode step
+        self.last_seconds = (0.0, 0.0)  # last decode step: (whole call, the C step inside it)
 
     # ---- model description
     def _weight(self, name: str, optional: bool = False):
@@ -145,6 +147,7 @@ class NativeEngine:
     # ---- engine contract
     def decode(self, tokens: Sequence[int], states: list[SequenceState]) -> np.ndarray:
         """One token per sequence; advances each state in place. Returns logits (B, vocab)."""
+        t0 = time.perf_counter()
         n = len(tokens)
         if n != len(states) or n == 0:
             raise ValueError(f"decode needs one token per state, got {n} tokens for {len(states)} states")
@@ -156,13 +159,16 @@ class NativeEngine:
         bufs = [self._seq(s, seqs[b], keep) for b, s in enumerate(states)]
         tok = ffi.new("int[]", [int(t) for t in ids])
         logits = np.empty((n, self.cfg.vocab_size), np.float32)
+        t1 = time.perf_counter()
         if lib.fm_decode(self._engine, n, tok, seqs, ffi.cast("float *", logits.ctypes.data)) != 0:
             raise MemoryError("native decode ran out of scratch memory")
+        t2 = time.perf_counter()
         self.last_bytes = lib.fm_engine_bytes(self._engine)
         for s, (kbufs, vbufs) in zip(states, bufs):
             s.pos += 1
             s.k = [buf[:s.pos] for buf in kbufs]
             s.v = [buf[:s.pos] for buf in vbufs]
+        self.last_seconds = (time.perf_counter() - t0, t2 - t1)
         return logits
 
     def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = 64,

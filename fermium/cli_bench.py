@@ -1,0 +1,91 @@
+"""`fermium bench decode`: native decode speed against this machine's memory bandwidth.
+
+The bandwidth (a streaming sum over a large buffer with the same threads) and the decode are
+measured back to back in one process, a few rounds over, so both see the same machine load.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+bench_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks.")
+
+
+def _round(engine, states, tokens: int) -> dict:
+    """`tokens` decode steps of the whole batch; bytes and Python share from the engine."""
+    batch = len(states)
+    total = c_time = 0.0
+    t0 = time.perf_counter()
+    for step in range(tokens):
+        engine.decode([(step * 7919 + b * 104729) % engine.cfg.vocab_size for b in range(batch)], states)
+        total += engine.last_seconds[0]
+        c_time += engine.last_seconds[1]
+    wall = time.perf_counter() - t0
+    return {"seconds": wall, "steps": tokens, "step_bytes": engine.last_bytes,
+            "python_share": (total - c_time) / total}
+
+
+@bench_app.command("decode")
+def decode_command(
+    model: Path = typer.Option(..., exists=True, dir_okay=False, help="GGUF model file."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Threads (default: one per physical core)."),
+    batch: int = typer.Option(1, min=1, help="Sequences decoded together."),
+    isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2 or avx512 (default: the best)."),
+    tokens: int = typer.Option(16, min=1, help="Decode steps per round."),
+    rounds: int = typer.Option(3, min=1, help="Rounds of (bandwidth, decode), measured back to back."),
+    context: int = typer.Option(16, min=0, help="Tokens of context each sequence holds before timing."),
+    bw_mib: int = typer.Option(1024, min=64, help="Buffer for the bandwidth measurement, MiB."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """Decode tok/s, weight GB read per token, effective GB/s and its share of measured bandwidth."""
+    from common.model.gguf_file import GGUFModel
+    from native import cpu_lib
+    from services.decode.native_engine import NativeEngine
+
+    command = "fermium " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        engine = NativeEngine(GGUFModel(model), threads=threads, isa=isa)
+    except cpu_lib.IsaError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--isa") from exc
+    states = [engine.new_state() for _ in range(batch)]
+    for step in range(max(context, 2)):        # also warms the page cache and the pool
+        engine.decode([(step * 31 + b) % engine.cfg.vocab_size for b in range(batch)], states)
+    results = []
+    for _ in range(rounds):
+        bw = cpu_lib.membw(engine.pool, bw_mib << 20, reps=2)
+        r = _round(engine, states, tokens)
+        step_s = r["seconds"] / r["steps"]
+        results.append({
+            "membw_gbs": bw / 1e9,
+            "tok_s": batch / step_s,
+            "step_ms": step_s * 1e3,
+            "weights_gb_per_step": r["step_bytes"] / 1e9,
+            "effective_gbs": r["step_bytes"] / step_s / 1e9,
+            "bw_ratio": r["step_bytes"] / step_s / bw,
+            "python_share": r["python_share"],
+        })
+    best = max(results, key=lambda x: x["bw_ratio"])
+    report = {
+        "command": command, "model": str(model), "isa": engine.isa, "threads": engine.threads, "batch": batch,
+        "rounds": results, "best": best,
+        "median_bw_ratio": statistics.median(x["bw_ratio"] for x in results),
+        "median_tok_s": statistics.median(x["tok_s"] for x in results),
+    }
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    typer.echo(f"$ {command}")
+    typer.echo(f"model {model.name}  isa {engine.isa}  threads {engine.threads}  batch {batch}")
+    for i, x in enumerate(results):
+        typer.echo(f"round {i}: {x['tok_s']:7.2f} tok/s  {x['weights_gb_per_step']:.3f} GB/step  "
+                   f"{x['effective_gbs']:6.2f} GB/s of {x['membw_gbs']:6.2f} GB/s measured = "
+                   f"{100 * x['bw_ratio']:5.1f}%  (Python {100 * x['python_share']:.1f}% of the step)")
+    typer.echo(f"median: {report['median_tok_s']:.2f} tok/s, {100 * report['median_bw_ratio']:.1f}% of bandwidth; "
+               f"best {100 * best['bw_ratio']:.1f}%")
