@@ -6,12 +6,30 @@ from __future__ import annotations
 import logging
 import signal
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
 ROUTER_WORKERS = "tcp://127.0.0.1:5560"
 DEMO_QUESTION = "Who art thou, and what dost thou seek?"
+
+
+def _opt(env: str, help: str, **kw) -> typer.models.OptionInfo:
+    return typer.Option(envvar=f"FERMIUM_{env}", help=help, **kw)
+
+
+# options shared by several commands
+Model = Annotated[Optional[Path], _opt("MODEL", "GGUF model file; default: the bundled demo model.")]
+MetricsPort = Annotated[int, _opt("METRICS_PORT", "Prometheus /metrics port; 0 is off.")]
+LogLevel = Annotated[str, _opt("LOG_LEVEL", "debug, info, warning or error.")]
+CurveDir = Annotated[Optional[Path], _opt("CURVE_DIR", "CURVE key directory (`fermium keys create`): "
+                                                      "ZeroMQ encrypted, clients allow-listed.")]
+Insecure = Annotated[bool, _opt("INSECURE", "Allow plaintext ZeroMQ on non-loopback addresses.")]
+Router = Annotated[str, _opt("ROUTER", "The router's worker address.")]
+Listen = Annotated[str, _opt("LISTEN", "This worker's inbox (bind); :0 picks a free port.")]
+Advertise = Annotated[Optional[str], _opt("ADVERTISE", "Inbox address as other hosts reach it.")]
+ReadyTimeout = Annotated[float, _opt("READY_TIMEOUT", "Seconds to wait for the router's handshake.")]
+Port = Annotated[int, _opt("PORT", "HTTP port of the router.")]
 
 
 def _model(path: Optional[Path]) -> str:
@@ -53,20 +71,19 @@ def _run_worker(server) -> None:
 
 
 def router_command(
-    model: Optional[Path] = typer.Option(None, envvar="FERMIUM_MODEL", help="GGUF model (tokenizer, template, context length); default: the bundled demo model."),
-    host: str = typer.Option("127.0.0.1", envvar="FERMIUM_HOST", help="HTTP address to listen on."),
-    port: int = typer.Option(8000, envvar="FERMIUM_PORT", help="HTTP port."),
-    workers: str = typer.Option(ROUTER_WORKERS, envvar="FERMIUM_WORKERS", help="ZeroMQ address workers register at (bind)."),
-    served_model_name: str = typer.Option("fermium", envvar="FERMIUM_SERVED_MODEL_NAME", help="The `model` clients ask for."),
-    max_model_len: int = typer.Option(0, envvar="FERMIUM_MAX_MODEL_LEN", help="Context limit; 0 is the model's."),
-    max_running: int = typer.Option(64, envvar="FERMIUM_MAX_RUNNING", help="Requests at the workers at once."),
-    max_queue: int = typer.Option(256, envvar="FERMIUM_MAX_QUEUE", help="Requests waiting; beyond, 429."),
-    heartbeat_timeout: float = typer.Option(2.5, envvar="FERMIUM_HEARTBEAT_TIMEOUT", help="Seconds before a silent worker is dead."),
-    metrics_port: int = typer.Option(0, envvar="FERMIUM_METRICS_PORT", help="Prometheus /metrics port; 0 is off."),
-    log_level: str = typer.Option("info", envvar="FERMIUM_LOG_LEVEL"),
-    curve_dir: Optional[Path] = typer.Option(None, envvar="FERMIUM_CURVE_DIR", help="CURVE key directory (`fermium keys create`): ZeroMQ encrypted, clients allow-listed."),
-    insecure: bool = typer.Option(False, envvar="FERMIUM_INSECURE", help="Allow plaintext ZeroMQ on non-loopback addresses."),
-    api_key: Optional[str] = typer.Option(None, envvar="FERMIUM_API_KEY", help="Require `Authorization: Bearer KEY` on /v1/*."),
+    model: Model = None,
+    host: Annotated[str, _opt("HOST", "HTTP address to listen on.")] = "127.0.0.1",
+    port: Port = 8000,
+    workers: Annotated[str, _opt("WORKERS", "ZeroMQ address workers register at (bind).")] = ROUTER_WORKERS,
+    served_model_name: Annotated[str, _opt("SERVED_MODEL_NAME", "The `model` clients ask for.")] = "fermium",
+    max_model_len: Annotated[int, _opt("MAX_MODEL_LEN", "Context limit; 0 is the model's.")] = 0,
+    max_running: Annotated[int, _opt("MAX_RUNNING", "Requests at the workers at once.")] = 64,
+    max_queue: Annotated[int, _opt("MAX_QUEUE", "Requests waiting for a slot; beyond, 429.")] = 256,
+    heartbeat_timeout: Annotated[float, _opt("HEARTBEAT_TIMEOUT", "Seconds before a silent worker is dead.")] = 2.5,
+    request_timeout: Annotated[float, _opt("REQUEST_TIMEOUT", "Seconds a request may wait for its next token.")] = 600.0,
+    api_key: Annotated[Optional[str], _opt("API_KEY", "Require `Authorization: Bearer KEY` on /v1/*.")] = None,
+    metrics_port: MetricsPort = 0, log_level: LogLevel = "info",
+    curve_dir: CurveDir = None, insecure: Insecure = False,
 ):
     """The router: OpenAI-compatible HTTP API, admission, dispatch to workers."""
     from services.router.config import RouterConfig
@@ -81,18 +98,13 @@ def router_command(
 
 
 def prefill_command(
-    model: Optional[Path] = typer.Option(None, envvar="FERMIUM_MODEL", help="GGUF model; default: the bundled demo model."),
-    router: str = typer.Option(ROUTER_WORKERS, envvar="FERMIUM_ROUTER", help="The router's worker address."),
-    listen: str = typer.Option("tcp://127.0.0.1:0", envvar="FERMIUM_LISTEN", help="This worker's inbox (bind); :0 picks a port."),
-    advertise: Optional[str] = typer.Option(None, envvar="FERMIUM_ADVERTISE", help="Inbox address as other hosts reach it."),
-    backend: str = typer.Option("cpu", envvar="FERMIUM_BACKEND", help="Prefill backend: cpu, cuda."),
-    device: int = typer.Option(0, envvar="FERMIUM_DEVICE", help="GPU index (cuda backend)."),
-    vram_budget: Optional[float] = typer.Option(None, envvar="FERMIUM_VRAM_BUDGET", help="GiB of GPU memory to use (cuda backend)."),
-    metrics_port: int = typer.Option(0, envvar="FERMIUM_METRICS_PORT", help="Prometheus /metrics port; 0 is off."),
-    ready_timeout: float = typer.Option(30.0, envvar="FERMIUM_READY_TIMEOUT", help="Seconds to wait for the router."),
-    log_level: str = typer.Option("info", envvar="FERMIUM_LOG_LEVEL"),
-    curve_dir: Optional[Path] = typer.Option(None, envvar="FERMIUM_CURVE_DIR", help="CURVE key directory (`fermium keys create`): ZeroMQ encrypted, clients allow-listed."),
-    insecure: bool = typer.Option(False, envvar="FERMIUM_INSECURE", help="Allow plaintext ZeroMQ on non-loopback addresses."),
+    model: Model = None, router: Router = ROUTER_WORKERS, listen: Listen = "tcp://127.0.0.1:0",
+    advertise: Advertise = None,
+    backend: Annotated[str, _opt("BACKEND", "Prefill backend: cpu, cuda.")] = "cpu",
+    device: Annotated[int, _opt("DEVICE", "GPU index (cuda backend).")] = 0,
+    vram_budget: Annotated[Optional[float], _opt("VRAM_BUDGET", "GiB of GPU memory to use (cuda backend).")] = None,
+    ready_timeout: ReadyTimeout = 30.0, metrics_port: MetricsPort = 0, log_level: LogLevel = "info",
+    curve_dir: CurveDir = None, insecure: Insecure = False,
 ):
     """A prefill worker: runs prompts and ships the state to a decode worker."""
     from services.prefill.config import PrefillConfig
@@ -107,18 +119,13 @@ def prefill_command(
 
 
 def decode_command(
-    model: Optional[Path] = typer.Option(None, envvar="FERMIUM_MODEL", help="GGUF model; default: the bundled demo model."),
-    router: str = typer.Option(ROUTER_WORKERS, envvar="FERMIUM_ROUTER", help="The router's worker address."),
-    listen: str = typer.Option("tcp://127.0.0.1:0", envvar="FERMIUM_LISTEN", help="This worker's inbox (bind); :0 picks a port."),
-    advertise: Optional[str] = typer.Option(None, envvar="FERMIUM_ADVERTISE", help="Inbox address as other hosts reach it."),
-    engine: str = typer.Option("auto", envvar="FERMIUM_ENGINE", help="native, reference, or auto (native when it loads)."),
-    max_batch: int = typer.Option(16, envvar="FERMIUM_MAX_BATCH", help="Sequences per decode step."),
-    capacity: int = typer.Option(64, envvar="FERMIUM_CAPACITY", help="Sequences held at once."),
-    metrics_port: int = typer.Option(0, envvar="FERMIUM_METRICS_PORT", help="Prometheus /metrics port; 0 is off."),
-    ready_timeout: float = typer.Option(30.0, envvar="FERMIUM_READY_TIMEOUT", help="Seconds to wait for the router."),
-    log_level: str = typer.Option("info", envvar="FERMIUM_LOG_LEVEL"),
-    curve_dir: Optional[Path] = typer.Option(None, envvar="FERMIUM_CURVE_DIR", help="CURVE key directory (`fermium keys create`): ZeroMQ encrypted, clients allow-listed."),
-    insecure: bool = typer.Option(False, envvar="FERMIUM_INSECURE", help="Allow plaintext ZeroMQ on non-loopback addresses."),
+    model: Model = None, router: Router = ROUTER_WORKERS, listen: Listen = "tcp://127.0.0.1:0",
+    advertise: Advertise = None,
+    engine: Annotated[str, _opt("ENGINE", "native, reference, or auto (native when it loads).")] = "auto",
+    max_batch: Annotated[int, _opt("MAX_BATCH", "Sequences per decode step.")] = 16,
+    capacity: Annotated[int, _opt("CAPACITY", "Sequences held at once.")] = 64,
+    ready_timeout: ReadyTimeout = 30.0, metrics_port: MetricsPort = 0, log_level: LogLevel = "info",
+    curve_dir: CurveDir = None, insecure: Insecure = False,
 ):
     """A decode worker: continuous batching, tokens streamed to the router."""
     from services.decode.config import DecodeConfig
@@ -131,21 +138,23 @@ def decode_command(
 
 
 def up_command(
-    model: Optional[Path] = typer.Option(None, envvar="FERMIUM_MODEL", help="GGUF model; default: the bundled demo model."),
-    port: int = typer.Option(8000, envvar="FERMIUM_PORT", help="HTTP port of the router."),
-    engine: str = typer.Option("auto", envvar="FERMIUM_ENGINE", help="Decode engine: native, reference, auto."),
-    backend: str = typer.Option("cpu", envvar="FERMIUM_BACKEND", help="Prefill backend: cpu, cuda."),
-    metrics_port: int = typer.Option(0, envvar="FERMIUM_METRICS_PORT", help="First of three /metrics ports (router, prefill, decode); 0 is off."),
-    chat: Optional[str] = typer.Option(None, help="Stream the answer to this message, then stop the stack."),
-    ready_timeout: float = typer.Option(120.0, help="Seconds to wait for the stack to be ready."),
-    log_level: str = typer.Option("warning", envvar="FERMIUM_LOG_LEVEL", help="Log level of the three services."),
+    model: Model = None, port: Port = 8000,
+    engine: Annotated[str, _opt("ENGINE", "Decode engine: native, reference, auto.")] = "auto",
+    backend: Annotated[str, _opt("BACKEND", "Prefill backend: cpu, cuda.")] = "cpu",
+    metrics_port: Annotated[int, _opt("METRICS_PORT", "First of three /metrics ports "
+                                                      "(router, prefill, decode); 0 is off.")] = 0,
+    chat: Annotated[Optional[str], typer.Option(help="Stream the answer to this message, then stop.")] = None,
+    ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for the stack to be ready.")] = 120.0,
+    log_level: LogLevel = "warning",
 ):
     """Start router, prefill and decode on loopback; Ctrl-C stops them all."""
     from fermium.stack import Stack, stream_chat
     signal.signal(signal.SIGTERM, _interrupt)   # stopped by a service manager: same clean stop as Ctrl-C
-    ports = {name: metrics_port + i for i, name in enumerate(("router", "prefill", "decode"))} if metrics_port else {}
-    quiet = {name: ["--log-level", log_level] for name in ("router", "prefill", "decode")}
-    with Stack(_model(model), port=port, engine=engine, backend=backend, metrics_ports=ports, extra=quiet) as stack:
+    roles = ("router", "prefill", "decode")
+    ports = {name: metrics_port + i for i, name in enumerate(roles)} if metrics_port else {}
+    quiet = {name: ["--log-level", log_level] for name in roles}
+    with Stack(_model(model), port=port, engine=engine, backend=backend, metrics_ports=ports,
+               extra=quiet) as stack:
         stack.wait_ready(ready_timeout)
         if chat is not None:
             stream_chat(stack.url, chat)
@@ -157,16 +166,17 @@ def up_command(
 
 
 def chat_command(
-    message: str = typer.Argument(..., help="The user message."),
-    url: str = typer.Option("http://127.0.0.1:8000", envvar="FERMIUM_URL", help="The router's HTTP address."),
-    max_tokens: int = typer.Option(128, min=1), temperature: float = typer.Option(0.0, min=0.0),
+    message: Annotated[str, typer.Argument(help="The user message.")],
+    url: Annotated[str, _opt("URL", "The router's HTTP address.")] = "http://127.0.0.1:8000",
+    max_tokens: Annotated[int, typer.Option(min=1)] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
 ):
     """Stream one chat answer from a running router to the terminal."""
     from fermium.stack import stream_chat
     stream_chat(url, message, max_tokens=max_tokens, temperature=temperature)
 
 
-def demo_command(port: int = typer.Option(8000, envvar="FERMIUM_PORT", help="HTTP port of the router.")):
+def demo_command(port: Port = 8000):
     """Bring the stack up on the bundled demo model and stream one chat answer."""
     up_command(model=None, port=port, engine="auto", backend="cpu", metrics_port=0, chat=DEMO_QUESTION,
                ready_timeout=120.0, log_level="warning")
