@@ -205,9 +205,10 @@ def test_alert_rules_load_and_evaluate(prometheus, traffic):
         time.sleep(SCRAPE_S)
         groups = httpx.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-    alerts = httpx.get(f"{prometheus}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
-    firing = [a["labels"]["alertname"] for a in alerts if a["state"] == "firing"]
-    assert "FermiumServiceDown" not in firing and "FermiumNoWorkers" not in firing, firing
+    exprs = {r["name"]: r["query"] for r in rules}
+    for name in ("FermiumServiceDown", "FermiumNoWorkers"):     # with everything up, their conditions are false
+        assert query(prometheus, exprs[name]) == [], name
+    assert query(prometheus, exprs["FermiumServiceDown"].replace("== 0", "== 1")), "the rule selects no target"
 
 
 def test_generation_counts_match_the_requests(prometheus, traffic):
