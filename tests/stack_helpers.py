@@ -25,8 +25,9 @@ def _byte_chars() -> list[str]:
     return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
 
 
-def write_tiny_gguf(path: Path, seed: int = 0, context: int = 512) -> Path:
-    d = DIMS
+def write_tiny_gguf(path: Path, seed: int = 0, context: int = 512, **dims: int) -> Path:
+    """`dims` overrides entries of DIMS (a wider model for benchmarks)."""
+    d = {**DIMS, **dims}
     rng = np.random.default_rng(seed)
     tokens = _byte_chars() + ["Ġt", "he", *SPECIALS]
     types = [1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS)

@@ -22,8 +22,9 @@ class CPUBackend:
         self.chunk = chunk
         # every call reads each trunk weight once (embedding rows and MTP blocks aside)
         trunk = tuple(f"blk.{i}." for i in range(model.config.n_layers))
-        self._bytes_per_call = sum(t.nbytes for name, t in model.tensors.items()
-                                   if name != "token_embd.weight" and (not name.startswith("blk.") or name.startswith(trunk)))
+        read = [t for name, t in model.tensors.items() if name != "token_embd.weight"
+                and (not name.startswith("blk.") or name.startswith(trunk))]
+        self._bytes_per_call = sum(t.nbytes for t in read)
         self._stats = {"weight_bytes": 0, "compute_seconds": 0.0, "calls": 0, "tokens": 0}
 
     @classmethod
