@@ -51,7 +51,7 @@ def llama_cpp_convert(src: Path, out: Path, kind: str, out_type: str) -> None:
 
 
 def _fields(model: GGUFModel) -> dict:
-    return {k: model.get(k) for k in model.reader.fields
+    return {k: model.get(k) for k in model.keys()
             if not k.startswith("GGUF.") and k not in FREE_TEXT_KEYS}
 
 

@@ -34,6 +34,12 @@ class ConvertResult:
     has_tokenizer: bool
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _add_kv(writer: GGUFWriter, key: str, value, vtype, sub_type) -> None:
     writer.add_key_value(key, value, vtype, sub_type=sub_type)
 
@@ -73,6 +79,7 @@ def convert(src: str | Path, out: str | Path, out_type: str = "f16", *,
                 raise ConvertError(src, f"{t.name}: expected shape {t.shape}, got {data.shape}")
             writer.write_tensor_data(np.ascontiguousarray(quantize(data, q)))
         writer.close()
+        os.chmod(tmp, 0o666 & ~_umask())         # mkstemp makes it private; a model is not
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
