@@ -104,13 +104,27 @@ def test_target_wants_every_service():
 def test_env_file_documents_every_variable():
     example = (DEPLOY / "fermium.env.example").read_text()
     documented = set(re.findall(r"^#?(FERMIUM_[A-Z_]+)=", example, re.M))
-    cli = set(re.findall(r'envvar="(FERMIUM_[A-Z_]+)"', (REPO / "fermium" / "cli_services.py").read_text()))
+    cli = cli_envvars("router", "prefill", "decode")
+    assert {"FERMIUM_MODEL", "FERMIUM_CURVE_DIR", "FERMIUM_API_KEY"} <= cli
     per_host = {"FERMIUM_LISTEN", "FERMIUM_ADVERTISE", "FERMIUM_METRICS_PORT", "FERMIUM_URL"}
     assert cli - per_host <= documented, f"undocumented: {sorted(cli - per_host - documented)}"
     assert all(v in example for v in per_host), "the env file says why the per-service names replace these"
     for name in UNITS:
         used = set(re.findall(r"\$\{(FERMIUM_[A-Z_]+)\}", (DEPLOY / "systemd" / name).read_text()))
         assert used <= documented, (name, used - documented)
+
+
+def cli_envvars(*commands: str) -> set[str]:
+    """Every environment variable the given `fermium` commands read."""
+    import typer.main
+
+    from fermium.cli import app
+    group = typer.main.get_command(app)
+    out: set[str] = set()
+    for name in commands:
+        for param in group.commands[name].params:
+            out |= {param.envvar} if isinstance(param.envvar, str) else set(param.envvar or ())
+    return out
 
 
 def test_deploy_install_command(tmp_path):
