@@ -132,13 +132,15 @@ class Checkpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.refs[name].shape
 
-    def get(self, name: str) -> np.ndarray:
-        """float32 copy of one tensor."""
+    def get(self, name: str, index: tuple | None = None) -> np.ndarray:
+        """float32 copy of one tensor, or of `tensor[index]` (read from the map, not whole)."""
         ref = self.refs[name]
         mm = self._maps.get(ref.file)
         if mm is None:
             mm = self._maps[ref.file] = np.memmap(ref.file, dtype=np.uint8, mode="r")
         raw = mm[ref.offset:ref.offset + ref.nbytes].view(_DTYPES[ref.dtype]).reshape(ref.shape)
+        if index is not None:
+            raw = raw[index]
         if ref.dtype == "BF16":
             return (raw.astype(np.uint32) << 16).view(np.float32)
         return raw.astype(np.float32)

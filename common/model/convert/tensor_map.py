@@ -187,8 +187,9 @@ class _Planner:
             return
         e, two_f, hidden = shape                   # (E, 2F, H): gate rows then up rows
         f = two_f // 2
-        self.single(f"blk.{i}.ffn_gate_exps.weight", hf, lambda a: a[:, :f], (e, f, hidden))
-        self.single(f"blk.{i}.ffn_up_exps.weight", hf, lambda a: a[:, f:], (e, f, hidden))
+        for proj, rows in (("gate", slice(0, f)), ("up", slice(f, two_f))):
+            self.out.append(OutTensor(f"blk.{i}.ffn_{proj}_exps.weight", (e, f, hidden),
+                                      lambda rows=rows: self.ckpt.get(hf, (slice(None), rows))))
 
     def qkvz(self, i: int, hf: str, shape: tuple[int, ...]) -> None:
         h = Heads.from_config(self.hp)
