@@ -394,3 +394,11 @@ def test_cli_exit_code_and_message(bad_src, tmp_path):
     assert proc.returncode == 2
     assert "truncated safetensors file" in proc.stderr and str(bad_src) in proc.stderr
     assert list(tmp_path.glob("m.gguf*")) == []
+
+
+def test_missing_config_key_is_named(bad_src, tmp_path):
+    cfg = json.loads((bad_src / "config.json").read_text())
+    del cfg["linear_num_value_heads"]
+    (bad_src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConvertError, match="missing 'linear_num_value_heads'"):
+        convert(bad_src, tmp_path / "m.gguf", "f32", progress=False)

@@ -51,6 +51,7 @@ def convert(src: str | Path, out: str | Path, out_type: str = "f16", *,
     ckpt = Checkpoint(src)
     arch = arch_for(ckpt.config, src)
     hp = ckpt.text_config
+    meta = metadata(arch, hp, src, ft.ftype)          # first: names any missing config key
     tensors = plan(ckpt, arch, hp)
     n_layers = int(hp["num_hidden_layers"])
     qtypes = [choose_type(TensorSlot(t.name, t.shape, n_layers), ft) for t in tensors]
@@ -63,7 +64,7 @@ def convert(src: str | Path, out: str | Path, out_type: str = "f16", *,
         writer = GGUFWriter(tmp, arch.gguf_arch)
         writer.add_type("model")
         writer.add_name(name or src.resolve().name)
-        for key, value, vtype, sub in metadata(arch, hp, src, ft.ftype):
+        for key, value, vtype, sub in meta:
             _add_kv(writer, key, value, vtype, sub)
         has_tok = add_tokenizer(writer, src, int(hp["vocab_size"]), arch.tokenizer_pre)
         for t, q in zip(tensors, qtypes):
