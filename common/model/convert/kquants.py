@@ -13,10 +13,14 @@ returns (*rows, row_bytes) uint8.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 QK_K = 256
 CHUNK_BLOCKS = 8192          # super-blocks quantized at once, to bound temporary memory
+WORKERS = min(8, os.cpu_count() or 1)   # numpy releases the GIL inside its loops
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
@@ -172,6 +176,14 @@ def quantize_k(rows: np.ndarray, kind: str) -> np.ndarray:
         raise ValueError(f"{kind} needs rows that are a multiple of {QK_K}, got {rows.shape[-1]}")
     blocks = np.asarray(rows, dtype=np.float32).reshape(-1, QK_K)
     out = np.empty((blocks.shape[0], nbytes), np.uint8)
-    for i in range(0, blocks.shape[0], CHUNK_BLOCKS):
+    starts = range(0, blocks.shape[0], CHUNK_BLOCKS)
+
+    def run(i: int) -> None:
         out[i:i + CHUNK_BLOCKS] = func(blocks[i:i + CHUNK_BLOCKS])
+
+    if len(starts) == 1:
+        run(0)
+    else:
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(run, starts))
     return out.reshape(*rows.shape[:-1], rows.shape[-1] // QK_K * nbytes)
