@@ -402,3 +402,19 @@ def test_missing_config_key_is_named(bad_src, tmp_path):
     (bad_src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConvertError, match="missing 'linear_num_value_heads'"):
         convert(bad_src, tmp_path / "m.gguf", "f32", progress=False)
+
+
+def test_rope_metadata_from_either_config_style(tmp_path):
+    from common.model.convert.arch import QWEN35MOE, metadata
+    hf_cfg = json.loads(transformers.Qwen3_5MoeTextConfig().to_json_string())
+    new_style = dict(hf_cfg, rope_parameters={"rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                              "mrope_section": [11, 11, 10]})
+    old_style = {k: v for k, v in hf_cfg.items() if k != "rope_parameters"}
+    old_style.update(rope_theta=1e7, partial_rotary_factor=0.25)
+    for cfg in (new_style, old_style):
+        kv = {k: v for k, v, *_ in metadata(QWEN35MOE, cfg, tmp_path, 15)}
+        assert kv["qwen35moe.rope.freq_base"] == 1e7
+        assert kv["qwen35moe.rope.dimension_count"] == 64          # 256 * 0.25
+        assert kv["qwen35moe.rope.dimension_sections"] == [11, 11, 10, 0]
+        assert kv["qwen35moe.block_count"] == 40 and kv["qwen35moe.expert_count"] == 256
+        assert kv["qwen35moe.ssm.inner_size"] == 4096 and kv["general.file_type"] == 15
