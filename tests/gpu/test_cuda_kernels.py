@@ -1,0 +1,194 @@
+"""Every CUDA kernel against its numpy statement (the reference engine's ops), on a GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+
+from common.engine.deltanet import chunked_rule
+from common.engine.moe import route
+from common.engine.ops import l2_norm, rms_norm, rope_neox, sigmoid, silu
+from services.prefill.backends.cuda import dense_tiles, rope_table
+from services.prefill.backends.cuda_kernels import GEMM_KERNELS
+
+from .tiny_gguf import weight
+
+GEMM_RTOL = 2e-5        # fp32 sums of K=512 products in another order, relative to |X||W|
+NORM_ATOL = 2e-5        # rsqrt and exp in fp32 on the device vs numpy
+SCAN_ATOL = 5e-4        # chunked delta rule: the reference solves in float64, the kernel inverts in fp32
+ATTN_ATOL = 2e-5        # online softmax vs a full softmax, fp32
+
+rng = np.random.default_rng(7)
+
+
+def dq(raw: np.ndarray, qtype: Q) -> np.ndarray:
+    return raw.view(np.float32) if qtype == Q.F32 else dequantize(raw, qtype).astype(np.float32)
+
+
+def as_raw(data: np.ndarray, raw_dtype) -> tuple[np.ndarray, Q]:
+    if raw_dtype is None:
+        qtype = Q.F32 if data.dtype == np.float32 else Q.F16
+        return data.view(np.uint8).reshape(data.shape[0], -1), qtype
+    return data, raw_dtype
+
+
+@pytest.mark.parametrize("qtype", list(GEMM_KERNELS), ids=lambda q: q.name)
+def test_gemm_dense(dev, qtype):
+    T, N, K = 70, 200, 512
+    raw, qt = as_raw(*weight(qtype, (N, K), 0.05, rng))
+    W = dq(raw, qt).reshape(N, K)
+    X = rng.standard_normal((T, K)).astype(np.float32)
+    Y0 = rng.standard_normal((T, N)).astype(np.float32)
+    x, w, y = dev.put(X), dev.put(raw), dev.put(Y0)
+    tiles = dev.put(dense_tiles(T))
+    dev.k.gemm(dev.s, qt, x=x, ldx=K, y=y, ldy=N, w=w, row_bytes=raw.shape[1], tiles=tiles,
+               n_tiles=-(-T // 64), N=N, K=K, accumulate=True)
+    want = Y0 + X @ W.T
+    got = dev.get(y, (T, N))
+    scale = np.abs(X).sum(1)[:, None] * np.abs(W).max()
+    assert np.max(np.abs(got - want) / scale) < GEMM_RTOL
+
+
+def test_gemm_grouped_gather(dev):
+    E, F, H, T = 4, 96, 256, 50
+    raw, qt = as_raw(*weight(Q.Q4_K, (E, F, H), 0.05, rng))
+    W = dq(raw.reshape(E * F, -1), qt).reshape(E, F, H)
+    X = rng.standard_normal((T, H)).astype(np.float32)
+    rows = np.array([3, 7, 7, 1, 40, 12, 0, 49, 5, 5, 22] * 9, np.int32)      # 99 gathered rows
+    groups = [(2, 0, 64), (2, 64, 6), (0, 70, 29)]                           # (expert, row0, nrows)
+    base = dev.put(raw)
+    eb = raw.nbytes // E
+    woff = dev.put(np.array([base + e * eb for e in range(E)], np.int64))
+    x, xr, y = dev.put(X), dev.put(rows), dev.zeros((len(rows), F))
+    dev.k.gemm(dev.s, qt, x=x, ldx=H, xrows=xr, y=y, ldy=F, w=0, woff=woff, row_bytes=eb // F,
+               tiles=dev.put(np.array([[e, r, n, 0] for e, r, n in groups], np.int32)), n_tiles=3, N=F, K=H)
+    got = dev.get(y, (len(rows), F))
+    for e, r0, n in groups:
+        want = X[rows[r0:r0 + n]] @ W[e].T
+        np.testing.assert_allclose(got[r0:r0 + n], want, atol=GEMM_RTOL * H * 4 * np.abs(W).max())
+
+
+def test_rms_norms_and_rope(dev):
+    T, nh, hd = 37, 4, 64
+    q2 = rng.standard_normal((T, nh, 2 * hd)).astype(np.float32)
+    w = (1 + 0.2 * rng.standard_normal(hd)).astype(np.float32)
+    src, out = dev.put(q2), dev.zeros((T, nh, hd))
+    dev.k.rms_norm(dev.s, src, nh * 2 * hd, 2 * hd, out, nh * hd, hd, dev.put(w), T * nh, nh, hd, 1e-6)
+    want = rms_norm(q2[..., :hd], w, 1e-6)
+    np.testing.assert_allclose(dev.get(out, (T, nh, hd)), want, atol=NORM_ATOL)
+
+    pos = np.arange(100, 100 + T)
+    dev.k.rope(dev.s, out, nh * hd, nh, hd, 16, dev.put(rope_table(pos, 16, 1e7)), T)
+    np.testing.assert_allclose(dev.get(out, (T, nh, hd)), rope_neox(want, pos, 16, 1e7), atol=NORM_ATOL)
+
+    x, z = rng.standard_normal((2, T * nh, hd)).astype(np.float32)
+    y = dev.zeros((T * nh, hd))
+    dev.k.rms_norm_gated(dev.s, dev.put(x), dev.put(z), y, dev.put(w), T * nh, hd, 1e-6)
+    np.testing.assert_allclose(dev.get(y, (T * nh, hd)), rms_norm(x, w, 1e-6) * silu(z), atol=NORM_ATOL)
+
+    qk = rng.standard_normal((T, 3 * 2 * hd)).astype(np.float32)
+    p = dev.put(qk)
+    dev.k.l2_norm(dev.s, p + 2 * hd * 4, 3 * 2 * hd, T * 2, 2, hd, 1e-6, 0.125)
+    got = dev.get(p, (T, 3 * 2 * hd))
+    want = l2_norm(qk[:, 2 * hd:4 * hd].reshape(T, 2, hd)).reshape(T, 2 * hd) * 0.125
+    np.testing.assert_allclose(got[:, 2 * hd:4 * hd], want, atol=NORM_ATOL)
+    np.testing.assert_array_equal(got[:, :2 * hd], qk[:, :2 * hd])
+
+
+@pytest.mark.parametrize("T", [1, 2, 45])
+def test_conv1d_and_gates(dev, T):
+    C, K, nv = 96, 4, 8
+    X = rng.standard_normal((T, C)).astype(np.float32)
+    S = rng.standard_normal((C, K - 1)).astype(np.float32)
+    W = rng.standard_normal((C, K)).astype(np.float32)
+    xs, ss, out = dev.put(X), dev.put(S), dev.zeros((T, C))
+    dev.k.conv1d(dev.s, xs, ss, dev.put(W), out, T, C, K)
+    win = np.concatenate([S.T, X], axis=0)
+    want = silu(sum(win[j:j + T] * W[:, j] for j in range(K)))
+    np.testing.assert_allclose(dev.get(out, (T, C)), want, atol=NORM_ATOL)
+    np.testing.assert_array_equal(dev.get(ss, (C, K - 1)), win[-(K - 1):].T)
+
+    a, b = rng.standard_normal((2, T, nv)).astype(np.float32)
+    ssm_a, dt = -np.exp(rng.standard_normal(nv)).astype(np.float32), rng.standard_normal(nv).astype(np.float32)
+    pa, pb = dev.put(a), dev.put(b)
+    dev.k.gdn_gates(dev.s, pa, pb, dev.put(ssm_a), dev.put(dt), T, nv)
+    np.testing.assert_allclose(dev.get(pa, (T, nv)), ssm_a * np.logaddexp(0, a + dt), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dev.get(pb, (T, nv)), sigmoid(b), atol=1e-6)
+
+
+@pytest.mark.parametrize("T,nk,nv,dk,dv,tiled", [(150, 2, 4, 64, 64, 1), (70, 2, 4, 64, 32, 0),
+                                                  (64, 1, 2, 128, 128, 1), (5, 2, 4, 32, 64, 1)])
+def test_gated_deltanet_chunked(dev, T, nk, nv, dk, dv, tiled):
+    C = 2 * nk * dk + nv * dv
+    X = rng.standard_normal((T, C)).astype(np.float32)
+    heads = np.arange(nv) % nk if tiled else np.arange(nv) // (nv // nk)
+    X[:, :nk * dk] = (l2_norm(X[:, :nk * dk].reshape(T, nk, dk)) / np.sqrt(dk)).reshape(T, -1)
+    X[:, nk * dk:2 * nk * dk] = l2_norm(X[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)).reshape(T, -1)
+    g = (-np.abs(rng.standard_normal((T, nv))) * 0.3).astype(np.float32)
+    beta = sigmoid(rng.standard_normal((T, nv)).astype(np.float32))
+    S0 = (rng.standard_normal((nv, dk, dv)) * 0.3).astype(np.float32)
+    rows = -(-T // 64) * 64
+    st, o = dev.put(S0), dev.zeros((T, nv * dv))
+    dev.k.gdn_chunked(dev.s, dev.put(X), dev.put(g), dev.put(beta), (T, C, nk, nv, dk, dv, tiled),
+                      dev.zeros(rows * nv), dev.zeros(rows * 64 * nv), dev.zeros(rows * nv * dv),
+                      dev.zeros(rows * nv * dk), st, o)
+    q = X[:, :nk * dk].reshape(T, nk, dk)[:, heads].transpose(1, 0, 2)
+    k = X[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)[:, heads].transpose(1, 0, 2)
+    v = X[:, 2 * nk * dk:].reshape(T, nv, dv).transpose(1, 0, 2)
+    want_o, want_s = chunked_rule(q, k, v, g.T, beta.T, S0, 64)
+    np.testing.assert_allclose(dev.get(o, (T, nv, dv)), want_o.transpose(1, 0, 2), atol=SCAN_ATOL)
+    np.testing.assert_allclose(dev.get(st, (nv, dk, dv)), want_s, atol=SCAN_ATOL)
+
+
+@pytest.mark.parametrize("T,pos0,nh,nkv,hd", [(40, 30, 4, 2, 64), (70, 0, 2, 1, 256), (1, 9, 4, 2, 32)])
+def test_attention(dev, T, pos0, nh, nkv, hd):
+    S = pos0 + T
+    q = rng.standard_normal((T, nh, hd)).astype(np.float32)
+    kc, vc = rng.standard_normal((2, S, nkv, hd)).astype(np.float32)
+    qg = rng.standard_normal((T, nh, 2 * hd)).astype(np.float32)
+    out = dev.zeros((T, nh * hd))
+    dev.k.attention(dev.s, dev.put(q), dev.put(kc), dev.put(vc), dev.put(qg) + hd * 4, nh * 2 * hd,
+                    2 * hd, out, T, pos0, nh, nkv, hd)
+    grp = nh // nkv
+    sc = np.einsum("thd,shd->hts", q, np.repeat(kc, grp, axis=1)) / np.sqrt(hd)
+    sc = np.where((pos0 + np.arange(T))[:, None] >= np.arange(S)[None], sc, -np.inf)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = np.einsum("hts,shd->thd", p, np.repeat(vc, grp, axis=1)) * sigmoid(qg[..., hd:])
+    np.testing.assert_allclose(dev.get(out, (T, nh, hd)), want, atol=ATTN_ATOL)
+
+
+def test_moe_route_group_combine(dev):
+    T, E, k, H = 90, 64, 8, 48
+    logits = rng.standard_normal((T, E)).astype(np.float32) * 3
+    ids, w, counts = dev.zeros((T, k), np.int32), dev.zeros((T, k)), dev.zeros(E, np.int32)
+    dev.k.moe_route(dev.s, dev.put(logits), ids, w, T, E, k)
+    want_ids, want_w = route(logits, k)
+    np.testing.assert_array_equal(dev.get(ids, (T, k), np.int32), want_ids)
+    np.testing.assert_allclose(dev.get(w, (T, k)), want_w, atol=1e-6)
+
+    dev.k.moe_count(dev.s, ids, counts, T * k)
+    c = dev.get(counts, E, np.int32)
+    np.testing.assert_array_equal(c, np.bincount(want_ids.ravel(), minlength=E))
+    offsets = np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int32)
+    tok, pos = dev.zeros(T * k, np.int32), dev.zeros(T * k, np.int32)
+    dev.k.moe_scatter(dev.s, ids, dev.put(offsets), tok, pos, T * k, k)
+    tok_h, pos_h = dev.get(tok, T * k, np.int32), dev.get(pos, T * k, np.int32)
+    flat = want_ids.ravel()
+    assert sorted(pos_h) == list(range(T * k))
+    np.testing.assert_array_equal(tok_h[pos_h], np.arange(T * k) // k)
+    assert all(offsets[flat[i]] <= pos_h[i] < offsets[flat[i]] + c[flat[i]] for i in range(T * k))
+
+    down = rng.standard_normal((T * k, H)).astype(np.float32)
+    shared, sg = rng.standard_normal((T, H)).astype(np.float32), rng.standard_normal(T).astype(np.float32)
+    x0 = rng.standard_normal((T, H)).astype(np.float32)
+    x = dev.put(x0)
+    dev.k.moe_combine(dev.s, x, dev.put(down), pos, w, dev.put(shared), dev.put(sg), T, H, k)
+    want = x0 + np.einsum("tk,tkh->th", want_w, down[pos_h.reshape(T, k)]) + sigmoid(sg)[:, None] * shared
+    np.testing.assert_allclose(dev.get(x, (T, H)), want, atol=1e-5)
+
+    g, u = rng.standard_normal((2, 1000)).astype(np.float32)
+    pg = dev.put(g)
+    dev.k.silu_mul(dev.s, pg, dev.put(u), pg, 1000)
+    np.testing.assert_allclose(dev.get(pg, 1000), silu(g) * u, atol=1e-6)
