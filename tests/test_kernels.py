@@ -129,11 +129,11 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
 
 def test_activation_blocks_round_trip(rng):
     x = rng.standard_normal(512).astype(np.float32)
-    a32 = cpu_lib.quantize_act(T.Q4_0, x).reshape(-1, 36)
-    d = a32[:, :4].copy().view(np.float32)
-    q = a32[:, 4:].view(np.int8).astype(np.float32)
-    back = (q * d).reshape(-1)
-    assert np.all(np.abs(back - x) <= act_values(T.Q4_0, x) * ROUNDING_SLACK)
+    a32 = cpu_lib.quantize_act(T.Q4_0, x)          # qs (16 x 32) | d (16) | s = d * sum(qs) (16)
+    q = a32[:512].view(np.int8).astype(np.float32).reshape(16, 32)
+    d, s = a32[512:].view(np.float32).reshape(2, 16)
+    assert np.all(np.abs((q * d[:, None]).reshape(-1) - x) <= act_values(T.Q4_0, x) * ROUNDING_SLACK)
+    np.testing.assert_allclose(s, d * q.sum(axis=1), rtol=1e-6)
     a256 = cpu_lib.quantize_act(T.Q4_K, x).reshape(-1, 4 + 32 + 256)
     qs = a256[:, 36:].view(np.int8).astype(np.int32)
     bsums = a256[:, 4:36].copy().view(np.int16)

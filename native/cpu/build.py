@@ -78,6 +78,3 @@ def make_builder() -> FFI:
 
 
 ffibuilder = make_builder()
-
-if __name__ == "__main__":
-    ffibuilder.compile(tmpdir=str(HERE.parent.parent), verbose=True)

@@ -1,83 +1,84 @@
 /* AVX-512 VNNI dot products of 32-value blocks (Q4_0, Q8_0) with 8-bit activations: two
- * blocks per 512-bit `vpdpbusd`, the weights made unsigned by an offset that is taken back out
- * with a second `vpdpbusd`. Built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni. */
+ * blocks per 512-bit `vpdpbusd` on unsigned weights (Q4_0 nibbles; Q8_0 offset by 128), the
+ * offsets taken out through the activation sums. Built with -mavx512f -mavx512bw
+ * -mavx512vl -mavx512vnni. */
 #include <immintrin.h>
 #include "quants.h"
 
-// two activation blocks (36 bytes apart) as one 64-byte vector
-static inline __m512i load_a2(const block_a8_32 *y) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)y[0].qs)),
-                              _mm256_loadu_si256((const __m256i *)y[1].qs), 1);
+static inline float hsum256_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
 }
 
-// 8 lanes of s0 then 8 lanes of s1
-static inline __m512 scales2(float s0, float s1) {
-    __m512d lo = _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(s0)));
-    return _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_set1_ps(s1)), 1));
+static inline __m256 scales8(const uint8_t *first, size_t stride) {
+#define AT(k) (*(const uint16_t *)(first + (k) * stride))
+    __m128i h = _mm_cvtsi32_si128(AT(0));
+    h = _mm_insert_epi16(h, AT(1), 1);
+    h = _mm_insert_epi16(h, AT(2), 2);
+    h = _mm_insert_epi16(h, AT(3), 3);
+    h = _mm_insert_epi16(h, AT(4), 4);
+    h = _mm_insert_epi16(h, AT(5), 5);
+    h = _mm_insert_epi16(h, AT(6), 6);
+    h = _mm_insert_epi16(h, AT(7), 7);
+#undef AT
+    return _mm256_cvtph_ps(h);
 }
 
-// u (unsigned, = w + off) . a, with off * sum(a) taken back out -> 16 int32
-static inline __m512i dot_off(__m512i u, __m512i a, __m512i off) {
-    return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a),
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, a));
+static inline __m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-static inline __m256i dot_off256(__m256i u, __m256i a, __m256i off) {
-    return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a),
-                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, a));
+// lanes 0..7 = dd[k], lanes 8..15 = dd[k+1]
+static inline __m512 lane_pair(__m512 dd, int k) {
+    return _mm512_permutexvar_ps(join(_mm256_set1_epi32(k), _mm256_set1_epi32(k + 1)), dd);
 }
 
 static inline __m256i nibbles(const uint8_t *qs) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xF));
 }
 
-float fm_dot_q4_0_a8_avx512(int n, const void *w, const void *a) {
-    const block_q4_0 *x = w;
-    const block_a8_32 *y = a;
-    const int nb = n / QK32;
-    __m512 acc = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles(x[b].qs)), nibbles(x[b + 1].qs), 1);
-        __m512i s = dot_off(u, load_a2(y + b), _mm512_set1_epi8(8));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
-                              scales2(_cvtsh_ss(x[b].d) * y[b].d, _cvtsh_ss(x[b + 1].d) * y[b + 1].d), acc);
-    }
-    float sum = _mm512_reduce_add_ps(acc);
-    if (b < nb) {
-        __m256i s = dot_off256(nibbles(x[b].qs), _mm256_loadu_si256((const __m256i *)y[b].qs), _mm256_set1_epi8(8));
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-        sum += _cvtsh_ss(x[b].d) * y[b].d * (float)_mm_cvtsi128_si32(t);
-    }
-    return sum;
+static inline float dot256(__m256i u, const int8_t *a) {
+    return hsum256_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
+                                                             _mm256_loadu_si256((const __m256i *)a))));
 }
 
-float fm_dot_q8_0_a8_avx512(int n, const void *w, const void *a) {
-    const block_q8_0 *x = w;
-    const block_a8_32 *y = a;
-    const int nb = n / QK32;
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512 acc = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x[b].qs)),
-                                       _mm256_loadu_si256((const __m256i *)x[b + 1].qs), 1);
-        __m512i s = dot_off(_mm512_xor_si512(q, flip), load_a2(y + b), flip);  // w + 128 as unsigned
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
-                              scales2(_cvtsh_ss(x[b].d) * y[b].d, _cvtsh_ss(x[b + 1].d) * y[b + 1].d), acc);
+// sum_b dw*dy*sum(u*q) - off * sum_b dw*(dy*sum(q)), u = w + off as unsigned bytes
+#define DOT32_AVX512(name, block_t, unsigned2, unsigned1, offset)                                    \
+    float name(int n, const void *w, const void *a) {                                                 \
+        const block_t *x = w;                                                                         \
+        const int nb = n / QK32;                                                                      \
+        const int8_t *q = a;                                                                          \
+        const float *dy = fm_a32_d(a, nb), *sy = fm_a32_s(a, nb);                                     \
+        __m512 acc = _mm512_setzero_ps();                                                             \
+        __m256 off = _mm256_setzero_ps();                                                             \
+        int b = 0;                                                                                    \
+        for (; b + 8 <= nb; b += 8) {                                                                 \
+            const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_t));                     \
+            const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(dy + b)));     \
+            off = _mm256_fmadd_ps(dw, _mm256_loadu_ps(sy + b), off);                                  \
+            for (int k = 0; k < 8; k += 2) {                                                          \
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned2(x + b + k),   \
+                                                      _mm512_loadu_si512((const void *)(q + QK32 * (b + k)))); \
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), lane_pair(dd, k), acc);                  \
+            }                                                                                         \
+        }                                                                                             \
+        float sum = _mm512_reduce_add_ps(acc) - (offset) * hsum256_ps(off);                           \
+        for (; b < nb; b++) {                                                                         \
+            const float dw = _cvtsh_ss(x[b].d);                                                       \
+            sum += dw * (dy[b] * dot256(unsigned1(x + b), q + QK32 * b) - (offset) * sy[b]);          \
+        }                                                                                             \
+        return sum;                                                                                   \
     }
-    float sum = _mm512_reduce_add_ps(acc);
-    if (b < nb) {
-        const __m256i flip8 = _mm256_set1_epi8((char)0x80);
-        __m256i q = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        __m256i s = dot_off256(_mm256_xor_si256(q, flip8), _mm256_loadu_si256((const __m256i *)y[b].qs), flip8);
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-        sum += _cvtsh_ss(x[b].d) * y[b].d * (float)_mm_cvtsi128_si32(t);
-    }
-    return sum;
+
+static inline __m256i q4_u1(const block_q4_0 *x) { return nibbles(x->qs); }
+static inline __m512i q4_u2(const block_q4_0 *x) { return join(nibbles(x[0].qs), nibbles(x[1].qs)); }
+static inline __m256i q8_u1(const block_q8_0 *x) {
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x->qs), _mm256_set1_epi8((char)0x80));
 }
+static inline __m512i q8_u2(const block_q8_0 *x) { return join(q8_u1(x), q8_u1(x + 1)); }
+
+DOT32_AVX512(fm_dot_q4_0_a8_avx512, block_q4_0, q4_u2, q4_u1, 8.0f)
+DOT32_AVX512(fm_dot_q8_0_a8_avx512, block_q8_0, q8_u2, q8_u1, 128.0f)

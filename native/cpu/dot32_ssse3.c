@@ -1,5 +1,7 @@
-/* SSSE3 dot products of 32-value blocks (Q4_0, Q8_0) with 8-bit activations: `pmaddubsw`
- * on |w| and sign(w)*a. Built with -mssse3 only; must hold no AVX instruction. */
+/* SSSE3 dot products of 32-value blocks (Q4_0, Q8_0) with 8-bit activations: `pmaddubsw` on
+ * unsigned nibbles (Q4_0, the offset of 8 taken out through the activation sums) or on |w|
+ * and sign(w)*a (Q8_0). Block scales are converted four at a time in vector registers.
+ * Built with -mssse3 only; must hold no AVX instruction. */
 #include <tmmintrin.h>
 #include "quants.h"
 
@@ -9,38 +11,86 @@ static inline float hsum_ps(__m128 v) {
     return _mm_cvtss_f32(v);
 }
 
-// 16 signed bytes w . 16 signed bytes a -> 4 int32 partial sums
-static inline __m128i dot_i8(__m128i w, __m128i a) {
-    __m128i p = _mm_maddubs_epi16(_mm_sign_epi8(w, w), _mm_sign_epi8(a, w));
-    return _mm_madd_epi16(p, _mm_set1_epi16(1));
+// four f16 values (the low 16 bits of each 32-bit lane) to f32: place the bits, rescale the bias
+static inline __m128 half4(__m128i h) {
+    const __m128i mag = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7FFF)), 13);
+    const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
+    const __m128 f = _mm_mul_ps(_mm_castsi128_ps(mag), _mm_set1_ps(0x1p112f));
+    return _mm_or_ps(f, _mm_castsi128_ps(sign));
 }
 
+// the scales of weight blocks b..b+3, whose first two bytes are an f16 and stride bytes apart
+static inline __m128 scales4(const uint8_t *first, size_t stride) {
+    __m128i h = _mm_cvtsi32_si128(*(const uint16_t *)first);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(first + stride), 2);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(first + 2 * stride), 4);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(first + 3 * stride), 6);
+    return half4(h);
+}
+
+#define LANE(v, k) _mm_shuffle_ps((v), (v), _MM_SHUFFLE(k, k, k, k))
+
+// 16 bytes of nibbles . 32 activations (unsigned low nibbles, then high) -> 4 float
+static inline __m128 dot_u4(const uint8_t *qs, const int8_t *a) {
+    const __m128i m4 = _mm_set1_epi8(0xF), q = _mm_loadu_si128((const __m128i *)qs);
+    __m128i p = _mm_add_epi16(_mm_maddubs_epi16(_mm_and_si128(q, m4), _mm_loadu_si128((const __m128i *)a)),
+                              _mm_maddubs_epi16(_mm_and_si128(_mm_srli_epi16(q, 4), m4),
+                                                _mm_loadu_si128((const __m128i *)(a + 16))));
+    return _mm_cvtepi32_ps(_mm_madd_epi16(p, _mm_set1_epi16(1)));
+}
+
+// 32 signed weights . 32 activations -> 4 float
+static inline __m128 dot_i8(const int8_t *w, const int8_t *a) {
+    __m128i acc = _mm_setzero_si128();
+    for (int h = 0; h < 2; h++) {
+        const __m128i x = _mm_loadu_si128((const __m128i *)(w + 16 * h));
+        const __m128i p = _mm_maddubs_epi16(_mm_sign_epi8(x, x),
+                                            _mm_sign_epi8(_mm_loadu_si128((const __m128i *)(a + 16 * h)), x));
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(p, _mm_set1_epi16(1)));
+    }
+    return _mm_cvtepi32_ps(acc);
+}
+
+// sum_b dw*dy*sum(u*q) - 8 * sum_b dw*(dy*sum(q)): the stored nibbles are offset by 8
 float fm_dot_q4_0_a8_ssse3(int n, const void *w, const void *a) {
     const block_q4_0 *x = w;
-    const block_a8_32 *y = a;
-    const __m128i m4 = _mm_set1_epi8(0xF), off = _mm_set1_epi8(8);
-    __m128 acc = _mm_setzero_ps();
-    for (int b = 0; b < n / QK32; b++) {
-        __m128i q = _mm_loadu_si128((const __m128i *)x[b].qs);
-        __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), off);
-        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), off);
-        __m128i s = _mm_add_epi32(dot_i8(lo, _mm_loadu_si128((const __m128i *)y[b].qs)),
-                                  dot_i8(hi, _mm_loadu_si128((const __m128i *)(y[b].qs + 16))));
-        acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(fm_half(x[b].d) * y[b].d)));
+    const int nb = n / QK32;
+    const int8_t *q = a;
+    const float *dy = fm_a32_d(a, nb), *sy = fm_a32_s(a, nb);
+    __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps(), off = _mm_setzero_ps();
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const __m128 dw = scales4((const uint8_t *)&x[b].d, sizeof(block_q4_0));
+        const __m128 dd = _mm_mul_ps(dw, _mm_loadu_ps(dy + b));
+        off = _mm_add_ps(off, _mm_mul_ps(dw, _mm_loadu_ps(sy + b)));
+        acc0 = _mm_add_ps(acc0, _mm_mul_ps(dot_u4(x[b].qs, q + QK32 * b), LANE(dd, 0)));
+        acc1 = _mm_add_ps(acc1, _mm_mul_ps(dot_u4(x[b + 1].qs, q + QK32 * (b + 1)), LANE(dd, 1)));
+        acc0 = _mm_add_ps(acc0, _mm_mul_ps(dot_u4(x[b + 2].qs, q + QK32 * (b + 2)), LANE(dd, 2)));
+        acc1 = _mm_add_ps(acc1, _mm_mul_ps(dot_u4(x[b + 3].qs, q + QK32 * (b + 3)), LANE(dd, 3)));
     }
-    return hsum_ps(acc);
+    float sum = hsum_ps(_mm_add_ps(acc0, acc1)) - 8.0f * hsum_ps(off);
+    for (; b < nb; b++) {
+        const float dw = fm_half(x[b].d);
+        sum += dw * (dy[b] * hsum_ps(dot_u4(x[b].qs, q + QK32 * b)) - 8.0f * sy[b]);
+    }
+    return sum;
 }
 
 float fm_dot_q8_0_a8_ssse3(int n, const void *w, const void *a) {
     const block_q8_0 *x = w;
-    const block_a8_32 *y = a;
-    __m128 acc = _mm_setzero_ps();
-    for (int b = 0; b < n / QK32; b++) {
-        __m128i s = _mm_add_epi32(
-            dot_i8(_mm_loadu_si128((const __m128i *)x[b].qs), _mm_loadu_si128((const __m128i *)y[b].qs)),
-            dot_i8(_mm_loadu_si128((const __m128i *)(x[b].qs + 16)),
-                   _mm_loadu_si128((const __m128i *)(y[b].qs + 16))));
-        acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(fm_half(x[b].d) * y[b].d)));
+    const int nb = n / QK32;
+    const int8_t *q = a;
+    const float *dy = fm_a32_d(a, nb);
+    __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const __m128 dd = _mm_mul_ps(scales4((const uint8_t *)&x[b].d, sizeof(block_q8_0)), _mm_loadu_ps(dy + b));
+        acc0 = _mm_add_ps(acc0, _mm_mul_ps(dot_i8(x[b].qs, q + QK32 * b), LANE(dd, 0)));
+        acc1 = _mm_add_ps(acc1, _mm_mul_ps(dot_i8(x[b + 1].qs, q + QK32 * (b + 1)), LANE(dd, 1)));
+        acc0 = _mm_add_ps(acc0, _mm_mul_ps(dot_i8(x[b + 2].qs, q + QK32 * (b + 2)), LANE(dd, 2)));
+        acc1 = _mm_add_ps(acc1, _mm_mul_ps(dot_i8(x[b + 3].qs, q + QK32 * (b + 3)), LANE(dd, 3)));
     }
-    return hsum_ps(acc);
+    float sum = hsum_ps(_mm_add_ps(acc0, acc1));
+    for (; b < nb; b++) sum += fm_half(x[b].d) * dy[b] * hsum_ps(dot_i8(x[b].qs, q + QK32 * b));
+    return sum;
 }

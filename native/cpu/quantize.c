@@ -4,13 +4,21 @@
 #include <string.h>
 #include "internal.h"
 
-static void quantize_a8_32(const float *x, int n, block_a8_32 *y) {
-    for (int b = 0; b < n / QK32; b++, x += QK32) {
+static void quantize_a8_32(const float *x, int n, void *act) {
+    const int nb = n / QK32;
+    int8_t *qs = act;
+    float *ds = (float *)fm_a32_d(act, nb), *ss = (float *)fm_a32_s(act, nb);
+    for (int b = 0; b < nb; b++, x += QK32, qs += QK32) {
         float amax = 0.0f;
         for (int i = 0; i < QK32; i++) amax = fmaxf(amax, fabsf(x[i]));
         const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        y[b].d = d;
-        for (int i = 0; i < QK32; i++) y[b].qs[i] = (int8_t)lrintf(x[i] * id);
+        int sum = 0;
+        for (int i = 0; i < QK32; i++) {
+            qs[i] = (int8_t)lrintf(x[i] * id);
+            sum += qs[i];
+        }
+        ds[b] = d;
+        ss[b] = d * (float)sum;
     }
 }
 
@@ -31,7 +39,7 @@ static void quantize_a8_256(const float *x, int n, block_a8_256 *y) {
 
 size_t fm_act_bytes(int type, int n) {
     switch (FM_TYPES[fm_kind_of(type)].act) {
-    case ACT_A8_32: return (size_t)(n / QK32) * sizeof(block_a8_32);
+    case ACT_A8_32: return FM_A32_BYTES(n / QK32);
     case ACT_A8_256: return (size_t)(n / QK_K) * sizeof(block_a8_256);
     default: return (size_t)n * sizeof(float);
     }

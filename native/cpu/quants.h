@@ -21,9 +21,14 @@ typedef struct { fm_f16 d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8];
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16];
                  fm_f16 d; } block_q6_K;                                      // 210 B
 
-// ---- activation blocks: fp32 scale, int8 values
-typedef struct { float d; int8_t qs[QK32]; } block_a8_32;                    // pairs with Q4_0, Q8_0
-typedef struct { float d; int16_t bsums[QK_K / 16]; int8_t qs[QK_K]; } block_a8_256;  // K-quants
+// ---- activations, 8-bit with fp32 scales
+// For Q4_0/Q8_0, a row of nb blocks of 32 is stored as arrays, so SIMD code loads several
+// blocks' scales at once: qs (nb * 32 int8) | d (nb float) | s (nb float), s = d * sum(qs).
+static inline const float *fm_a32_d(const void *a, int nb) { return (const float *)((const int8_t *)a + QK32 * nb); }
+static inline const float *fm_a32_s(const void *a, int nb) { return fm_a32_d(a, nb) + nb; }
+#define FM_A32_BYTES(nb) ((size_t)(nb) * (QK32 + 2 * sizeof(float)))
+// For K-quants, blocks of 256 with the sums of each 16 values.
+typedef struct { float d; int16_t bsums[QK_K / 16]; int8_t qs[QK_K]; } block_a8_256;
 
 // GGML type ids (gguf.GGMLQuantizationType)
 enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K = 13,

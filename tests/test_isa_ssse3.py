@@ -1,0 +1,81 @@
+"""The SSSE3 build holds no AVX: every instruction of the SSSE3 objects, disassembled, uses
+neither ymm/zmm registers nor a VEX/EVEX encoding. Optionally, the SSSE3 kernels also run
+under qemu-user emulating a pre-AVX CPU (Westmere), when qemu-x86_64 is installed."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "native" / "cpu"))
+import build as native_build  # noqa: E402
+
+# VEX prefixes are c4/c5, EVEX is 62, as the first opcode byte of an instruction.
+VEX_EVEX_FIRST_BYTE = re.compile(r"^\s*[0-9a-f]+:\s+(c4|c5|62)\s")
+WIDE_REGISTER = re.compile(r"%[yz]mm\d+|%k[0-7]\b")
+AVX_MNEMONIC = re.compile(r"\bv[a-z0-9]+\b")   # every VEX/EVEX instruction's mnemonic starts with v
+
+
+@pytest.fixture(scope="module")
+def ssse3_objects(tmp_path_factory):
+    objs = native_build.compile_isa_objects(tmp_path_factory.mktemp("isa"))
+    ssse3 = [o for o in objs if o.stem.endswith("_ssse3")]
+    assert ssse3, "no *_ssse3.c sources found"
+    return ssse3
+
+
+def disassemble(obj: Path) -> list[str]:
+    if not shutil.which("objdump"):
+        pytest.skip("objdump (binutils) is not installed")
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True, check=True)
+    raw = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines() + raw.stdout.splitlines()
+
+
+def test_ssse3_objects_have_no_avx(ssse3_objects):
+    for obj in ssse3_objects:
+        lines = disassemble(obj)
+        body = [ln for ln in lines if re.match(r"^\s*[0-9a-f]+:", ln)]
+        assert len(body) > 50, f"{obj.name}: suspiciously little code"
+        bad = [ln for ln in body if WIDE_REGISTER.search(ln) or VEX_EVEX_FIRST_BYTE.match(ln)]
+        bad += [ln for ln in body if AVX_MNEMONIC.search(ln.split("\t")[-1])]
+        assert not bad, f"{obj.name} holds AVX instructions:\n" + "\n".join(bad[:10])
+        mnemonics = " ".join(ln.split("\t")[-1] for ln in body)
+        assert "pmaddubsw" in mnemonics, f"{obj.name}: no pmaddubsw: is it really the SSSE3 kernel?"
+
+
+def test_the_check_catches_avx(tmp_path):
+    """The same check on the AVX2 sibling must fail, or it proves nothing."""
+    obj = next(o for o in native_build.compile_isa_objects(tmp_path) if o.stem == "dot32_avx2")
+    body = [ln for ln in disassemble(obj) if re.match(r"^\s*[0-9a-f]+:", ln)]
+    assert any(WIDE_REGISTER.search(ln) for ln in body)
+
+
+QEMU_SCRIPT = """
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf.quants import quantize, dequantize
+from native import cpu_lib
+assert "avx2" not in cpu_lib.supported_isas(), cpu_lib.supported_isas()
+assert cpu_lib.active_isa() == "ssse3"
+x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
+w = quantize(x, T.Q4_0)
+y = cpu_lib.matvec(cpu_lib.Pool(1), T.Q4_0, w, x)
+ref = dequantize(w, T.Q4_0) @ x.T
+assert np.abs(y - ref.T).max() < 0.05 * np.abs(ref).max()
+print("ok")
+"""
+
+
+def test_ssse3_path_runs_on_an_emulated_westmere():
+    qemu = shutil.which("qemu-x86_64") or shutil.which("qemu-x86_64-static")
+    if not qemu:
+        pytest.skip("qemu-user is not installed (apt-get install qemu-user)")
+    out = subprocess.run([qemu, "-cpu", "Westmere", sys.executable, "-c", QEMU_SCRIPT], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
