@@ -46,6 +46,8 @@ def open_socket(kind: int, address: str, *, bind: bool) -> zmq.Socket:
     sock.setsockopt(zmq.SNDHWM, HWM)
     sock.setsockopt(zmq.RCVHWM, HWM)
     sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+    # queue nothing for a peer that is not connected: a dead worker's states must not pile up
+    sock.setsockopt(zmq.IMMEDIATE, 1)
     try:
         security.apply(sock, address, bind=bind)
         if bind:
