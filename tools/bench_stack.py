@@ -7,7 +7,10 @@
    8192x3 conv tail, 10 full layers of KV for --kv-tokens) sent through our protocol over
    loopback TCP, PushQueue -> PullQueue: median one-way time and throughput.
 
-    .venv/bin/python tools/bench_stack.py --model models/demo.gguf --engine reference
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python tools/bench_stack.py --model M.gguf --engine reference
+
+(One BLAS thread per process: on a shared 2-core machine, BLAS threads that spin for a core
+slow numpy prefill several-fold, on both sides, and drown the comparison in noise.)
 """
 from __future__ import annotations
 
@@ -113,31 +116,34 @@ def ship_state(kv_tokens: int, repeats: int) -> dict:
         inbox.close()
     nbytes = sum(a.nbytes for a in arrays) + logits.nbytes
     median = statistics.median(times[1:])                  # the first send also opens the connection
-    return {"state_mb": nbytes / 1e6, "median_s": median, "gb_per_s": nbytes / median / 1e9}
+    return {"state_mib": nbytes / 2**20, "median_s": median, "gb_per_s": nbytes / median / 1e9}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF file (default: the bundled demo model)")
+    ap.add_argument("--ship-only", action="store_true", help="only the state-shipping measurement")
     ap.add_argument("--engine", default="reference", help="decode engine: reference, native")
     ap.add_argument("--prompt", default="ROMEO:\nWhat light through yonder window breaks? It is the east,")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--kv-tokens", type=int, default=256, help="tokens of KV in the shipped state")
+    ap.add_argument("--kv-tokens", type=int, default=0, help="tokens of KV in the shipped state")
     ap.add_argument("--runs", type=int, default=5, help="generations per side (medians are reported)")
     ap.add_argument("--repeats", type=int, default=10, help="state sends")
     args = ap.parse_args()
+    ship = ship_state(args.kv_tokens, args.repeats)
+    print(f"state ship   {ship['state_mib']:.1f} MiB ({args.kv_tokens} tokens of KV, logits included) over "
+          f"loopback TCP: {ship['median_s'] * 1e3:.1f} ms median of {args.repeats} ({ship['gb_per_s']:.2f} GB/s)")
+    if args.ship_only:
+        return
     if args.model is None:
         from common.model.default import default_model_path
         args.model = str(default_model_path())
     local, stack = compare(args.model, args.engine, args.prompt, args.max_tokens, args.runs)
-    ship = ship_state(args.kv_tokens, args.repeats)
     print(f"model {args.model}, decode engine {args.engine}, {args.max_tokens} tokens, median of {args.runs} runs")
     print(f"in-process   TTFT {local['ttft_s'] * 1e3:8.1f} ms   decode {local['tok_per_s']:8.1f} tok/s")
     print(f"full stack   TTFT {stack['ttft_s'] * 1e3:8.1f} ms   decode {stack['tok_per_s']:8.1f} tok/s")
     print(f"stack/local  TTFT x{stack['ttft_s'] / local['ttft_s']:.3f}        "
           f"tok/s x{stack['tok_per_s'] / local['tok_per_s']:.3f}")
-    print(f"state ship   {ship['state_mb']:.1f} MB over loopback TCP: {ship['median_s'] * 1e3:.1f} ms "
-          f"median of {args.repeats} ({ship['gb_per_s']:.2f} GB/s)")
 
 
 if __name__ == "__main__":
