@@ -35,14 +35,15 @@ SAMPLES = [
     Heartbeat("h2", "decode-1", "decode", "tcp://127.0.0.1:1", 8, "m.gguf", 3, 1),
     PrefillDone("r1", "prefill-1", 17, 0.25),
     Tokens("r1", "decode-1", [5, 6, 7]),
-    Finished("r1", "decode-1", "length", 9, 26, None),
-    Finished("r1", "decode-1", "stop", 9, 26, state(1)),
+    Finished("r1", "decode-1", "length", 9, 26, None, None),
+    Finished("r1", "decode-1", "stop", 9, 26, state(1), np.ones(11, np.float32)),
     Failed("r1", "prefill-1", "boom"),
     HelloAck("h1", "decode-1", True, ""),
     Cancel("r1", "client disconnected"),
     PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {"temperature": 0.0, "seed": None}, 16, [3],
-                   False, None),
-    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {}, 16, [], True, state(2)),
+                   False, None, None),
+    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), None),
+    PrefillRequest("r2", [], [9, 1, 2], 3, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), np.ones(11, np.float32)),
     DecodeRequest("r3", 3, [1, 2, 3], {"top_k": 4}, 5, [0], False, state(3), np.arange(11, dtype=np.float32)),
 ]
 
@@ -131,7 +132,7 @@ def _readable(header: bytes) -> bool:
 
 def test_encode_refuses_object_arrays():
     with pytest.raises(ProtocolError, match="cannot go on the wire"):
-        encode_message(Finished("r", "w", "stop", 1, 1, [np.array([object()])]))
+        encode_message(Finished("r", "w", "stop", 1, 1, [np.array([object()])], None))
 
 
 def test_inbox_survives_garbage_and_keeps_serving():

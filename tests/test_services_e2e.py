@@ -9,6 +9,7 @@ import sys
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -199,3 +200,87 @@ def test_metrics_move(client, stack, local):
     assert delta("decode", "fermium_decode_batch_size_count{}") == n_gen - 1    # the first token comes from prefill
     for service in ("router", "prefill", "decode"):
         assert "fermium_num_requests_running{}" in after[service]
+
+
+class DictCache:
+    """The snapshot seam with an exact-prefix dict behind it (the real store is issue 6's)."""
+
+    wants_final_state = True
+
+    def __init__(self):
+        self.entries: dict[tuple[int, ...], tuple[list, object]] = {}
+
+    def lookup(self, ids):
+        for n in range(len(ids), 0, -1):
+            if ids[:n] in self.entries:
+                arrays, logits = self.entries[ids[:n]]
+                return n, [a.copy() for a in arrays], (logits if n == len(ids) else None)
+        return 0, None, None
+
+    def store(self, ids, arrays, logits):
+        self.entries[tuple(ids)] = ([np.array(a) for a in arrays], np.array(logits))
+
+
+def test_snapshot_seam_in_one_process(tmp_path):
+    """Router dispatch, prefill and decode servers in this process over loopback: a finished
+    sequence's state comes back; a whole-prompt hit skips prefill, a partial hit prefills the rest."""
+    import asyncio
+    import threading
+
+    from common.metrics import RouterMetrics
+    from services.decode.config import DecodeConfig
+    from services.decode.server import DecodeServer
+    from services.prefill.config import PrefillConfig
+    from services.prefill.server import PrefillServer
+    from services.router.admission import Admission
+    from services.router.dispatch import Dispatcher
+    from services.router.generation import Generation
+    from services.router.schema import Job
+
+    path = str(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    model = GGUFModel(path)
+    tok, engine = Tokenizer.from_gguf(model), ReferenceEngine(model)
+    cache = DictCache()
+    greedy = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, seed=None)
+
+    def expect(ids: list[int], n: int) -> str:
+        return tok.decode(list(generate(engine, ids, SamplingParams(), n, tok.eos_ids)))
+
+    async def main() -> tuple[list[str], list[float], tuple[int, ...]]:
+        dispatcher = Dispatcher("tcp://127.0.0.1:0", heartbeat_timeout=10, metrics=RouterMetrics(), cache=cache)
+        await dispatcher.start()
+        servers = [PrefillServer(PrefillConfig(path, router=dispatcher.inbox.address)),
+                   DecodeServer(DecodeConfig(path, router=dispatcher.inbox.address, engine="reference"))]
+        threads = [threading.Thread(target=lambda s=s: (s.start(), s.serve_forever()), daemon=True) for s in servers]
+        for t in threads:
+            t.start()
+        while dispatcher.registry.count("prefill") + dispatcher.registry.count("decode") < 2:
+            await asyncio.sleep(0.05)
+        gen = Generation(tok, dispatcher, Admission(4, 4), dispatcher.metrics)
+        prompt = tuple(tok.encode("the cat"))
+        texts, prefilled = [], []
+        texts.append(await run(gen, Job(False, "m", prompt, 8, greedy, (), False, False)))
+        (key,) = cache.entries                                  # prompt + 7 of the 8 tokens, fed
+        prefill_tokens = servers[0].metrics.registry.get_sample_value
+        for ids in (key, key + tuple(tok.encode("ab"))):
+            before = prefill_tokens("fermium_prefill_tokens_total")
+            texts.append(await run(gen, Job(False, "m", ids, 4, greedy, (), False, False)))
+            prefilled.append(prefill_tokens("fermium_prefill_tokens_total") - before)
+        for s in servers:
+            s.stop()
+        for t in threads:
+            t.join(5)
+        for s in servers:
+            s.close()
+        await dispatcher.close()
+        return texts, prefilled, key
+
+    async def run(gen, job) -> str:
+        await gen.admit()
+        return (await gen.collect(job, time.perf_counter())).text
+
+    texts, prefilled, key = asyncio.run(main())
+    prompt = tok.encode("the cat")
+    assert len(key) == len(prompt) + 7 and texts[0] == expect(prompt, 8)
+    assert texts[1] == expect(list(key), 4) and prefilled[0] == 0                     # whole prompt cached
+    assert texts[2] == expect([*key, *tok.encode("ab")], 4) and prefilled[1] == len(tok.encode("ab"))

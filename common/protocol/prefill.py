@@ -5,7 +5,9 @@ Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n array
     0x20 PrefillRequest  router -> prefill: tokens to run, where to ship the result
 
 `start_state` (SequenceState.arrays() order, at position `start_pos`) is the snapshot seam:
-when set, only `tokens` (the suffix after the cached prefix) are prefilled on top of it.
+when set, only `tokens` (the suffix after the cached prefix) are prefilled on top of it. When
+the whole prompt was cached, `tokens` is empty and `start_logits` (vocab,) f32 are the logits
+at `start_pos`, shipped on to decode without running the backend.
 `history` is the whole prompt, which the sampler may need (repetition penalty).
 """
 from __future__ import annotations
@@ -24,4 +26,5 @@ class PrefillRequest(Message):
     stop_ids: list[int]
     return_state: bool
     start_state: list | None
-    ARRAYS = ("start_state",)
+    start_logits: object
+    ARRAYS = ("start_state", "start_logits")

@@ -49,14 +49,16 @@ class Tokens(Message):
 
 @message(0x14)
 class Finished(Message):
-    """End of a sequence. `state` (SequenceState.arrays() order) is set when it was asked for."""
+    """End of a sequence. When asked for, `state` (SequenceState.arrays() order) is the state
+    at `pos` and `logits` (vocab,) the distribution the last token was sampled from there."""
 
     worker_id: str
     reason: str          # "stop" | "length" | "cancelled"
     n_generated: int
     pos: int
     state: list | None
-    ARRAYS = ("state",)
+    logits: object
+    ARRAYS = ("state", "logits")
 
 
 @message(0x15)

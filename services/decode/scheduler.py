@@ -20,6 +20,7 @@ class Sequence:
     stop_ids: frozenset[int]
     return_state: bool
     next_token: int = -1             # sampled, not yet fed to the engine
+    logits: Any = None               # (vocab,) what next_token was sampled from
     generated: int = 0               # tokens sampled, the stop token included
     finish_reason: str | None = None
     joined_at: float = 0.0

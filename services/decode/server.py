@@ -84,7 +84,8 @@ class DecodeServer:
             raise ValueError(f"logits shape {req.logits.shape}, vocabulary is {self.model.config.vocab_size}")
         seq = Sequence(req.rid, state, Sampler(SamplingParams(**req.sampling)), list(req.history),
                        req.max_tokens, frozenset(req.stop_ids), req.return_state, joined_at=time.perf_counter())
-        if self._accept(seq, seq.sampler.sample(np.asarray(req.logits), seq.history)):
+        seq.logits = np.asarray(req.logits)
+        if self._accept(seq, seq.sampler.sample(seq.logits, seq.history)):
             self.sched.add(seq)
         else:
             self._finish(seq, seq.finish_reason or "length", retire=False)
@@ -109,8 +110,9 @@ class DecodeServer:
         if retire:
             self.sched.retire(seq)
         self.metrics.requests.labels(reason).inc()
-        state = seq.state.arrays() if seq.return_state and reason != "cancelled" else None
-        self.link.send(Finished(seq.rid, self.link.worker_id, reason, seq.generated, seq.state.pos, state))
+        keep = seq.return_state and reason != "cancelled"
+        state, logits = (seq.state.arrays(), np.asarray(seq.logits, np.float32)) if keep else (None, None)
+        self.link.send(Finished(seq.rid, self.link.worker_id, reason, seq.generated, seq.state.pos, state, logits))
 
     def step(self, timeout: float = 0.05) -> None:
         self._take(timeout if not len(self.sched) else 0)
@@ -131,6 +133,7 @@ class DecodeServer:
         self.metrics.step_time.observe(time.perf_counter() - t0)
         self.metrics.batch_size.observe(len(batch))
         for seq, row in zip(batch, logits):
+            seq.logits = row
             if not self._accept(seq, seq.sampler.sample(row, seq.history)):
                 self._finish(seq, seq.finish_reason or "length")
         self._gauges()

@@ -6,7 +6,9 @@ then runs on the loop, so no lock is needed. Each request gets a Track whose `ev
 receives PrefillDone, Tokens, Finished or Failed messages, in order.
 
 The snapshot seam (issue 6): `PrefixCache.lookup(ids)` is the one place a prefix is looked up
-before prefill; `store()` receives the final state decode returns when `wants_final_state`.
+before prefill: it returns the cached position, the state there and, when the whole prompt is
+cached, the logits there (then nothing is prefilled). `store()` receives the final state and
+logits that decode returns when `wants_final_state`, keyed by the tokens up to its position.
 """
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ REAP_INTERVAL_S = 0.25
 class PrefixCache(Protocol):
     wants_final_state: bool
 
-    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None]: ...
-    def store(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray]) -> None: ...
+    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]: ...
+    def store(self, ids: tuple[int, ...], arrays: list[np.ndarray], logits: np.ndarray) -> None: ...
 
 
 class NoPrefixCache:
@@ -45,10 +47,10 @@ class NoPrefixCache:
 
     wants_final_state = False
 
-    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None]:
-        return 0, None
+    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]:
+        return 0, None, None
 
-    def store(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray]) -> None:
+    def store(self, ids: tuple[int, ...], arrays: list[np.ndarray], logits: np.ndarray) -> None:
         return None
 
 
@@ -99,7 +101,7 @@ class Dispatcher:
             if w is None:
                 raise NoWorkers(f"no {role} worker is connected; start one with "
                                 f"`fermium {role} --router {self.address}`")
-        start, state = self.cache.lookup(job.prompt_ids)
+        start, state, logits = self.cache.lookup(job.prompt_ids)
         rid = uuid.uuid4().hex
         track = Track(rid, job.prompt_ids, prefill.worker_id, decode.worker_id)
         self.tracks[rid] = track
@@ -107,7 +109,8 @@ class Dispatcher:
         decode.inflight.add(rid)
         prefill.link.put(PrefillRequest(
             rid, list(job.prompt_ids[start:]), list(job.prompt_ids), start, decode.address, job.sampling,
-            job.max_tokens, list(stop_ids), self.cache.wants_final_state, state))
+            job.max_tokens, list(stop_ids), self.cache.wants_final_state, state,
+            logits if start == len(job.prompt_ids) else None))
         return track
 
     def cancel(self, rid: str, reason: str) -> None:
@@ -143,8 +146,8 @@ class Dispatcher:
         elif isinstance(msg, Tokens):
             track.generated.extend(msg.tokens)
         elif isinstance(msg, Finished):
-            if msg.state is not None:
-                self.cache.store(track.prompt + tuple(track.generated), msg.pos, msg.state)
+            if msg.state is not None and msg.logits is not None:
+                self.cache.store((track.prompt + tuple(track.generated))[:msg.pos], msg.state, msg.logits)
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return

@@ -54,17 +54,17 @@ class LocalDispatcher:
                 post(PrefillDone(rid, "local", len(job.prompt_ids), time.perf_counter() - t0))
                 for n in range(1, job.max_tokens + 1):
                     if rid in self._cancelled:
-                        post(Finished(rid, "local", "cancelled", n - 1, state.pos, None))
+                        post(Finished(rid, "local", "cancelled", n - 1, state.pos, None, None))
                         return
                     token = sampler.sample(logits, history)
                     if token in stop_ids:
-                        post(Finished(rid, "local", "stop", n, state.pos, None))
+                        post(Finished(rid, "local", "stop", n, state.pos, None, None))
                         return
                     history.append(token)
                     post(Tokens(rid, "local", [token]))
                     if n < job.max_tokens:
                         logits = self.engine.decode([token], [state])[0]
-                post(Finished(rid, "local", "length", job.max_tokens, state.pos, None))
+                post(Finished(rid, "local", "length", job.max_tokens, state.pos, None, None))
         except Exception as e:
             post(Failed(rid, "local", f"{type(e).__name__}: {e}"))
 
