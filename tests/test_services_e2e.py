@@ -217,8 +217,8 @@ class DictCache:
                 return n, [a.copy() for a in arrays], (logits if n == len(ids) else None)
         return 0, None, None
 
-    def store(self, ids, arrays, logits):
-        self.entries[tuple(ids)] = ([np.array(a) for a in arrays], np.array(logits))
+    def store_state(self, ids, pos, arrays, logits, source):
+        self.entries[tuple(ids[:pos])] = ([np.array(a) for a in arrays], np.array(logits))
 
 
 def test_snapshot_seam_in_one_process(tmp_path):

@@ -7,8 +7,9 @@ receives PrefillDone, Tokens, Finished or Failed messages, in order.
 
 The snapshot seam (issue 6): `PrefixCache.lookup(ids)` is the one place a prefix is looked up
 before prefill: it returns the cached position, the state there and, when the whole prompt is
-cached, the logits there (then nothing is prefilled). `store()` receives the final state and
-logits that decode returns when `wants_final_state`, keyed by the tokens up to its position.
+cached, the logits there (then nothing is prefilled). `store_state()` receives the final state
+and logits that decode returns when `wants_final_state` (`services/router/snapshots.py` is the
+store behind it).
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class PrefixCache(Protocol):
     wants_final_state: bool
 
     def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]: ...
-    def store(self, ids: tuple[int, ...], arrays: list[np.ndarray], logits: np.ndarray) -> None: ...
+    def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
+                    source: str) -> None: ...
 
 
 class NoPrefixCache:
@@ -50,7 +52,8 @@ class NoPrefixCache:
     def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]:
         return 0, None, None
 
-    def store(self, ids: tuple[int, ...], arrays: list[np.ndarray], logits: np.ndarray) -> None:
+    def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
+                    source: str) -> None:
         return None
 
 
@@ -147,7 +150,8 @@ class Dispatcher:
             track.generated.extend(msg.tokens)
         elif isinstance(msg, Finished):
             if msg.state is not None and msg.logits is not None:
-                self.cache.store((track.prompt + tuple(track.generated))[:msg.pos], msg.state, msg.logits)
+                self.cache.store_state(track.prompt + tuple(track.generated), msg.pos, msg.state, msg.logits,
+                                       "decode")
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return
