@@ -22,9 +22,13 @@ AVX_MNEMONIC = re.compile(r"\bv[a-z0-9]+\b")   # every VEX/EVEX instruction's mn
 
 
 @pytest.fixture(scope="module")
-def ssse3_objects(tmp_path_factory):
-    objs = native_build.compile_isa_objects(tmp_path_factory.mktemp("isa"))
-    ssse3 = [o for o in objs if o.stem.endswith("_ssse3")]
+def isa_objects(tmp_path_factory):
+    return native_build.compile_isa_objects(tmp_path_factory.mktemp("isa"))
+
+
+@pytest.fixture(scope="module")
+def ssse3_objects(isa_objects):
+    ssse3 = [o for o in isa_objects if o.stem.endswith("_ssse3")]
     assert ssse3, "no *_ssse3.c sources found"
     return ssse3
 
@@ -49,9 +53,9 @@ def test_ssse3_objects_have_no_avx(ssse3_objects):
         assert "pmaddubsw" in mnemonics, f"{obj.name}: no pmaddubsw: is it really the SSSE3 kernel?"
 
 
-def test_the_check_catches_avx(tmp_path):
+def test_the_check_catches_avx(isa_objects):
     """The same check on the AVX2 sibling must fail, or it proves nothing."""
-    obj = next(o for o in native_build.compile_isa_objects(tmp_path) if o.stem == "dot32_avx2")
+    obj = next(o for o in isa_objects if o.stem == "dot32_avx2")
     body = [ln for ln in disassemble(obj) if re.match(r"^\s*[0-9a-f]+:", ln)]
     assert any(WIDE_REGISTER.search(ln) for ln in body)
 

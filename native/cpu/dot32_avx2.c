@@ -26,7 +26,6 @@ static inline __m256 scales8(const uint8_t *first, size_t stride) {
     return _mm256_cvtph_ps(h);
 }
 
-static inline __m256 lane(__m256 v, int k) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(k)); }
 
 // 16 bytes of nibbles (low halves then high halves, unsigned) . 32 activations -> 8 float
 static inline __m256 dot_u4(const uint8_t *qs, const int8_t *a) {
@@ -54,11 +53,13 @@ float fm_dot_q4_0_a8_avx2(int n, const void *w, const void *a) {
     int b = 0;
     for (; b + 8 <= nb; b += 8) {
         const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_q4_0));
-        const __m256 dd = _mm256_mul_ps(dw, _mm256_loadu_ps(dy + b));
+        float dd[8];   // per-block scales, broadcast back by loads
+        _mm256_storeu_ps(dd, _mm256_mul_ps(dw, _mm256_loadu_ps(dy + b)));
         off = _mm256_fmadd_ps(dw, _mm256_loadu_ps(sy + b), off);
+#pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {
-            acc0 = _mm256_fmadd_ps(dot_u4(x[b + k].qs, q + QK32 * (b + k)), lane(dd, k), acc0);
-            acc1 = _mm256_fmadd_ps(dot_u4(x[b + k + 1].qs, q + QK32 * (b + k + 1)), lane(dd, k + 1), acc1);
+            acc0 = _mm256_fmadd_ps(dot_u4(x[b + k].qs, q + QK32 * (b + k)), _mm256_broadcast_ss(dd + k), acc0);
+            acc1 = _mm256_fmadd_ps(dot_u4(x[b + k + 1].qs, q + QK32 * (b + k + 1)), _mm256_broadcast_ss(dd + k + 1), acc1);
         }
     }
     float sum = hsum256_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * hsum256_ps(off);
@@ -77,10 +78,12 @@ float fm_dot_q8_0_a8_avx2(int n, const void *w, const void *a) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int b = 0;
     for (; b + 8 <= nb; b += 8) {
-        const __m256 dd = _mm256_mul_ps(scales8((const uint8_t *)&x[b].d, sizeof(block_q8_0)), _mm256_loadu_ps(dy + b));
+        float dd[8];
+        _mm256_storeu_ps(dd, _mm256_mul_ps(scales8((const uint8_t *)&x[b].d, sizeof(block_q8_0)), _mm256_loadu_ps(dy + b)));
+#pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {
-            acc0 = _mm256_fmadd_ps(dot_i8(x[b + k].qs, q + QK32 * (b + k)), lane(dd, k), acc0);
-            acc1 = _mm256_fmadd_ps(dot_i8(x[b + k + 1].qs, q + QK32 * (b + k + 1)), lane(dd, k + 1), acc1);
+            acc0 = _mm256_fmadd_ps(dot_i8(x[b + k].qs, q + QK32 * (b + k)), _mm256_broadcast_ss(dd + k), acc0);
+            acc1 = _mm256_fmadd_ps(dot_i8(x[b + k + 1].qs, q + QK32 * (b + k + 1)), _mm256_broadcast_ss(dd + k + 1), acc1);
         }
     }
     float sum = hsum256_ps(_mm256_add_ps(acc0, acc1));

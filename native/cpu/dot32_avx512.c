@@ -59,6 +59,7 @@ static inline float dot256(__m256i u, const int8_t *a) {
             const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_t));                     \
             const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(dy + b)));     \
             off = _mm256_fmadd_ps(dw, _mm256_loadu_ps(sy + b), off);                                  \
+            _Pragma("GCC unroll 4")                                                                   \
             for (int k = 0; k < 8; k += 2) {                                                          \
                 const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned2(x + b + k),   \
                                                       _mm512_loadu_si512((const void *)(q + QK32 * (b + k)))); \

@@ -10,23 +10,36 @@ static inline float hsum256_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static inline int hsum_i32(__m128i v) {
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1));
-    return _mm_cvtsi128_si32(v);
-}
-
 #define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 
-static inline int mins_dot(const uint8_t *mins8, const int16_t *bsums) {
-    __m128i b0 = _mm_loadu_si128((const __m128i *)bsums), b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
-    __m128i m = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mins8));
-    return hsum_i32(_mm_madd_epi16(m, _mm_hadd_epi16(b0, b1)));
+// pshufb patterns over a broadcast 8 x int16 vector: lane k to all 16 lanes (rows 0..7), or
+// lane k to the low 128 bits and lane k+1 to the high 128 bits (rows 8..11, k = 0, 2, 4, 6)
+static const uint8_t PATTERNS[12][32] __attribute__((aligned(32))) = {
+#define H(k) 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, \
+             2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1
+    { H(0), H(0) }, { H(1), H(1) }, { H(2), H(2) }, { H(3), H(3) },
+    { H(4), H(4) }, { H(5), H(5) }, { H(6), H(6) }, { H(7), H(7) },
+    { H(0), H(1) }, { H(2), H(3) }, { H(4), H(5) }, { H(6), H(7) },
+#undef H
+};
+
+static inline __m256i pick(__m256i v, int row) {
+    return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)PATTERNS[row]));
 }
 
-// 32 unsigned quants . 32 activations, times a per-128-bit-lane int16 scale -> 8 int32
+// 32 unsigned quants . 32 activations, times an int16 scale vector -> 8 int32
 static inline __m256i dot32_scaled(__m256i u, const int8_t *v, __m256i scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, LOAD(v)), scale);
+}
+
+// the 8 scales as int16 in both 128-bit halves; mins . pair sums of bsums as 4 int32
+static inline __m256i k4_scales(const uint8_t *packed, const int16_t *bsums, __m128i *mins_dot) {
+    uint32_t sm[4];
+    fm_unpack_scales_k4(packed, sm);
+    const __m128i v = _mm_loadu_si128((const __m128i *)sm);
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums), b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    *mins_dot = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(v, 8)), _mm_hadd_epi16(b0, b1));
+    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
 }
 
 float fm_dot_q4_K_a8_avx2(int n, const void *w, const void *a) {
@@ -34,24 +47,23 @@ float fm_dot_q4_K_a8_avx2(int n, const void *w, const void *a) {
     const block_a8_256 *y = a;
     const __m256i m4 = _mm256_set1_epi8(0xF);
     __m256 acc = _mm256_setzero_ps();
-    float summin = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
-        uint32_t sm[4];
-        fm_unpack_scales_k4(x[b].scales, sm);
-        const uint8_t *sc = (const uint8_t *)sm;
+        __m128i md;
+        const __m256i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m256i si = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++, q += 32, v += 64) {
-            __m256i qq = LOAD(q);
-            si = _mm256_add_epi32(si, dot32_scaled(_mm256_and_si256(qq, m4), v, _mm256_set1_epi16(sc[2 * j])));
-            si = _mm256_add_epi32(si, dot32_scaled(_mm256_and_si256(_mm256_srli_epi16(qq, 4), m4), v + 32,
-                                                   _mm256_set1_epi16(sc[2 * j + 1])));
+            const __m256i qq = LOAD(q);
+            si = _mm256_add_epi32(si, dot32_scaled(_mm256_and_si256(qq, m4), v, pick(sc, 2 * j)));
+            si = _mm256_add_epi32(si, dot32_scaled(_mm256_and_si256(_mm256_srli_epi16(qq, 4), m4), v + 32, pick(sc, 2 * j + 1)));
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(_cvtsh_ss(x[b].d) * y[b].d), acc);
-        summin += _cvtsh_ss(x[b].dmin) * y[b].d * (float)mins_dot(sc + 8, y[b].bsums);
+        const float dy = y[b].d;
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(_cvtsh_ss(x[b].d) * dy), acc);
+        accm = _mm_fmadd_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(_cvtsh_ss(x[b].dmin) * dy), accm);
     }
-    return hsum256_ps(acc) - summin;
+    return hsum256_ps(acc) - hsum256_ps(_mm256_castps128_ps256(accm));
 }
 
 float fm_dot_q5_K_a8_avx2(int n, const void *w, const void *a) {
@@ -59,33 +71,28 @@ float fm_dot_q5_K_a8_avx2(int n, const void *w, const void *a) {
     const block_a8_256 *y = a;
     const __m256i m4 = _mm256_set1_epi8(0xF), bit4 = _mm256_set1_epi8(0x10);
     __m256 acc = _mm256_setzero_ps();
-    float summin = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
-        uint32_t sm[4];
-        fm_unpack_scales_k4(x[b].scales, sm);
-        const uint8_t *sc = (const uint8_t *)sm;
+        __m128i md;
+        const __m256i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m256i hb = LOAD(x[b].qh);
         __m256i si = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++, q += 32, v += 64) {
-            __m256i qq = LOAD(q);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(qq, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qq, 4), m4),
-                                         _mm256_and_si256(_mm256_slli_epi16(hb, 3), bit4));
-            si = _mm256_add_epi32(si, dot32_scaled(lo, v, _mm256_set1_epi16(sc[2 * j])));
-            si = _mm256_add_epi32(si, dot32_scaled(hi, v + 32, _mm256_set1_epi16(sc[2 * j + 1])));
+            const __m256i qq = LOAD(q);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(qq, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qq, 4), m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hb, 3), bit4));
+            si = _mm256_add_epi32(si, dot32_scaled(lo, v, pick(sc, 2 * j)));
+            si = _mm256_add_epi32(si, dot32_scaled(hi, v + 32, pick(sc, 2 * j + 1)));
             hb = _mm256_srli_epi16(hb, 2);
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(_cvtsh_ss(x[b].d) * y[b].d), acc);
-        summin += _cvtsh_ss(x[b].dmin) * y[b].d * (float)mins_dot(sc + 8, y[b].bsums);
+        const float dy = y[b].d;
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(_cvtsh_ss(x[b].d) * dy), acc);
+        accm = _mm_fmadd_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(_cvtsh_ss(x[b].dmin) * dy), accm);
     }
-    return hsum256_ps(acc) - summin;
-}
-
-// int16 scale vector: sc[g] in the low 128-bit lane, sc[g+1] in the high one
-static inline __m256i pair_scale(const int8_t *sc, int g) {
-    return _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+    return hsum256_ps(acc) - hsum256_ps(_mm256_castps128_ps256(accm));
 }
 
 float fm_dot_q6_K_a8_avx2(int n, const void *w, const void *a) {
@@ -95,23 +102,24 @@ float fm_dot_q6_K_a8_avx2(int n, const void *w, const void *a) {
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
         const uint8_t *ql = x[b].ql, *qh = x[b].qh;
-        const int8_t *sc = x[b].scales, *v = y[b].qs;
-        __m256i si = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, v += 128) {
-            __m256i l0 = LOAD(ql), l1 = LOAD(ql + 32), hh = LOAD(qh);
-            __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m2));
-            __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m2));
-            __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hh, m2));
-            __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                         _mm256_and_si256(_mm256_srli_epi16(hh, 2), m2));
-            si = _mm256_add_epi32(si, dot32_scaled(u0, v, pair_scale(sc, 0)));
-            si = _mm256_add_epi32(si, dot32_scaled(u1, v + 32, pair_scale(sc, 2)));
-            si = _mm256_add_epi32(si, dot32_scaled(u2, v + 64, pair_scale(sc, 4)));
-            si = _mm256_add_epi32(si, dot32_scaled(u3, v + 96, pair_scale(sc, 6)));
+        const int8_t *v = y[b].qs;
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
+        // the stored quants are offset by +32: start from -32 * sum_g scale[g] * bsum[g]
+        __m256i si = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), LOAD(y[b].bsums));
+        si = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(si, 5));
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32, v += 128) {
+            const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
+            const __m256i l0 = LOAD(ql), l1 = LOAD(ql + 32), hh = LOAD(qh);
+            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m2));
+            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m2));
+            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hh, m2));
+            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(hh, 2), m2));
+            si = _mm256_add_epi32(si, dot32_scaled(u0, v, pick(sc, 8)));
+            si = _mm256_add_epi32(si, dot32_scaled(u1, v + 32, pick(sc, 9)));
+            si = _mm256_add_epi32(si, dot32_scaled(u2, v + 64, pick(sc, 10)));
+            si = _mm256_add_epi32(si, dot32_scaled(u3, v + 96, pick(sc, 11)));
         }
-        // quants are stored +32: subtract 32 * sum_g scale[g] * bsum[g]
-        __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales));
-        si = _mm256_sub_epi32(si, _mm256_slli_epi32(_mm256_madd_epi16(s16, LOAD(y[b].bsums)), 5));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(_cvtsh_ss(x[b].d) * y[b].d), acc);
     }
     return hsum256_ps(acc);

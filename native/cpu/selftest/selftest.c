@@ -1,0 +1,86 @@
+/* Standalone check of the native/cpu kernels, without Python: every ISA this CPU runs
+ * against the generic sibling on random blocks, then a cache-resident speed figure per kernel.
+ * Not part of the extension. Build from the repository root:
+ *
+ *   cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize}.c \
+ *      native/cpu/dot*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_selftest
+ *
+ * (build/native_cpu_isa holds the per-ISA objects that `pip install -e .` compiled.) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <x86intrin.h>
+#include "fermium_cpu.h"
+#include "quants.h"
+
+#define COLS 2048
+#define ROWS 128
+#define SIBLING_RTOL 1e-5   // same integer sums, different float accumulation order
+
+static const int TYPES[] = { FM_Q4_0, FM_Q8_0, FM_Q4_K, FM_Q5_K, FM_Q6_K, FM_F32, FM_F16, FM_BF16 };
+static const char *TYPE_NAMES[] = { "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16" };
+
+static uint32_t rng = 12345;
+static uint32_t next(void) { rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5; return rng; }
+
+// random valid rows: random bytes, every f16 scale field set to a small random value
+static void fill_rows(int type, uint8_t *w, size_t row_bytes) {
+    for (size_t i = 0; i < row_bytes * ROWS; i++) w[i] = (uint8_t)next();
+    const int bb = fm_type_block_bytes(type), blk = fm_type_block(type);
+    for (int r = 0; r < ROWS; r++)
+        for (int b = 0; b < COLS / blk; b++) {
+            uint8_t *p = w + r * row_bytes + (size_t)b * bb;
+            const fm_f16 h = fm_f32_to_f16(0.001f + 0.003f * (next() % 1000) / 1000.0f);
+            if (type == FM_Q6_K) memcpy(p + 208, &h, 2);
+            else if (type == FM_Q4_0 || type == FM_Q8_0) memcpy(p, &h, 2);
+            else if (type == FM_Q4_K || type == FM_Q5_K) { memcpy(p, &h, 2); memcpy(p + 2, &h, 2); }
+            else if (type == FM_F32) { float f = ((int)(next() % 2001) - 1000) / 1000.0f; memcpy(p, &f, 4); }
+            else if (type == FM_F16) memcpy(p, &h, 2);
+            else { uint16_t bf = 0x3C00 | (next() & 0x80FF); memcpy(p, &bf, 2); }
+        }
+}
+
+int main(void) {
+    int failures = 0;
+    const double tsc_hz = 0;  // ratios only: cycles are TSC ticks
+    (void)tsc_hz;
+    float x[COLS];
+    for (int i = 0; i < COLS; i++) x[i] = ((int)(next() % 2001) - 1000) / 500.0f;
+    printf("best ISA here: %s\n", fm_isa_name(fm_isa_best()));
+    for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
+        const int type = TYPES[t];
+        const size_t row_bytes = (size_t)COLS / fm_type_block(type) * fm_type_block_bytes(type);
+        uint8_t *w = malloc(row_bytes * ROWS), *act = malloc(fm_act_bytes(type, COLS));
+        fill_rows(type, w, row_bytes);
+        fm_quantize_act(type, x, COLS, act);
+        printf("%-5s", TYPE_NAMES[t]);
+        for (int isa = 0; isa < 4; isa++) {
+            if (!fm_isa_supported(isa)) continue;
+            double worst = 0.0;
+            for (int r = 0; r < ROWS; r++) {
+                const float g = fm_vec_dot(0, type, COLS, w + r * row_bytes, act);
+                const float s = fm_vec_dot(isa, type, COLS, w + r * row_bytes, act);
+                const double rel = fabs((double)s - g) / (fabs(g) + 1e-3);
+                worst = rel > worst ? rel : worst;
+            }
+            volatile float sink = 0.0f;
+            double best = 1e30;
+            for (int rep = 0; rep < 50; rep++) {
+                const unsigned long long t0 = __rdtsc();
+                for (int r = 0; r < ROWS; r++) sink += fm_vec_dot(isa, type, COLS, w + r * row_bytes, act);
+                const double ticks = (double)(__rdtsc() - t0);
+                best = ticks < best ? ticks : best;
+            }
+            const int ok = worst <= SIBLING_RTOL * 100;   // relative to |dot|, which can be small
+            failures += !ok;
+            printf("  %s %s %.1e %.2f B/tick", fm_isa_name(isa), ok ? "ok" : "FAIL", worst,
+                   (double)row_bytes * ROWS / best);
+        }
+        printf("\n");
+        free(w);
+        free(act);
+    }
+    printf(failures ? "FAILED: %d kernel(s)\n" : "all kernels agree with generic\n", failures);
+    return failures != 0;
+}
