@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from typing import Callable, Generic, TypeVar
 
 import zmq
@@ -103,9 +102,6 @@ class PullQueue(Generic[T]):
         except queue.Empty:
             return None
 
-    def get_nowait(self) -> T | None:
-        return self.get(timeout=0) if not self._queue.empty() else None
-
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
@@ -138,11 +134,3 @@ class PushQueue(Generic[T]):
         self._queue.put(None)
         self._thread.join(timeout=2)
 
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, hint: str) -> None:
-    """Block until `predicate()` holds; raise TimeoutError naming `what` and how to fix it."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout:.0f} s. {hint}")
-        time.sleep(0.02)
