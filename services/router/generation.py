@@ -97,8 +97,9 @@ class Generation:
         try:
             while True:
                 try:
-                    msg = await asyncio.wait_for(track.events.get(), self.request_timeout)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(self.request_timeout):
+                        msg = await track.events.get()
+                except TimeoutError:
                     outcome = "error"
                     raise GenerationError(f"no reply from the workers for {self.request_timeout:.0f} s") from None
                 if isinstance(msg, PrefillDone):
