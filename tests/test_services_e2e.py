@@ -81,6 +81,17 @@ def test_chat_matches_in_process(client, local):
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
 
 
+def test_bad_requests_over_the_wire(client, stack):
+    with pytest.raises(openai.BadRequestError, match="context limit"):
+        client.completions.create(model="fermium", prompt="x" * 600, max_tokens=4)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: frob"):
+        client.completions.create(model="fermium", prompt="x", max_tokens=4, extra_body={"frob": 1})
+    r = httpx.post(f"{stack.url}/v1/chat/completions", content=b'{"model": "fermium", "messages": [\xff]}')
+    assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]
+
+
 def test_eight_concurrent_streams(client, local, stack):
     tok, expect = local
     want = {p: expect(tok.encode(p)) for p in PROMPTS}
