@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,43 +42,61 @@ LINEAR_LAYERS, FULL_LAYERS = 30, 10
 SSM_SHAPE, CONV_SHAPE, KV_HEADS, HEAD_DIM = (32, 128, 128), (8192, 3), 2, 256
 
 
-def _summary(runs: list[list[float]], starts: list[float]) -> dict:
-    """Median TTFT and median decode rate over runs of token arrival times."""
-    ttft = statistics.median(r[0] - t0 for r, t0 in zip(runs, starts))
+def _summary(runs: list[list[float]]) -> dict:
+    """Median TTFT and median decode rate over runs of token times (seconds from the request)."""
+    ttft = statistics.median(r[0] for r in runs)
     rate = statistics.median((len(r) - 1) / (r[-1] - r[0]) for r in runs)
-    return {"ttft_s": ttft, "tok_per_s": rate, "tokens": len(runs[0])}
+    return {"ttft_s": ttft, "tok_per_s": rate, "tokens": statistics.median(len(r) for r in runs)}
 
 
-def compare(model_path: str, engine_name: str, prompt: str, max_tokens: int, runs: int) -> tuple[dict, dict]:
-    """Alternate in-process and full-stack generations, so both see the same machine load."""
+def local_worker(model_path: str, engine_name: str, prompt: str) -> None:
+    """The in-process side, run as a child: one generation per line on stdin, times as JSON."""
     model = GGUFModel(model_path)
     ids = Tokenizer.from_gguf(model).encode(prompt)
     prefill_engine = ReferenceEngine(model)                # what the `cpu` prefill backend runs
     _, decoder = load_engine(engine_name, model)
-
-    def local(n: int) -> list[float]:
+    for line in sys.stdin:
+        t0 = time.perf_counter()
         sampler, state = Sampler(SamplingParams()), prefill_engine.new_state()
         token = sampler.sample(prefill_engine.prefill(ids, state), ids)
-        times = [time.perf_counter()]
-        for _ in range(n - 1):
+        times = [time.perf_counter() - t0]
+        for _ in range(int(line) - 1):
             token = sampler.sample(decoder.decode([token], [state])[0], ids)
-            times.append(time.perf_counter())
-        return times
+            times.append(time.perf_counter() - t0)
+        print(json.dumps(times), flush=True)
+
+
+def compare(model_path: str, engine_name: str, prompt: str, max_tokens: int, runs: int) -> tuple[dict, dict]:
+    """Alternate in-process and full-stack generations, so both see the same machine load.
+
+    The in-process side runs in a child process in a session of its own, as each service does:
+    with the kernel's per-session CPU groups (autogroup), anything else would compare unequal
+    shares of a busy machine."""
+    local = subprocess.Popen([sys.executable, __file__, "--local-worker", "--model", model_path, "--engine",
+                              engine_name, "--prompt", prompt], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+
+    def run_local(n: int) -> list[float]:
+        local.stdin.write(f"{n}\n")
+        local.stdin.flush()
+        return json.loads(local.stdout.readline())
 
     body = {"model": "fermium", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    sides = {"local": ([], []), "stack": ([], [])}
-    with tempfile.TemporaryDirectory() as logs, httpx.Client(timeout=None) as client, \
-            Stack(model_path, port=free_port(), engine=engine_name, log_dir=Path(logs)) as stack:
-        stack.wait_ready(120)
-        local(2)                                           # warm-ups: first-call costs are not the subject
-        _stream(client, stack.url, {**body, "max_tokens": 2})
-        for _ in range(runs):
-            for name, run in (("local", lambda: local(max_tokens)),
-                              ("stack", lambda: _stream(client, stack.url, body))):
-                starts, times = sides[name]
-                starts.append(time.perf_counter())
-                times.append(run())
-    return _summary(*sides["local"][::-1]), _summary(*sides["stack"][::-1])
+    sides: dict[str, list[list[float]]] = {"local": [], "stack": []}
+    try:
+        with tempfile.TemporaryDirectory() as logs, httpx.Client(timeout=None) as client, \
+                Stack(model_path, port=free_port(), engine=engine_name, log_dir=Path(logs)) as stack:
+            stack.wait_ready(120)
+            run_local(2)                                   # warm-ups: first-call costs are not the subject
+            _stream(client, stack.url, {**body, "max_tokens": 2})
+            for _ in range(runs):
+                sides["local"].append(run_local(max_tokens))
+                t0 = time.perf_counter()
+                sides["stack"].append([t - t0 for t in _stream(client, stack.url, body)])
+    finally:
+        local.stdin.close()
+        local.wait(timeout=30)
+    return _summary(sides["local"]), _summary(sides["stack"])
 
 
 def _stream(client: httpx.Client, url: str, body: dict) -> list[float]:
@@ -129,7 +148,11 @@ def main() -> None:
     ap.add_argument("--kv-tokens", type=int, default=0, help="tokens of KV in the shipped state")
     ap.add_argument("--runs", type=int, default=5, help="generations per side (medians are reported)")
     ap.add_argument("--repeats", type=int, default=10, help="state sends")
+    ap.add_argument("--local-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.local_worker:
+        local_worker(args.model, args.engine, args.prompt)
+        return
     ship = ship_state(args.kv_tokens, args.repeats)
     print(f"state ship   {ship['state_mib']:.1f} MiB ({args.kv_tokens} tokens of KV, logits included) over "
           f"loopback TCP: {ship['median_s'] * 1e3:.1f} ms median of {args.repeats} ({ship['gb_per_s']:.2f} GB/s)")
@@ -140,8 +163,9 @@ def main() -> None:
         args.model = str(default_model_path())
     local, stack = compare(args.model, args.engine, args.prompt, args.max_tokens, args.runs)
     print(f"model {args.model}, decode engine {args.engine}, {args.max_tokens} tokens, median of {args.runs} runs")
-    print(f"in-process   TTFT {local['ttft_s'] * 1e3:8.1f} ms   decode {local['tok_per_s']:8.1f} tok/s")
-    print(f"full stack   TTFT {stack['ttft_s'] * 1e3:8.1f} ms   decode {stack['tok_per_s']:8.1f} tok/s")
+    for name, side in (("in-process", local), ("full stack", stack)):
+        print(f"{name:12} TTFT {side['ttft_s'] * 1e3:8.1f} ms   decode {side['tok_per_s']:8.1f} tok/s"
+              f"   ({side['tokens']:.0f} tokens)")
     print(f"stack/local  TTFT x{stack['ttft_s'] / local['ttft_s']:.3f}        "
           f"tok/s x{stack['tok_per_s'] / local['tok_per_s']:.3f}")
 
