@@ -36,7 +36,10 @@ def _model(path: Optional[Path]) -> str:
     if path is not None:
         return str(path)
     from common.model.default import default_model_path
-    return str(default_model_path())
+    try:
+        return str(default_model_path())
+    except FileNotFoundError as e:
+        raise typer.BadParameter(str(e), param_hint="--model") from None
 
 
 def _logging(level: str) -> None:
