@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -24,6 +25,14 @@ log = logging.getLogger("fermium.worker")
 HEARTBEAT_S = 0.5
 
 
+def reachable(address: str) -> str:
+    """A bound wildcard (tcp://0.0.0.0:P) as others can dial it: this host's name."""
+    for wildcard in ("tcp://0.0.0.0:", "tcp://*:", "tcp://[::]:"):
+        if address.startswith(wildcard):
+            return f"tcp://{socket.gethostname()}:{address[len(wildcard):]}"
+    return address
+
+
 class WorkerLink:
     def __init__(self, role: str, *, router_address: str, inbox_address: str, advertise: str | None,
                  capacity: int, model: str, load: Callable[[], tuple[int, int]],
@@ -37,7 +46,7 @@ class WorkerLink:
         self._queue: queue.Queue[Message] = queue.Queue()
         self.inbox: PullQueue[Message] = PullQueue(inbox_address, name=role, on_message=self._route,
                                                    on_error=self._rejected)
-        self.address = advertise or self.inbox.address
+        self.address = advertise or reachable(self.inbox.address)
         self.router_address = router_address
         self.router: PushQueue[Message] = PushQueue(router_address, name=f"{role}->router")
         self._stop = threading.Event()

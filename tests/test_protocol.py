@@ -179,3 +179,11 @@ def test_handshake_timeout_says_what_to_do():
         assert time.monotonic() - t0 < 3
     finally:
         link.close()
+
+
+def test_wildcard_inbox_is_advertised_by_host_name():
+    import socket
+
+    from common.worker import reachable
+    assert reachable("tcp://0.0.0.0:5561") == f"tcp://{socket.gethostname()}:5561"
+    assert reachable("tcp://10.0.0.7:5561") == "tcp://10.0.0.7:5561"
