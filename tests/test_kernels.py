@@ -111,18 +111,20 @@ def test_dequant_row_matches_gguf(qtype, rng):
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
+    """Batches run the batched kernels (in chunks of 4 activations) where the ISA has them."""
     prev = cpu_lib.active_isa()
     cpu_lib.select_isa(isa)
     try:
         pool = cpu_lib.Pool(threads)
-        rows, n, batch = 300, 512, 3
+        rows, n, batch = 300, 512, 6
         w = random_rows(qtype, rows, n, rng)
         x = rng.standard_normal((batch, n)).astype(np.float32)
         y = cpu_lib.matvec(pool, qtype, w, x)
         for b in range(batch):
             act = cpu_lib.quantize_act(qtype, x[b])
             expect = np.array([cpu_lib.vec_dot(isa, qtype, w[r], act, n) for r in range(rows)], np.float32)
-            np.testing.assert_array_equal(y[b], expect)
+            scale = np.abs(dequantize(w, qtype) if qtype != T.F32 else w.view(np.float32)) @ np.abs(x[b])
+            assert np.all(np.abs(y[b] - expect) <= SIBLING_RTOL * scale)
     finally:
         cpu_lib.select_isa(prev)
 

@@ -25,6 +25,8 @@ QUANT_MEDIAN_REL_TOL = 0.015
 # logits then move by a few percent. Bounded, not zero.
 QUANT_MAX_REL_TOL = 0.1
 QUANT_MIN_ARGMAX_AGREEMENT = 0.9
+# The batched kernels sum a row's blocks in another order than the one-row kernels.
+BATCH_REL_TOL = 1e-5
 PROMPT, STEPS = 24, 8
 
 
@@ -93,9 +95,10 @@ def test_batched_decode_equals_one_at_a_time(files):
     tokens = [7, 300, 42]
     batched = eng.decode(tokens, states)
     for b in range(3):
-        np.testing.assert_array_equal(batched[b], eng.decode([tokens[b]], [alone[b]])[0])
+        one = eng.decode([tokens[b]], [alone[b]])[0]
+        assert np.abs(batched[b] - one).max() <= BATCH_REL_TOL * np.abs(one).max()
         for x, y in zip(states[b].arrays(), alone[b].arrays()):
-            np.testing.assert_array_equal(x, y)
+            assert np.abs(x - y).max() <= BATCH_REL_TOL * max(np.abs(y).max(), 1.0)
     assert [s.pos for s in states] == [6, 12, 1]
 
 

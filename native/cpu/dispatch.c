@@ -10,17 +10,21 @@ enum { ISA_GENERIC, ISA_SSSE3, ISA_AVX2, ISA_AVX512, ISA_COUNT };
 
 typedef struct {
     const char *name;
-    fm_vec_dot_fn dot[KIND_COUNT];   // indexed by fm_kind
+    fm_vec_dot_fn dot[KIND_COUNT];     // indexed by fm_kind
+    fm_vec_dot_n_fn dotn[KIND_COUNT];  // batched rows; NULL: the driver loops dot
 } isa_row;
 
-#define ROW(name, isa, fisa) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
-    fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##fisa, fm_dot_bf16_##fisa } }
+#define ROW(name, isa, fisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
+    fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##fisa, fm_dot_bf16_##fisa }, batched }
+#define NO_DOTN { 0 }
+#define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
+                    [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2 }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
-    ROW("generic", generic, generic),
-    ROW("ssse3", ssse3, generic),
-    ROW("avx2", avx2, avx2),
-    ROW("avx512", avx512, avx2),
+    ROW("generic", generic, generic, NO_DOTN),
+    ROW("ssse3", ssse3, generic, NO_DOTN),
+    ROW("avx2", avx2, avx2, DOTN_AVX2),
+    ROW("avx512", avx512, avx2, DOTN_AVX2),
 };
 
 // GGML type -> traits; activation kind decides how x is quantized before the dot
@@ -91,6 +95,11 @@ const char *fm_isa_name(int isa) {
 fm_vec_dot_fn fm_dot_for(int isa, int kind) {
     if (isa < 0) isa = fm_isa_active();
     return ISA_ROWS[isa].dot[kind];
+}
+
+fm_vec_dot_n_fn fm_dotn_for(int isa, int kind) {
+    if (isa < 0) isa = fm_isa_active();
+    return ISA_ROWS[isa].dotn[kind];
 }
 
 float fm_vec_dot(int isa, int type, int n, const void *w, const void *act) {

@@ -25,9 +25,19 @@ static void mv_task(void *arg, int task, int thread) {
     const int r0 = (task - c->first_task[lo]) * c->rows_per_task[lo];
     const int r1 = r0 + c->rows_per_task[lo] < j->rows ? r0 + c->rows_per_task[lo] : j->rows;
     const fm_vec_dot_fn dot = fm_dot_for(-1, j->kind);
+    const fm_vec_dot_n_fn dotn = j->n > 1 ? fm_dotn_for(-1, j->kind) : NULL;
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = j->w + (size_t)r * j->row_bytes;
-        for (int b = 0; b < j->n; b++) j->outs[b][r] = dot(j->cols, row, j->acts[b]);
+        if (!dotn) {
+            for (int b = 0; b < j->n; b++) j->outs[b][r] = dot(j->cols, row, j->acts[b]);
+            continue;
+        }
+        for (int b = 0; b < j->n; b += FM_DOTN_MAX) {   // the row stays in L1 across chunks
+            float y[FM_DOTN_MAX];
+            const int na = j->n - b < FM_DOTN_MAX ? j->n - b : FM_DOTN_MAX;
+            dotn(j->cols, row, j->acts + b, na, y);
+            for (int i = 0; i < na; i++) j->outs[b + i][r] = y[i];
+        }
     }
 }
 

@@ -87,6 +87,13 @@ FM_DECLARE_DOTS(generic)
 FM_DECLARE_DOTS(ssse3)
 FM_DECLARE_DOTS(avx2)
 FM_DECLARE_DOTS(avx512)
+// one weight row . na <= FM_DOTN_MAX activation rows, results in out[0..na)
+#define FM_DOTN_MAX 4
+typedef void (*fm_vec_dot_n_fn)(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_q4_0_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_q4_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_q6_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+
 FM_DECLARE_FLOAT_DOTS(generic)   // float activations; the SSSE3 row uses these
 FM_DECLARE_FLOAT_DOTS(avx2)      // the AVX-512 row uses these (F16C is there)
 

@@ -1,0 +1,194 @@
+/* AVX2 dot products of one weight row with up to FM_DOTN_MAX activation rows (batched
+ * decode): each weight block is loaded and unpacked once and multiplied into every
+ * activation. Q4_0, Q4_K and Q6_K (the bulk of Q4_0 and Q4_K_M files); other types loop the
+ * single-row kernels. Built with -mavx2 -mfma -mf16c. */
+#include <immintrin.h>
+#include "quants.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float hsum256_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+#define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+
+// ---- Q4_0
+
+INLINE __m256 scales8(const uint8_t *first, size_t stride) {
+#define AT(k) (*(const uint16_t *)(first + (k) * stride))
+    __m128i h = _mm_cvtsi32_si128(AT(0));
+    h = _mm_insert_epi16(h, AT(1), 1);
+    h = _mm_insert_epi16(h, AT(2), 2);
+    h = _mm_insert_epi16(h, AT(3), 3);
+    h = _mm_insert_epi16(h, AT(4), 4);
+    h = _mm_insert_epi16(h, AT(5), 5);
+    h = _mm_insert_epi16(h, AT(6), 6);
+    h = _mm_insert_epi16(h, AT(7), 7);
+#undef AT
+    return _mm256_cvtph_ps(h);
+}
+
+INLINE __m256i nibbles(const uint8_t *qs) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xF));
+}
+
+INLINE __m256 udot(__m256i u, const int8_t *a) {
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, LOAD(a)), _mm256_set1_epi16(1)));
+}
+
+INLINE void q4_0_n(int n, const block_q4_0 *x, const void *const *acts, const int na, float *out) {
+    const int nb = n / QK32;
+    __m256 acc[FM_DOTN_MAX], off[FM_DOTN_MAX];
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) acc[i] = off[i] = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_q4_0));
+        float dd[FM_DOTN_MAX][8];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {
+            _mm256_storeu_ps(dd[i], _mm256_mul_ps(dw, _mm256_loadu_ps(fm_a32_d(acts[i], nb) + b)));
+            off[i] = _mm256_fmadd_ps(dw, _mm256_loadu_ps(fm_a32_s(acts[i], nb) + b), off[i]);
+        }
+        _Pragma("GCC unroll 8")
+        for (int k = 0; k < 8; k++) {
+            const __m256i u = nibbles(x[b + k].qs);
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < na; i++)
+                acc[i] = _mm256_fmadd_ps(udot(u, (const int8_t *)acts[i] + QK32 * (b + k)),
+                                         _mm256_broadcast_ss(&dd[i][k]), acc[i]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) {
+        float s = hsum256_ps(acc[i]) - 8.0f * hsum256_ps(off[i]);
+        const float *dy = fm_a32_d(acts[i], nb), *sy = fm_a32_s(acts[i], nb);
+        for (int t = b; t < nb; t++)
+            s += _cvtsh_ss(x[t].d) * (dy[t] * hsum256_ps(udot(nibbles(x[t].qs), (const int8_t *)acts[i] + QK32 * t)) - 8.0f * sy[t]);
+        out[i] = s;
+    }
+}
+
+// ---- K-quants
+
+static const uint8_t PATTERNS[12][32] __attribute__((aligned(32))) = {
+#define H(k) 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, \
+             2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1
+    { H(0), H(0) }, { H(1), H(1) }, { H(2), H(2) }, { H(3), H(3) },
+    { H(4), H(4) }, { H(5), H(5) }, { H(6), H(6) }, { H(7), H(7) },
+    { H(0), H(1) }, { H(2), H(3) }, { H(4), H(5) }, { H(6), H(7) },
+#undef H
+};
+
+INLINE __m256i pick(__m256i v, int row) {
+    return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)PATTERNS[row]));
+}
+
+INLINE __m256i sdot(__m256i u, const int8_t *v, __m256i scale) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, LOAD(v)), scale);
+}
+
+INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const int na, float *out) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc[FM_DOTN_MAX];
+    __m128 accm[FM_DOTN_MAX];
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) {
+        acc[i] = _mm256_setzero_ps();
+        accm[i] = _mm_setzero_ps();
+    }
+    for (int b = 0; b < n / QK_K; b++) {
+        uint32_t sm[4];
+        fm_unpack_scales_k4(x[b].scales, sm);
+        const __m128i v8 = _mm_loadu_si128((const __m128i *)sm);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v8));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(v8, 8));
+        const float d = _cvtsh_ss(x[b].d), dmin = _cvtsh_ss(x[b].dmin);
+        __m256i si[FM_DOTN_MAX];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) si[i] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < 4; j++) {
+            const __m256i qq = LOAD(x[b].qs + 32 * j);
+            const __m256i lo = _mm256_and_si256(qq, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qq, 4), m4);
+            const __m256i slo = pick(sc, 2 * j), shi = pick(sc, 2 * j + 1);
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < na; i++) {
+                const int8_t *v = ((const block_a8_256 *)acts[i])[b].qs + 64 * j;
+                si[i] = _mm256_add_epi32(si[i], _mm256_add_epi32(sdot(lo, v, slo), sdot(hi, v + 32, shi)));
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {
+            const block_a8_256 *y = (const block_a8_256 *)acts[i] + b;
+            const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums),
+                                                 _mm_loadu_si128((const __m128i *)(y->bsums + 8)));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[i]), _mm256_set1_ps(d * y->d), acc[i]);
+            accm[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, pairs)), _mm_set1_ps(dmin * y->d), accm[i]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) out[i] = hsum256_ps(acc[i]) - hsum256_ps(_mm256_castps128_ps256(accm[i]));
+}
+
+INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const int na, float *out) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(0x30);
+    __m256 acc[FM_DOTN_MAX];
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < n / QK_K; b++) {
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
+        const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+        __m256i si[FM_DOTN_MAX];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {   // the stored quants are offset by +32
+            const __m256i c = _mm256_madd_epi16(s16, LOAD(((const block_a8_256 *)acts[i])[b].bsums));
+            si[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 5));
+        }
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[b].ql + 64 * h, *qh = x[b].qh + 32 * h;
+            const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
+            const __m256i l0 = LOAD(ql), l1 = LOAD(ql + 32), hh = LOAD(qh);
+            const __m256i u[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m2)),
+                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hh, m2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hh, 2), m2)),
+            };
+            _Pragma("GCC unroll 4")
+            for (int g = 0; g < 4; g++) {
+                const __m256i scale = pick(sc, 8 + g);
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < na; i++)
+                    si[i] = _mm256_add_epi32(si[i], sdot(u[g], ((const block_a8_256 *)acts[i])[b].qs + 128 * h + 32 * g, scale));
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++)
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[i]),
+                                     _mm256_set1_ps(_cvtsh_ss(x[b].d) * ((const block_a8_256 *)acts[i])[b].d), acc[i]);
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) out[i] = hsum256_ps(acc[i]);
+}
+
+// one entry point per type; na picks a body whose loops over activations are unrolled
+#define DOTN(name, body, block_t)                                                       \
+    void name(int n, const void *w, const void *const *acts, int na, float *out) {      \
+        switch (na) {                                                                   \
+        case 1: body(n, (const block_t *)w, acts, 1, out); break;                       \
+        case 2: body(n, (const block_t *)w, acts, 2, out); break;                       \
+        case 3: body(n, (const block_t *)w, acts, 3, out); break;                       \
+        default: body(n, (const block_t *)w, acts, 4, out); break;                      \
+        }                                                                               \
+    }
+
+DOTN(fm_dotn_q4_0_a8_avx2, q4_0_n, block_q4_0)
+DOTN(fm_dotn_q4_K_a8_avx2, q4_K_n, block_q4_K)
+DOTN(fm_dotn_q6_K_a8_avx2, q6_K_n, block_q6_K)
