@@ -53,6 +53,9 @@ class _Event:
     def time_since(self, other):
         return 0.0
 
+    def synchronize(self):
+        pass
+
 
 class _Context:
     def push(self):
@@ -146,6 +149,11 @@ class FakeKernels:
             X = m.view(x, (int(max(src)) + 1, K), np.float32, (ldx * 4, 4))[src]
             Y = _f(m, y + row0 * ldy * 4, nrows, N, ldy)
             Y[:] = (Y if accumulate else 0) + X @ W.T
+
+    def dequant_rows(self, stream, qtype, w, row_bytes, rows, out, n, K):
+        idx = self.m.view(rows, n, np.int32) if rows else np.arange(n)
+        raw = self.m.view(w, (int(idx.max()) + 1, row_bytes), np.uint8)[idx]
+        self.m.view(out, (n, K))[:] = raw.view(np.float32) if qtype == Q.F32 else dequantize(raw, Q(qtype))
 
     def rms_norm(self, stream, x, ldx, hsx, y, ldy, hsy, w, rows, per, dim, eps):
         T = rows // per

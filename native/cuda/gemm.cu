@@ -94,3 +94,27 @@ GEMM_KERNEL(gemm_q4_0, dq8_q4_0)
 GEMM_KERNEL(gemm_q4_k, dq8_q4_k)
 GEMM_KERNEL(gemm_q5_k, dq8_q5_k)
 GEMM_KERNEL(gemm_q6_k, dq8_q6_k)
+
+// ---------------------------------------------------------------------------- row dequantization
+// out[r, :] = W[rows ? rows[r] : r, :] as fp32, one block per row (embedding lookups)
+#define DEQUANT_ROWS_KERNEL(name, dq)                                                           \
+    extern "C" __global__ void name(const unsigned char* W, long long row_bytes, const int* rows, \
+                                    float* out, int K)                                          \
+    {                                                                                           \
+        const int r = blockIdx.x;                                                               \
+        const unsigned char* src = W + (long long)(rows ? rows[r] : r) * row_bytes;             \
+        float v[8];                                                                             \
+        for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {                             \
+            dq(src, k, v);                                                                      \
+            for (int i = 0; i < 8; ++i) out[(long long)r * K + k + i] = v[i];                  \
+        }                                                                                       \
+    }
+
+DEQUANT_ROWS_KERNEL(rows_f32, dq8_f32)
+DEQUANT_ROWS_KERNEL(rows_f16, dq8_f16)
+DEQUANT_ROWS_KERNEL(rows_bf16, dq8_bf16)
+DEQUANT_ROWS_KERNEL(rows_q8_0, dq8_q8_0)
+DEQUANT_ROWS_KERNEL(rows_q4_0, dq8_q4_0)
+DEQUANT_ROWS_KERNEL(rows_q4_k, dq8_q4_k)
+DEQUANT_ROWS_KERNEL(rows_q5_k, dq8_q5_k)
+DEQUANT_ROWS_KERNEL(rows_q6_k, dq8_q6_k)

@@ -79,7 +79,7 @@ class CUDABackend:
                                   max_context=int(max_context), regions=int(regions))
             for line in self.plan.describe():
                 log.info(line)
-            free0 = cuda.mem_get_info()[0]
+            self.free_at_start = free0 = cuda.mem_get_info()[0]
             self.kernels = Kernels()
             self.arena = DeviceArena(cuda)
             self.weights = ResidentWeights(cuda, self.arena, model, self.plan)
@@ -94,7 +94,8 @@ class CUDABackend:
             P, E, k = self.plan.pass_tokens, cfg.n_experts, cfg.n_experts_used
             self.counts_h = cuda.pagelocked_empty(E, np.int32)
             self.upload_h = cuda.pagelocked_empty((P * k // 64 + E + 1) * 4 + 7 * E, np.int32)
-            self.embed_h = cuda.pagelocked_empty(P * cfg.hidden_size, np.float32)
+            self.embd = model.tensor("token_embd.weight")
+            self.embed_h = cuda.pagelocked_empty(P * self.embd.row_bytes, np.uint8)
             self.rope_h = cuda.pagelocked_empty(P * max(cfg.rope_dim, 2), np.float32)
             self.tiles_h = cuda.pagelocked_empty(-(-P // 64) * 4, np.int32)
             self.head_host = None if self.plan.head_resident else self._head_source()
@@ -107,7 +108,8 @@ class CUDABackend:
         finally:
             self.ctx.pop()
         self._stats = {"h2d_bytes": 0, "copy_seconds": 0.0, "compute_seconds": 0.0,
-                       "wall_seconds": 0.0, "calls": 0, "tokens": 0,
+                       "wall_seconds": 0.0, "state_io_seconds": 0.0, "routing_wait_seconds": 0.0,
+                       "calls": 0, "tokens": 0, "device_bytes_in_use": 0,
                        "peak_device_bytes": self.arena.peak, "vram_budget_bytes": self.plan.budget,
                        "pinned_host": int(self.host.pinned)}
 
@@ -149,13 +151,18 @@ class CUDABackend:
             raise ValueError(f"context of {pos + len(ids)} tokens exceeds this backend's max_context "
                              f"{self.plan.max_context}")
         h2d0, t0 = self.streamer.h2d_bytes, time.perf_counter()
+        wait0 = self.runner.wait_seconds
         self._upload_state(state)
+        t_up = time.perf_counter()
         H, keep, outs = cfg.hidden_size, self.ws["keep"], []
         for p0 in range(0, len(ids), self.plan.pass_tokens):
             chunk = ids[p0:p0 + self.plan.pass_tokens]
             T = len(chunk)
-            self.embed_h[:T * H] = self.model.tensor("token_embd.weight").dequant(chunk).reshape(-1)
-            cuda.memcpy_htod_async(keep["x"], self.embed_h[:T * H], s)
+            # raw embedding rows go up in their blocks (through xn) and are widened on the device
+            rb = self.embd.row_bytes
+            self.embed_h[:T * rb] = self.embd.raw[chunk].reshape(-1)
+            cuda.memcpy_htod_async(keep["xn"], self.embed_h[:T * rb], s)
+            self.kernels.dequant_rows(s, self.embd.qtype, keep["xn"], rb, 0, keep["x"], T, H)
             tiles = dense_tiles(T).reshape(-1)
             self.tiles_h[:tiles.size] = tiles
             cuda.memcpy_htod_async(keep["tiles"], self.tiles_h[:tiles.size], s)
@@ -173,6 +180,7 @@ class CUDABackend:
                 outs.append(self._head(keep["x"] + (T - 1) * H * F32, 1))
         s.synchronize()
         self.streamer.copy.synchronize()
+        t_down = time.perf_counter()
         self._download_state(state, pos)
         wall = time.perf_counter() - t0
         st = self._stats
@@ -180,6 +188,9 @@ class CUDABackend:
         st["copy_seconds"] += self.streamer.copies.seconds()
         st["compute_seconds"] += self.timeline.seconds()
         st["wall_seconds"] += wall
+        st["state_io_seconds"] += (t_up - t0) + (time.perf_counter() - t_down)
+        st["routing_wait_seconds"] += self.runner.wait_seconds - wait0
+        st["device_bytes_in_use"] = self.free_at_start - cuda.mem_get_info()[0]
         st["calls"] += 1
         st["tokens"] += len(ids)
         st["peak_device_bytes"] = self.arena.peak
@@ -218,8 +229,12 @@ class CUDABackend:
 
     # ------------------------------------------------------------------ state in and out
     def _upload_state(self, state: SequenceState) -> None:
-        cuda, row = self.cuda, self.cfg.n_kv_heads * self.cfg.head_dim
+        cuda, cfg = self.cuda, self.cfg
         for n, ptr in enumerate(self.state.conv):
+            if state.pos == 0:                        # an empty state is all zeros
+                cuda.memset_d32_async(ptr, 0, state.conv[n].size, self.compute)
+                cuda.memset_d32_async(self.state.ssm[n], 0, state.ssm[n].size, self.compute)
+                continue
             cuda.memcpy_htod(ptr, np.ascontiguousarray(state.conv[n], np.float32))
             cuda.memcpy_htod(self.state.ssm[n], np.ascontiguousarray(state.ssm[n], np.float32))
         for n in range(len(self.state.k)):

@@ -18,6 +18,7 @@ GEMM_KERNELS: dict[Q, str] = {
     Q.F32: "gemm_f32", Q.F16: "gemm_f16", Q.BF16: "gemm_bf16", Q.Q8_0: "gemm_q8_0",
     Q.Q4_0: "gemm_q4_0", Q.Q4_K: "gemm_q4_k", Q.Q5_K: "gemm_q5_k", Q.Q6_K: "gemm_q6_k",
 }
+ROWS_KERNELS: dict[Q, str] = {q: name.replace("gemm_", "rows_") for q, name in GEMM_KERNELS.items()}
 GEMM_BM, GEMM_BN, GEMM_BK = 64, 64, 32
 GDN_CHUNK, GDN_TILE, GDN_MAX_DK = 64, 32, 128
 ATT_Q, ATT_MAX_HD = 16, 256
@@ -26,6 +27,7 @@ ROUTE_MAX_E = 1024
 # kernel -> pycuda prepared-call argument format (P pointer, i int32, q int64, f float32)
 SIGNATURES = {
     **{name: "PiPPiiPPqPii" for name in GEMM_KERNELS.values()},
+    **{name: "PqPPi" for name in ROWS_KERNELS.values()},
     "rms_norm": "PiiPiiPiif", "rms_norm_gated": "PPPPif", "l2_norm": "Piiiff",
     "rope_neox": "PiiiiPi", "conv1d_silu": "PPPPiii", "conv1d_state": "PPiii",
     "gdn_gates": "PPPPii", "gdn_chunk_prep": "PPPiiiiiiiPPPP", "gdn_chunk_scan": "PiiiiiiiPPPPPPi",
@@ -78,6 +80,12 @@ class Kernels:
             return
         self._go(GEMM_KERNELS[qtype], (-(-N // GEMM_BN), n_tiles, 1), (256, 1, 1), stream,
                  x, ldx, xrows, y, ldy, int(accumulate), w, woff, row_bytes, tiles, N, K)
+
+    def dequant_rows(self, stream, qtype: Q, w: int, row_bytes: int, rows: int, out: int, n: int, K: int):
+        """out[r] = row rows[r] (or r when rows is 0) of W as fp32, for n rows."""
+        if qtype not in ROWS_KERNELS:
+            raise KernelError(f"no row dequantizer for {Q(qtype).name}")
+        self._go(ROWS_KERNELS[qtype], (n, 1, 1), (128, 1, 1), stream, w, row_bytes, rows, out, K)
 
     # ---- norms and rotary
     def rms_norm(self, stream, x, ldx, hsx, y, ldy, hsy, w, rows, per, dim, eps):

@@ -7,6 +7,7 @@ which experts cross the bus.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,7 @@ class LayerRunner:
         self.eq = {(i, t): model.tensor(f"blk.{i}.{t}.weight") for i in range(cfg.n_layers)
                    for t in EXPERT_TENSORS}
         self.T = 0
+        self.wait_seconds = 0.0         # host blocked on routing counts
 
     # ---------------------------------------------------------------- helpers
     def dense(self, name: str, x: int, ldx: int, y: int, ldy: int, accumulate: bool = False) -> None:
@@ -111,8 +113,15 @@ class LayerRunner:
         self.cuda.memset_d32_async(M["counts"], 0, E, s)
         k.moe_count(s, M["ids"], M["counts"], T * top)
         self.cuda.memcpy_dtoh_async(self.counts_h, M["counts"], s)
+        routed = self.cuda.Event()
+        routed.record(s)
         self.tl.end(s, start)
-        s.synchronize()
+        start = self.tl.begin(s)                    # the shared expert runs while the host groups
+        shared = self.shared_expert(p)
+        self.tl.end(s, start)
+        t0 = time.perf_counter()
+        routed.synchronize()
+        self.wait_seconds += time.perf_counter() - t0
 
         # host: group rows by expert, tile them, place the streamed chunks
         counts = self.counts_h[:E].astype(np.int64)
@@ -152,7 +161,6 @@ class LayerRunner:
         self.cuda.memcpy_htod_async(M["cursor"], up[n_t:n_t + E], s)
         self.cuda.memcpy_htod_async(M["woff"], up[n_t + E:n_t + 7 * E], s)
         k.moe_scatter(s, M["ids"], M["cursor"], M["tok"], M["pos"], T * top, top)
-        shared = self.shared_expert(p)
         resident = used[used < P]
         if len(resident):
             self.expert_gemms(i, int(resident[0]), int(resident[-1]), counts, offsets, tile_start)
