@@ -149,3 +149,40 @@ def test_bad_requests_are_refused(files):
         eng.decode([TINY.vocab], [eng.new_state()])
     with pytest.raises(ValueError, match="one token per state"):
         eng.decode([1, 2], [eng.new_state()])
+
+
+# The demo model is trained and quantized to Q8_0: 8-bit activations move its logits by well
+# under a percent of the largest one, and never enough to change a greedy token.
+DEMO_REL_TOL = 0.02
+
+
+def test_demo_model_matches_reference_and_greedy_tokens():
+    from common.model.default import default_model_path
+    try:
+        path = default_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(f"no demo model in this checkout: {exc}")
+    model = GGUFModel(path)
+    ids = np.random.default_rng(5).integers(0, model.config.vocab_size, 32).tolist()
+    ref_tokens, ref = greedy(ReferenceEngine(model), ids, 16)
+    tokens, got = greedy(NativeEngine(model, threads=2), ids, 16)
+    assert tokens == ref_tokens
+    assert rel_err(got, ref).max() <= DEMO_REL_TOL
+
+
+def test_bench_decode_reports_bandwidth_share(files):
+    import json
+
+    from typer.testing import CliRunner
+
+    from fermium.cli import app
+    out = CliRunner().invoke(app, ["bench", "decode", "--model", str(files["q4_0"]), "--threads", "2",
+                                   "--batch", "2", "--tokens", "2", "--rounds", "1", "--bw-mib", "64", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    best = report["best"]
+    assert report["batch"] == 2 and report["threads"] == 2
+    assert best["membw_gbs"] > 0 and best["tok_s"] > 0 and 0 < best["weights_gb_per_step"] < 0.1
+    assert abs(best["effective_gbs"] / best["membw_gbs"] - best["bw_ratio"]) < 1e-9
+    bad = CliRunner().invoke(app, ["bench", "decode", "--model", str(files["q4_0"]), "--isa", "sse9"])
+    assert bad.exit_code != 0 and "unknown ISA" in bad.output

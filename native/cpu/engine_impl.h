@@ -1,0 +1,50 @@
+/* The decode engine's state and the helpers its layer files share (engine.c, mixers.c, moe.c).
+ * Internal to native/cpu. */
+#ifndef FERMIUM_ENGINE_IMPL_H
+#define FERMIUM_ENGINE_IMPL_H
+
+#include "engine.h"
+#include "internal.h"
+
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+struct fm_engine {
+    const fm_model *m;
+    fm_pool *pool;
+    int cap;                      // batch capacity of the scratch below
+    int *lin_index, *full_index;  // (n_layers,) position among linear / full layers, or -1
+    // scratch, each (cap, ...)
+    float *x, *xn;                // (cap, H)
+    float *p_qkv, *p_z, *p_alpha, *p_beta, *p_k, *p_v;
+    float *conv_out, *core, *attn_out, *gates;   // gates: (cap, nv) decay then (cap, nv) beta
+    float *router, *probs, *rope;
+    int *ids;
+    float *wts, *sg, *g, *u, *down;   // g, u: (cap*(K+1), maxF); down: (cap*(K+1), H)
+    float *scores;
+    size_t scores_cap;
+    uint8_t *arena;               // activations and pointer lists of the current phase
+    size_t arena_size, arena_used;
+    fm_mv_job *jobs;
+    int n_jobs, max_jobs;
+    double bytes;
+};
+
+// ---- engine.c: scratch and matvec jobs
+void *eng_arena_alloc(fm_engine *e, size_t bytes);
+// n rows of x (stride floats apart) quantized for weights of `type`; NULL when out of arena
+const void **eng_quant_rows(fm_engine *e, int type, const float *x, int n, int cols, size_t stride);
+float **eng_out_rows(fm_engine *e, float *base, int n, size_t stride);
+int eng_add_job(fm_engine *e, const fm_weight *w, int mat, int n, const void **acts, float **outs);
+// y[b, :rows] = W x[b] for all n tokens, x rows `cols` apart, y rows `rows` apart
+int eng_dense(fm_engine *e, const fm_weight *w, const float *x, int n, float *y);
+void eng_run_jobs(fm_engine *e);
+void eng_add_rows(float *x, const float *y, int n, int H);
+// every phase starts from the norm of the residual: it also recycles the arena
+void eng_norm_rows(fm_engine *e, const float *w, int n);
+
+// ---- mixers.c and moe.c: one layer's parts for n tokens; 0 or -1 (out of scratch)
+int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_seq *seqs);
+int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq *seqs);
+int eng_moe(fm_engine *e, const fm_layer *L, int n);
+
+#endif

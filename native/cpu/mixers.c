@@ -1,0 +1,137 @@
+/* The token mixers of one decode step: Gated DeltaNet (conv update, recurrent delta rule,
+ * gated norm) and gated full attention (q/k norms, partial RoPE, KV append, GQA, output
+ * gate). Per-head work runs as pool tasks. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "engine_impl.h"
+#include "ops.h"
+
+// ---- Gated DeltaNet layer
+
+typedef struct { fm_engine *e; const fm_layer *L; const fm_seq *seqs; int li; } layer_ctx;
+
+static void gdn_task(void *arg, int task, int thread) {
+    (void)thread;
+    const layer_ctx *c = arg;
+    const fm_model *m = c->e->m;
+    const int nv = m->n_v_heads, dk = m->head_k_dim, dv = m->head_v_dim, nk = m->n_k_heads;
+    const int b = task / nv, p = task % nv;
+    const int kh = m->v_tiled ? p % nk : p / (nv / nk);
+    const size_t C = 2 * (size_t)nk * dk + (size_t)nv * dv;
+    const float *co = c->e->conv_out + (size_t)b * C;
+    float *o = c->e->core + (size_t)b * nv * dv + (size_t)p * dv;
+    const float *gates = c->e->gates + (size_t)b * 2 * nv;
+    fm_gdn_head(c->seqs[b].ssm[c->li] + (size_t)p * dk * dv, co + (size_t)kh * dk, co + (size_t)(nk + kh) * dk,
+                co + 2 * (size_t)nk * dk + (size_t)p * dv, gates[p], gates[nv + p], o, dk, dv);
+    // gated norm: rmsnorm(o) * w * silu(z)
+    const float *z = c->e->p_z + (size_t)b * nv * dv + (size_t)p * dv;
+    fm_rmsnorm(o, c->L->ssm_norm, o, dv, m->rms_eps);
+    for (int j = 0; j < dv; j++) o[j] *= fm_silu(z[j]);
+}
+
+int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_seq *seqs) {
+    const fm_model *m = e->m;
+    const int nv = m->n_v_heads, nk = m->n_k_heads, dk = m->head_k_dim, dv = m->head_v_dim;
+    const int C = 2 * nk * dk + nv * dv, r = nv / nk;
+    eng_norm_rows(e, L->attn_norm, n);
+    int err = eng_dense(e, &L->qkv, e->xn, n, e->p_qkv) | eng_dense(e, &L->z, e->xn, n, e->p_z);
+    if (L->alpha.data)
+        err |= eng_dense(e, &L->alpha, e->xn, n, e->p_alpha) | eng_dense(e, &L->beta, e->xn, n, e->p_beta);
+    else
+        err |= eng_dense(e, &L->ba, e->xn, n, e->p_alpha);
+    if (err) return -1;
+    eng_run_jobs(e);
+    for (int b = 0; b < n; b++) {
+        float *co = e->conv_out + (size_t)b * C;
+        fm_conv_update(seqs[b].conv[li], L->conv_w, e->p_qkv + (size_t)b * C, co, C, m->conv_kernel);
+        for (int h = 0; h < nk; h++) {
+            fm_l2norm_scale(co + (size_t)h * dk, dk, 1e-6f, 1.0f / sqrtf((float)dk));
+            fm_l2norm_scale(co + (size_t)(nk + h) * dk, dk, 1e-6f, 1.0f);
+        }
+        float *decay = e->gates + (size_t)b * 2 * nv, *beta = decay + nv;
+        for (int p = 0; p < nv; p++) {
+            float a, bt;
+            if (L->alpha.data) {
+                a = e->p_alpha[(size_t)b * nv + p];
+                bt = e->p_beta[(size_t)b * nv + p];
+            } else {  // per key head: r beta rows then r alpha rows
+                const float *ba = e->p_alpha + (size_t)b * 2 * nv + (size_t)(p / r) * 2 * r;
+                bt = ba[p % r];
+                a = ba[r + p % r];
+            }
+            decay[p] = expf(L->ssm_a[p] * fm_softplus(a + L->dt_bias[p]));
+            beta[p] = fm_sigmoid(bt);
+        }
+    }
+    layer_ctx c = { e, L, seqs, li };
+    fm_pool_run(e->pool, gdn_task, &c, n * nv);
+    if (eng_dense(e, &L->ssm_out, e->core, n, e->attn_out)) return -1;
+    eng_run_jobs(e);
+    eng_add_rows(e->x, e->attn_out, n, m->hidden);
+    return 0;
+}
+
+// ---- gated full attention layer
+
+static void attn_task(void *arg, int task, int thread) {
+    (void)thread;
+    const layer_ctx *c = arg;
+    fm_engine *e = c->e;
+    const fm_model *m = e->m;
+    const int nh = m->n_heads, hd = m->head_dim, nkv = m->n_kv_heads;
+    const int b = task / nh, h = task % nh, kvh = h / (nh / nkv), T = c->seqs[b].pos + 1;
+    const float *qg = e->p_qkv + (size_t)b * 2 * nh * hd + (size_t)h * 2 * hd;   // query then gate
+    float *o = e->core + (size_t)b * nh * hd + (size_t)h * hd;
+    const size_t stride = (size_t)nkv * hd;
+    fm_attend(qg, c->seqs[b].k[c->li] + (size_t)kvh * hd, c->seqs[b].v[c->li] + (size_t)kvh * hd, T,
+              (int)stride, hd, 1.0f / sqrtf((float)hd), e->scores + (size_t)task * (e->scores_cap / ((size_t)e->cap * nh)), o);
+    for (int j = 0; j < hd; j++) o[j] *= fm_sigmoid(qg[hd + j]);
+}
+
+static void rope_table(fm_engine *e, int pos) {
+    const int half = e->m->rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const double angle = pos * pow((double)e->m->rope_theta, -2.0 * i / e->m->rope_dim);
+        e->rope[i] = (float)cos(angle);
+        e->rope[half + i] = (float)sin(angle);
+    }
+}
+
+int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq *seqs) {
+    const fm_model *m = e->m;
+    const int nh = m->n_heads, hd = m->head_dim, nkv = m->n_kv_heads;
+    eng_norm_rows(e, L->attn_norm, n);
+    if (eng_dense(e, &L->q, e->xn, n, e->p_qkv) | eng_dense(e, &L->k, e->xn, n, e->p_k) | eng_dense(e, &L->v, e->xn, n, e->p_v))
+        return -1;
+    eng_run_jobs(e);
+    int max_t = 0;
+    for (int b = 0; b < n; b++) {
+        rope_table(e, seqs[b].pos);
+        for (int h = 0; h < nh; h++) {
+            float *q = e->p_qkv + (size_t)b * 2 * nh * hd + (size_t)h * 2 * hd;
+            fm_rmsnorm(q, L->q_norm, q, hd, m->rms_eps);
+            fm_rope_neox(q, m->rope_dim, e->rope);
+        }
+        float *kc = seqs[b].k[fi] + (size_t)seqs[b].pos * nkv * hd, *vc = seqs[b].v[fi] + (size_t)seqs[b].pos * nkv * hd;
+        for (int h = 0; h < nkv; h++) {
+            fm_rmsnorm(e->p_k + ((size_t)b * nkv + h) * hd, L->k_norm, kc + (size_t)h * hd, hd, m->rms_eps);
+            fm_rope_neox(kc + (size_t)h * hd, m->rope_dim, e->rope);
+        }
+        memcpy(vc, e->p_v + (size_t)b * nkv * hd, sizeof(float) * (size_t)nkv * hd);
+        max_t = MAX(max_t, seqs[b].pos + 1);
+    }
+    const size_t need = (size_t)e->cap * nh * (size_t)max_t;
+    if (need > e->scores_cap) {
+        free(e->scores);
+        e->scores_cap = MAX(need, 2 * e->scores_cap);
+        e->scores_cap -= e->scores_cap % ((size_t)e->cap * nh);
+        if (!(e->scores = malloc(sizeof(float) * e->scores_cap))) { e->scores_cap = 0; return -1; }
+    }
+    layer_ctx c = { e, L, seqs, fi };
+    fm_pool_run(e->pool, attn_task, &c, n * nh);
+    if (eng_dense(e, &L->o, e->core, n, e->attn_out)) return -1;
+    eng_run_jobs(e);
+    eng_add_rows(e->x, e->attn_out, n, m->hidden);
+    return 0;
+}
