@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include "internal.h"
 
-#define TASK_BYTES (32 * 1024)   // big enough to amortise a claim, small enough to balance
+#define TASK_BYTES (256 * 1024)   // big enough to amortise a claim, small enough to balance
 
 typedef struct {
     const fm_mv_job *jobs;
