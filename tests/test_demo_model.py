@@ -6,6 +6,7 @@ breaks tokenizing, prefill, decode or greedy sampling changes them.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -73,7 +74,6 @@ def test_greedy_continuation_is_pinned(model, tokenizer):
 
 
 def test_cli_generate_uses_the_demo_model_by_default():
-    import json
     proc = fermium_cli("generate", "--prompt", PROMPT, "--max-tokens", "8", "--json")
     assert json.loads(proc.stdout.strip().splitlines()[-1])["tokens"] == GOLDEN_IDS[:8]
 
