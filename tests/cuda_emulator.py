@@ -137,9 +137,10 @@ class FakeKernels:
         self.m = driver.mem
 
     def gemm(self, stream, qtype, *, x, ldx, y, ldy, w, row_bytes, tiles, n_tiles, N, K,
-             xrows=0, woff=0, accumulate=False):
+             xrows=0, woff=0, accumulate=False, bm=64):
         m, weights = self.m, {}
         for group, row0, nrows, _ in m.view(tiles, (n_tiles, 4), np.int32).tolist():
+            assert 0 < nrows <= bm
             base = w + (int(m.view(woff + 8 * group, 1, np.int64)[0]) if woff else 0)
             if base not in weights:
                 raw = m.view(base, (N, row_bytes), np.uint8)

@@ -93,7 +93,7 @@ class CUDABackend:
             self.timeline = Timeline(cuda)
             P, E, k = self.plan.pass_tokens, cfg.n_experts, cfg.n_experts_used
             self.counts_h = cuda.pagelocked_empty(E, np.int32)
-            self.upload_h = cuda.pagelocked_empty((P * k // 64 + E + 1) * 4 + 7 * E, np.int32)
+            self.upload_h = cuda.pagelocked_empty((P * k // 32 + E + 1) * 4 + 7 * E, np.int32)
             self.embd = model.tensor("token_embd.weight")
             self.embed_h = cuda.pagelocked_empty(P * self.embd.row_bytes, np.uint8)
             self.rope_h = cuda.pagelocked_empty(P * max(cfg.rope_dim, 2), np.float32)
@@ -153,6 +153,7 @@ class CUDABackend:
         h2d0, t0 = self.streamer.h2d_bytes, time.perf_counter()
         wait0 = self.runner.wait_seconds
         self._upload_state(state)
+        out_state = self._new_state(state, pos + len(ids))
         t_up = time.perf_counter()
         H, keep, outs = cfg.hidden_size, self.ws["keep"], []
         for p0 in range(0, len(ids), self.plan.pass_tokens):
@@ -170,10 +171,10 @@ class CUDABackend:
                 table = rope_table(np.arange(pos, pos + T), cfg.rope_dim, cfg.rope_theta).reshape(-1)
                 self.rope_h[:table.size] = table
                 cuda.memcpy_htod_async(keep["rope"], self.rope_h[:table.size], s)
-            for i in range(cfg.n_layers):
-                self.runner.layer(i, T, pos)
-            pos += T
             last = p0 + T >= len(ids)
+            for i in range(cfg.n_layers):
+                self.runner.layer(i, T, pos, self._sink(out_state, i, pos, T, last))
+            pos += T
             if all_logits:
                 outs.append(self._head(keep["x"], T))
             elif last:
@@ -181,7 +182,9 @@ class CUDABackend:
         s.synchronize()
         self.streamer.copy.synchronize()
         t_down = time.perf_counter()
-        self._download_state(state, pos)
+        self.runner.d2h.synchronize()
+        state.pos, state.conv, state.ssm, state.k, state.v = (out_state.pos, out_state.conv, out_state.ssm,
+                                                             out_state.k, out_state.v)
         wall = time.perf_counter() - t0
         st = self._stats
         st["h2d_bytes"] += self.streamer.h2d_bytes - h2d0
@@ -242,21 +245,27 @@ class CUDABackend:
                 cuda.memcpy_htod(self.state.k[n], np.ascontiguousarray(state.k[n][:state.pos], np.float32))
                 cuda.memcpy_htod(self.state.v[n], np.ascontiguousarray(state.v[n][:state.pos], np.float32))
 
-    def _download_state(self, state: SequenceState, pos: int) -> None:
-        cuda, cfg = self.cuda, self.cfg
-        for n in range(len(self.state.conv)):
-            conv = np.empty_like(state.conv[n], dtype=np.float32)
-            ssm = np.empty((cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim), np.float32)
-            cuda.memcpy_dtoh(conv, self.state.conv[n])
-            cuda.memcpy_dtoh(ssm, self.state.ssm[n])
-            state.conv[n], state.ssm[n] = conv, ssm
-        for n in range(len(self.state.k)):
-            kk = np.empty((pos, cfg.n_kv_heads, cfg.head_dim), np.float32)
-            vv = np.empty_like(kk)
-            cuda.memcpy_dtoh(kk, self.state.k[n])
-            cuda.memcpy_dtoh(vv, self.state.v[n])
-            state.k[n], state.v[n] = kk, vv
-        state.pos = pos
+    def _new_state(self, state: SequenceState, end: int) -> SequenceState:
+        """Host arrays for the state after this call; KV rows before state.pos are kept."""
+        cfg = self.cfg
+        kv = []
+        for old in state.k + state.v:
+            a = np.empty((end, cfg.n_kv_heads, cfg.head_dim), np.float32)
+            a[:state.pos] = old[:state.pos]
+            kv.append(a)
+        n = len(state.k)
+        return SequenceState(end, [np.empty_like(c, dtype=np.float32) for c in state.conv],
+                             [np.empty((cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim), np.float32)
+                              for _ in state.ssm], kv[:n], kv[n:])
+
+    def _sink(self, out: SequenceState, layer: int, pos: int, T: int, last: bool) -> list:
+        """State of one layer to read back: this pass's KV rows, and the final recurrent state."""
+        n = self.runner.slot_of[layer]
+        if self.cfg.is_full_attention(layer):
+            row = self.cfg.n_kv_heads * self.cfg.head_dim * F32
+            return [(out.k[n][pos:pos + T], self.state.k[n] + pos * row),
+                    (out.v[n][pos:pos + T], self.state.v[n] + pos * row)]
+        return [(out.conv[n], self.state.conv[n]), (out.ssm[n], self.state.ssm[n])] if last else []
 
     def stats(self) -> dict:
         return dict(self._stats)

@@ -19,14 +19,17 @@ GEMM_KERNELS: dict[Q, str] = {
     Q.Q4_0: "gemm_q4_0", Q.Q4_K: "gemm_q4_k", Q.Q5_K: "gemm_q5_k", Q.Q6_K: "gemm_q6_k",
 }
 ROWS_KERNELS: dict[Q, str] = {q: name.replace("gemm_", "rows_") for q, name in GEMM_KERNELS.items()}
-GEMM_BM, GEMM_BN, GEMM_BK = 64, 64, 32
+# tile rows -> (tile columns, kernel name prefix): 64 x 64 by default, 32 x 128 for sparse experts
+GEMM_SHAPES = {64: (64, "gemm_"), 32: (128, "gemm32_")}
+GEMM_BK = 32
 GDN_CHUNK, GDN_TILE, GDN_MAX_DK = 64, 32, 128
 ATT_Q, ATT_MAX_HD = 16, 256
 ROUTE_MAX_E = 1024
 
 # kernel -> pycuda prepared-call argument format (P pointer, i int32, q int64, f float32)
 SIGNATURES = {
-    **{name: "PiPPiiPPqPii" for name in GEMM_KERNELS.values()},
+    **{name.replace("gemm_", prefix): "PiPPiiPPqPii" for name in GEMM_KERNELS.values()
+       for _, prefix in GEMM_SHAPES.values()},
     **{name: "PqPPi" for name in ROWS_KERNELS.values()},
     "rms_norm": "PiiPiiPiif", "rms_norm_gated": "PPPPif", "l2_norm": "Piiiff",
     "rope_neox": "PiiiiPi", "conv1d_silu": "PPPPiii", "conv1d_state": "PPiii",
@@ -70,7 +73,8 @@ class Kernels:
     # ---- GEMM: Y[rows, N] (+)= X[rows, K] . W[N, K]^T over a tile list
     def gemm(self, stream, qtype: Q, *, x: int, ldx: int, y: int, ldy: int, w: int, row_bytes: int,
              tiles: int, n_tiles: int, N: int, K: int, xrows: int = 0, woff: int = 0,
-             accumulate: bool = False) -> None:
+             accumulate: bool = False, bm: int = 64) -> None:
+        """Tiles hold at most `bm` rows each (64, or 32 for experts that see few tokens)."""
         if qtype not in GEMM_KERNELS:
             raise KernelError(f"no GEMM kernel for {Q(qtype).name}; have "
                               f"{', '.join(q.name for q in GEMM_KERNELS)}")
@@ -78,7 +82,8 @@ class Kernels:
             raise KernelError(f"GEMM inner dimension {K} is not a multiple of {GEMM_BK}")
         if n_tiles == 0:
             return
-        self._go(GEMM_KERNELS[qtype], (-(-N // GEMM_BN), n_tiles, 1), (256, 1, 1), stream,
+        bn, prefix = GEMM_SHAPES[bm]
+        self._go(GEMM_KERNELS[qtype].replace("gemm_", prefix), (-(-N // bn), n_tiles, 1), (256, 1, 1), stream,
                  x, ldx, xrows, y, ldy, int(accumulate), w, woff, row_bytes, tiles, N, K)
 
     def dequant_rows(self, stream, qtype: Q, w: int, row_bytes: int, rows: int, out: int, n: int, K: int):

@@ -17,6 +17,7 @@ from .cuda_plan import EXPERT_TENSORS
 
 F32 = 4
 L2_EPS = 1e-6          # the reference's l2_norm epsilon
+SPARSE_ROWS = 48       # mean rows per routed expert below which expert GEMMs use 32-row tiles
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class LayerRunner:
         self.eq = {(i, t): model.tensor(f"blk.{i}.{t}.weight") for i in range(cfg.n_layers)
                    for t in EXPERT_TENSORS}
         self.T = 0
+        self.bm = 64
+        self.d2h = cuda.Stream()
         self.wait_seconds = 0.0         # host blocked on routing counts
 
     # ---------------------------------------------------------------- helpers
@@ -52,7 +55,9 @@ class LayerRunner:
         self.k.rms_norm(self.s, x, H, 0, y, H, 0, self.w[name].ptr, self.T, 1, H, self.cfg.rms_eps)
 
     # ---------------------------------------------------------------- one layer
-    def layer(self, i: int, T: int, pos: int) -> None:
+    def layer(self, i: int, T: int, pos: int, sink: list | None = None) -> None:
+        """Enqueue layer i over T tokens at position pos. `sink`: (host array, device address)
+        pairs of this layer's state, read back on the d2h stream while the MoE computes."""
         self.T = T
         keep, p = self.ws["keep"], f"blk.{i}."
         start = self.tl.begin(self.s)
@@ -61,8 +66,14 @@ class LayerRunner:
             self.full(p, self.slot_of[i], pos)
         else:
             self.linear(p, self.slot_of[i])
+        mixed = self.cuda.Event()
+        mixed.record(self.s)
         self.norm(p + "post_attention_norm.weight", keep["x"], keep["xn"])
         self.moe(i, p, start)
+        if sink:
+            self.d2h.wait_for_event(mixed)
+            for host, ptr in sink:
+                self.cuda.memcpy_dtoh_async(host, ptr, self.d2h)
 
     def linear(self, p: str, n: int) -> None:
         cfg, k, s, T, L = self.cfg, self.k, self.s, self.T, self.ws["linear"]
@@ -130,13 +141,15 @@ class LayerRunner:
         P = self.st.plan.pinned_experts
         chunks = self.st.chunks(i, used[used >= P])
         places = self.st.place(i, chunks)
-        ntile = -(-counts // 64)
+        # experts that see few tokens each use 32-row tiles, so less of each tile is padding
+        self.bm = bm = 32 if T * top < SPARSE_ROWS * max(1, len(used)) else 64
+        ntile = -(-counts // bm)
         tile_start = np.concatenate([[0], np.cumsum(ntile)])
         n_tiles = int(tile_start[-1])
         expert_of = np.repeat(np.arange(E), ntile)
         local = np.arange(n_tiles) - tile_start[expert_of]
-        row0 = offsets[expert_of] + local * 64
-        tiles = np.stack([expert_of, row0, np.minimum(64, counts[expert_of] - local * 64),
+        row0 = offsets[expert_of] + local * bm
+        tiles = np.stack([expert_of, row0, np.minimum(bm, counts[expert_of] - local * bm),
                           np.zeros_like(row0)], axis=1).astype(np.int32)
         woff = np.zeros((3, E), np.int64)
         for j, t in enumerate(EXPERT_TENSORS):
@@ -191,11 +204,11 @@ class LayerRunner:
             w = self.eq[(i, t)]
             k.gemm(s, w.qtype, x=self.ws["keep"]["xn"], ldx=H, xrows=M["tok"], y=M[out], ldy=F, w=0,
                    woff=M["woff"] + j * E * 8, row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0,
-                   N=F, K=H)
+                   N=F, K=H, bm=self.bm)
         k.silu_mul(s, M["g"] + r0 * F * F32, M["u"] + r0 * F * F32, M["g"] + r0 * F * F32, (r1 - r0) * F)
         w = self.eq[(i, "ffn_down_exps")]
         k.gemm(s, w.qtype, x=M["g"], ldx=F, y=M["down"], ldy=H, w=0, woff=M["woff"] + 2 * E * 8,
-               row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0, N=H, K=F)
+               row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0, N=H, K=F, bm=self.bm)
 
     def shared_expert(self, p: str) -> bool:
         if p + "ffn_up_shexp.weight" not in self.w:

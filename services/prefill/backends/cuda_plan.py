@@ -59,7 +59,7 @@ def workspace_bytes(cfg: ModelConfig, T: int) -> dict[str, dict[str, int]]:
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     C, F, Fs = cfg.conv_channels, cfg.expert_ffn, cfg.shared_ffn
     rows = -(-T // 64) * 64
-    tiles = (T * k // 64 + E + 1) * 4
+    tiles = (T * k // 32 + E + 1) * 4
     hr = head_rows(cfg, T)
     return {
         "keep": {"x": T * H * F32, "xn": T * H * F32, "rope": T * max(cfg.rope_dim, 2) * F32,
