@@ -225,3 +225,13 @@ def test_chat_stream_ends_with_done(client):
 def test_models_and_health(client):
     assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
     assert client.get("/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_run_that_ends_on_its_first_token_frees_its_slot(stream):
+    with TestClient(make_app(LocalDispatcher(CountingEngine()), max_running=1, max_queue=0)) as c:
+        for _ in range(3):                                  # a leaked slot would make the next one a 429
+            r = c.post("/v1/completions", json=completion(prompt="z", stream=stream))
+            assert r.status_code == 200, r.text
+            if not stream:
+                assert r.json()["choices"][0] == {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}

@@ -108,8 +108,7 @@ class API:
                 final = d
 
         try:
-            if head.finish_reason is None:
-                await _first_of(rest(), _until_disconnect(request))
+            await _first_of(rest(), _until_disconnect(request))     # also closes a run that ended at once
         except GenerationError as e:
             return _error(APIError(500, str(e), type="server_error", code="worker_failed"))
         if final.finish_reason is None:
@@ -137,10 +136,9 @@ class API:
         final = head
         yield _sse(chunk(head, role=True))
         try:
-            if head.finish_reason is None:
-                async for d in deltas:
-                    final = d
-                    yield _sse(chunk(d))
+            async for d in deltas:
+                final = d
+                yield _sse(chunk(d))
         except GenerationError as e:
             yield _sse(APIError(500, str(e), type="server_error", code="worker_failed").body())
             return
