@@ -101,3 +101,17 @@ def test_matches_reference(model, emulated, share, pass_tokens):
 def test_budget_too_small_is_explained(model, emulated):
     with pytest.raises(ValueError, match="too small"):
         cuda_backend.CUDABackend(model, vram_budget="1MiB")
+
+
+def test_pageable_fallback_when_pinning_fails(model, emulated, monkeypatch, caplog):
+    def refuse(shape, dtype):
+        raise MemoryError("locked-memory limit reached")
+    monkeypatch.setattr(emulated, "pagelocked_empty", refuse)
+    tokens = list(np.random.default_rng(1).integers(0, model.config.vocab_size, 90))
+    budget = budget_for(model, 0.0, 64)
+    with caplog.at_level("WARNING", logger="fermium.prefill.cuda"):
+        out, rs, cs, backend = run_both(model, tokens, vram_budget=budget, pass_tokens=64)
+    assert backend.stats()["pinned_host"] == 0
+    assert "pageable" in caplog.text
+    for want, got in out:
+        np.testing.assert_allclose(got, want, atol=LOGITS_ATOL)

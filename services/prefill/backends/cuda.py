@@ -92,12 +92,12 @@ class CUDABackend:
             self.compute = cuda.Stream()
             self.timeline = Timeline(cuda)
             P, E, k = self.plan.pass_tokens, cfg.n_experts, cfg.n_experts_used
-            self.counts_h = cuda.pagelocked_empty(E, np.int32)
-            self.upload_h = cuda.pagelocked_empty((P * k // 32 + E + 1) * 4 + 7 * E, np.int32)
+            self.counts_h = self._host(E, np.int32)
+            self.upload_h = self._host((P * k // 32 + E + 1) * 4 + 7 * E, np.int32)
             self.embd = model.tensor("token_embd.weight")
-            self.embed_h = cuda.pagelocked_empty(P * self.embd.row_bytes, np.uint8)
-            self.rope_h = cuda.pagelocked_empty(P * max(cfg.rope_dim, 2), np.float32)
-            self.tiles_h = cuda.pagelocked_empty(-(-P // 64) * 4, np.int32)
+            self.embed_h = self._host(P * self.embd.row_bytes, np.uint8)
+            self.rope_h = self._host(P * max(cfg.rope_dim, 2), np.float32)
+            self.tiles_h = self._host(-(-P // 64) * 4, np.int32)
             self.head_host = None if self.plan.head_resident else self._head_source()
             self.runner = LayerRunner(cuda, self.kernels, cfg, self.weights, self.streamer, self.ws,
                                       self.state, self.compute, self.timeline,
@@ -123,11 +123,19 @@ class CUDABackend:
                           k=[a.alloc(f"k {n}", kv) for n in range(len(cfg.full_layers))],
                           v=[a.alloc(f"v {n}", kv) for n in range(len(cfg.full_layers))])
 
+    def _host(self, shape, dtype) -> np.ndarray:
+        """A page-locked host buffer, or a pageable one (logged) when the driver refuses."""
+        try:
+            return self.cuda.pagelocked_empty(shape, dtype)
+        except Exception as exc:                      # locked-memory limit, out of memory
+            log.warning("page-locked host buffer refused (%s); using pageable memory", exc)
+            return np.empty(shape, dtype)
+
     def _head_source(self) -> np.ndarray:
         raw = self.weights.head_tensor.raw
         if getattr(self.model, "host_pinned", False) or not self.host.pinned:
             return raw
-        buf = self.cuda.pagelocked_empty(raw.shape, np.uint8)
+        buf = self._host(raw.shape, np.uint8)
         np.copyto(buf, raw)
         return buf
 
