@@ -24,3 +24,4 @@ app.add_typer(deploy_app, name="deploy")
 from fermium.cli_bench import bench_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
+from fermium import cli_bench_prefill  # noqa: E402,F401  (registers `fermium bench prefill`)
