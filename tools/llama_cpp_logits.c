@@ -3,9 +3,13 @@
 // written by `fermium convert` loads in llama.cpp and computes what Fermium computes.
 // It is not part of Fermium: it is built against a llama.cpp tree (tools/fetch_llama_cpp.sh).
 //
-//   cmake -S $LLAMA -B build -DLLAMA_BUILD_COMMON=OFF -DBUILD_SHARED_LIBS=OFF && cmake --build build --target llama
+//   cmake -S $LLAMA -B build -G Ninja -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF \
+//         -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+//         -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_OPENMP=OFF
+//   ninja -C build llama
 //   cc -O2 tools/llama_cpp_logits.c -I$LLAMA/include -I$LLAMA/ggml/include build/src/libllama.a \
-//      build/ggml/src/libggml*.a -lstdc++ -lm -lpthread -fopenmp -o llama_cpp_logits
+//      build/ggml/src/libggml.a build/ggml/src/libggml-cpu.a build/ggml/src/libggml-base.a \
+//      -lstdc++ -lm -lpthread -o llama_cpp_logits
 //   ./llama_cpp_logits model.gguf 5,6,7,8 8      -> "logits v0 v1 ..." then "greedy t0 t1 ..."
 #include <stdio.h>
 #include <stdlib.h>
