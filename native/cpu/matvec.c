@@ -1,10 +1,12 @@
 /* The matvec driver: rows of one or many weight matrices split into tasks of about
  * TASK_BYTES of weights, claimed by the pool's threads. Each weight row is read once and
  * dotted with every activation of its job, so a batch costs one pass over the weights. */
+#include <immintrin.h>
 #include <stdlib.h>
 #include "internal.h"
 
-#define TASK_BYTES (256 * 1024)   // big enough to amortise a claim, small enough to balance
+#define TASK_BYTES (256 * 1024)
+#define PREFETCH_AHEAD 4096      // weights requested this far ahead: more misses in flight per core   // big enough to amortise a claim, small enough to balance
 
 typedef struct {
     const fm_mv_job *jobs;
@@ -28,6 +30,7 @@ static void mv_task(void *arg, int task, int thread) {
     const fm_vec_dot_n_fn dotn = j->n > 1 ? fm_dotn_for(-1, j->kind) : NULL;
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = j->w + (size_t)r * j->row_bytes;
+        for (size_t off = 0; off < j->row_bytes; off += 64) _mm_prefetch((const char *)row + PREFETCH_AHEAD + off, _MM_HINT_T0);
         if (!dotn) {
             for (int b = 0; b < j->n; b++) j->outs[b][r] = dot(j->cols, row, j->acts[b]);
             continue;
