@@ -13,7 +13,7 @@ from common.engine.reference import ReferenceEngine
 from common.model.gguf_file import GGUFModel
 from services.prefill.backends import cuda as cuda_backend
 from services.prefill.backends import cuda_kernels
-from services.prefill.backends.cuda_plan import layout, make_plan, state_bytes, workspace_bytes
+from services.prefill.backends.cuda_plan import make_plan
 
 from .cuda_emulator import FakeDriver, FakeKernels
 from .gpu.tiny_gguf import TinySpec, build

@@ -2,8 +2,8 @@
 
 nvcc 13 cannot target sm_20, so the subset is enforced on what nvcc emits for the lowest
 target it accepts (sm_75): each .cu is compiled to PTX and scanned for forbidden instructions,
-and to a cubin with `ptxas -v` under -maxrregcount=63 to read registers and static shared
-memory per kernel. Exit status 1 lists every violation.
+and that PTX is assembled with `ptxas -v` under -maxrregcount=63 to read registers and static
+shared memory per kernel. Exit status 1 lists every violation.
 
     python tools/check_fermi_subset.py [--nvcc PATH] [--arch sm_75] [files.cu ...]
 """
@@ -101,8 +101,10 @@ def scan_ptxas(source: str, log: str) -> tuple[list[Violation], dict[str, tuple[
 def check_file(cu: Path, nvcc: str, arch: str, workdir: Path) -> tuple[list[Violation], dict]:
     flags = [f"-arch={arch}", f"-maxrregcount={MAX_REGISTERS}", "-I", str(cu.parent)]
     ptx, cubin = workdir / (cu.stem + ".ptx"), workdir / (cu.stem + ".cubin")
-    for cmd in ([nvcc, *flags, "-ptx", str(cu), "-o", str(ptx)],
-                [nvcc, *flags, "-cubin", "-Xptxas", "-v", str(cu), "-o", str(cubin)]):
+    ptxas = Path(nvcc).resolve().with_name("ptxas")
+    assemble = ([str(ptxas), f"-arch={arch}", f"--maxrregcount={MAX_REGISTERS}", "-v", str(ptx), "-o", str(cubin)]
+                if ptxas.exists() else [nvcc, *flags, "-cubin", "-Xptxas", "-v", str(cu), "-o", str(cubin)])
+    for cmd in ([nvcc, *flags, "-ptx", str(cu), "-o", str(ptx)], assemble):
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             return [Violation(cu.name, "compile", f"`{' '.join(cmd)}` failed:\n{run.stderr}")], {}

@@ -9,7 +9,7 @@ from gguf.quants import dequantize
 from common.engine.deltanet import chunked_rule
 from common.engine.moe import route
 from common.engine.ops import l2_norm, rms_norm, rope_neox, sigmoid, silu
-from services.prefill.backends.cuda import dense_tiles, rope_table
+from services.prefill.backends.cuda import rope_table
 from services.prefill.backends.cuda_kernels import GEMM_KERNELS
 
 from .tiny_gguf import weight

@@ -105,8 +105,13 @@ class CUDABackend:
             self.device_used_at_start = free0 - cuda.mem_get_info()[0]
             log.info("device memory: %.2f GiB allocated by the backend (peak counted %.2f GiB)",
                      self.device_used_at_start / 2**30, self.arena.peak / 2**30)
-        finally:
+        except BaseException:
+            if hasattr(self, "arena"):
+                self.arena.free()
             self.ctx.pop()
+            self.ctx.detach()
+            raise
+        self.ctx.pop()
         self._stats = {"h2d_bytes": 0, "copy_seconds": 0.0, "compute_seconds": 0.0,
                        "wall_seconds": 0.0, "state_io_seconds": 0.0, "routing_wait_seconds": 0.0,
                        "calls": 0, "tokens": 0, "device_bytes_in_use": 0,

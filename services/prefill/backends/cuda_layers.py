@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q
 
 from .cuda_plan import EXPERT_TENSORS
 
