@@ -2,6 +2,8 @@
 logits, every array of the final state, and greedy decoding from the handed-over state."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -101,3 +103,35 @@ def test_all_logits(model):
         backend.close()
     assert got.shape == want.shape
     assert rel_err(got, want) < LOGITS_REL
+
+
+DEMO_MODELS = sorted((Path(__file__).resolve().parents[2] / "models").glob("shakespeare-demo-*.gguf"))
+DEMO_GREEDY = 24
+
+
+@pytest.mark.skipif(not DEMO_MODELS, reason="no bundled demo model under models/")
+@pytest.mark.parametrize("path", DEMO_MODELS, ids=lambda p: p.stem)
+def test_demo_model_greedy(path):
+    """The bundled demo model: same first-token logits, state and greedy continuation."""
+    m = GGUFModel(path)
+    eng = ReferenceEngine(m)
+    tokens = [int(t) for t in np.random.default_rng(5).integers(0, m.config.vocab_size, 200)]
+    ref_state = eng.new_state()
+    want = eng.prefill(tokens, ref_state)
+    backend = CUDABackend(m, vram_budget="1GiB", pass_tokens=256, max_context=512)
+    try:
+        state = eng.new_state()
+        got = backend.prefill(tokens, state)
+    finally:
+        backend.close()
+    assert rel_err(got, want) < LOGITS_REL
+    for g, w in zip(state.arrays(), ref_state.arrays()):
+        assert rel_err(g, w) < STATE_REL
+    a = b = int(np.argmax(want))
+    seq_a, seq_b = [], []
+    for _ in range(DEMO_GREEDY):
+        a = int(np.argmax(eng.decode([a], [state])[0]))
+        b = int(np.argmax(eng.decode([b], [ref_state])[0]))
+        seq_a.append(a)
+        seq_b.append(b)
+    assert seq_a == seq_b
