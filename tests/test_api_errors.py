@@ -235,3 +235,18 @@ def test_a_run_that_ends_on_its_first_token_frees_its_slot(stream):
             assert r.status_code == 200, r.text
             if not stream:
                 assert r.json()["choices"][0] == {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}
+
+
+def test_queued_tokens_join_into_one_chunk():
+    import asyncio
+
+    from common.protocol.router import Finished, Tokens
+    from services.router.generation import _coalesce
+
+    q: asyncio.Queue = asyncio.Queue()
+    for item in (Tokens("r", "w", [2]), Tokens("r", "w", [3, 4]), Finished("r", "w", "length", 4, 9, None, None)):
+        q.put_nowait(item)
+    merged = _coalesce(Tokens("r", "w", [1]), q)
+    assert merged.tokens == [1, 2, 3, 4] and isinstance(q.get_nowait(), Finished)
+    done = Finished("r", "w", "stop", 1, 1, None, None)
+    assert _coalesce(done, q) is done

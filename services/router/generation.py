@@ -53,6 +53,16 @@ class StopMatcher:
         return out
 
 
+def _coalesce(msg, events: asyncio.Queue):
+    """Tokens already queued behind `msg` join it: one SSE chunk for all, when the router lags."""
+    if not isinstance(msg, Tokens):
+        return msg
+    tokens = list(msg.tokens)
+    while not events.empty() and isinstance(events._queue[0], Tokens):  # type: ignore[attr-defined]
+        tokens.extend(events.get_nowait().tokens)
+    return msg if len(tokens) == len(msg.tokens) else Tokens(msg.rid, msg.worker_id, tokens)
+
+
 class Generation:
     def __init__(self, tokenizer, dispatcher: Dispatcher, admission: Admission, metrics: RouterMetrics,
                  request_timeout: float = 600.0):
@@ -102,6 +112,7 @@ class Generation:
                 except TimeoutError:
                     outcome = "error"
                     raise GenerationError(f"no reply from the workers for {self.request_timeout:.0f} s") from None
+                msg = _coalesce(msg, track.events)
                 if isinstance(msg, PrefillDone):
                     continue
                 if isinstance(msg, Failed):
@@ -114,12 +125,16 @@ class Generation:
                     return
                 assert isinstance(msg, Tokens)
                 now = time.perf_counter()
+                k = len(msg.tokens)
                 if first is None:
                     first = now
                     self.metrics.ttft.observe(now - arrived)
                     self.metrics.prefill_time.observe(now - dispatched)
+                    gaps = [0.0] * (k - 1)                  # tokens that came with the first one
                 else:
-                    self.metrics.itl.observe((now - last) / len(msg.tokens))
+                    gaps = [(now - last) / k] * k
+                for gap in gaps:
+                    self.metrics.itl.observe(gap)
                 last = now
                 n += len(msg.tokens)
                 self.metrics.generation_tokens.inc(len(msg.tokens))
