@@ -42,13 +42,13 @@ LINEAR_LAYERS, FULL_LAYERS = 30, 10
 SSM_SHAPE, CONV_SHAPE, KV_HEADS, HEAD_DIM = (32, 128, 128), (8192, 3), 2, 256
 
 
-def _summary(runs: list[list[float]]) -> dict:
-    """Medians over runs of token times (seconds from the request): time to first token, decode
-    rate between first and last token, and time to the last token (the whole request)."""
-    return {"ttft_s": statistics.median(r[0] for r in runs),
-            "tok_per_s": statistics.median((len(r) - 1) / (r[-1] - r[0]) for r in runs),
-            "e2e_s": statistics.median(r[-1] for r in runs),
-            "tokens": statistics.median(len(r) for r in runs)}
+def _summary(runs: list[tuple[float, float, int]]) -> dict:
+    """Medians over runs of (first token time, last token time, tokens), in seconds from the
+    request: time to first token, decode rate between first and last, time to the last token."""
+    return {"ttft_s": statistics.median(first for first, _, _ in runs),
+            "tok_per_s": statistics.median((n - 1) / (last - first) for first, last, n in runs),
+            "e2e_s": statistics.median(last for _, last, _ in runs),
+            "tokens": statistics.median(n for _, _, n in runs)}
 
 
 def local_worker(model_path: str, engine_name: str, prompt: str) -> None:
@@ -78,13 +78,15 @@ def compare(model_path: str, engine_name: str, prompt: str, max_tokens: int, run
                               engine_name, "--prompt", prompt], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, start_new_session=True)
 
-    def run_local(n: int) -> list[float]:
+    def run_local(n: int) -> tuple[float, float, int]:
         local.stdin.write(f"{n}\n")
         local.stdin.flush()
-        return json.loads(local.stdout.readline())
+        times = json.loads(local.stdout.readline())
+        return times[0], times[-1], len(times)
 
-    body = {"model": "fermium", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    sides: dict[str, list[list[float]]] = {"local": [], "stack": []}
+    body = {"model": "fermium", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    sides: dict[str, list[tuple[float, float, int]]] = {"local": [], "stack": []}
     try:
         with tempfile.TemporaryDirectory() as logs, httpx.Client(timeout=None) as client, \
                 Stack(model_path, port=free_port(), engine=engine_name, log_dir=Path(logs)) as stack:
@@ -94,21 +96,28 @@ def compare(model_path: str, engine_name: str, prompt: str, max_tokens: int, run
             for _ in range(runs):
                 sides["local"].append(run_local(max_tokens))
                 t0 = time.perf_counter()
-                sides["stack"].append([t - t0 for t in _stream(client, stack.url, body)])
+                first, last, n = _stream(client, stack.url, body)
+                sides["stack"].append((first - t0, last - t0, n))
     finally:
         local.stdin.close()
         local.wait(timeout=30)
     return _summary(sides["local"]), _summary(sides["stack"])
 
 
-def _stream(client: httpx.Client, url: str, body: dict) -> list[float]:
-    """Arrival time of each streamed chunk that carries text."""
-    times = []
+def _stream(client: httpx.Client, url: str, body: dict) -> tuple[float, float, int]:
+    """(arrival of the first text, arrival of the last text, completion tokens) of one stream.
+    A chunk may carry several tokens (the router joins those already queued)."""
+    times, tokens = [], 0
     with client.stream("POST", f"{url}/v1/completions", json=body) as r:
         for line in r.iter_lines():
-            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event["choices"] and event["choices"][0]["text"]:
                 times.append(time.perf_counter())
-    return times
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+    return times[0], times[-1], tokens
 
 
 def state_arrays(kv_tokens: int) -> list[np.ndarray]:
