@@ -33,10 +33,11 @@ def f16(rng, n, lo, hi):
     return rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
 
 
-def random_rows(qtype: T, rows: int, n: int, rng) -> np.ndarray:
+def random_rows(qtype: T, rows: int, n: int, rng, scale: tuple[float, float] = (1e-3, 4e-3)) -> np.ndarray:
     """(rows, row_bytes) valid blocks: quantized floats, or random bytes with small scales."""
     if qtype in (T.Q4_0, T.Q8_0):
-        return quantize(rng.standard_normal((rows, n)).astype(np.float32), qtype)
+        std = 1.0 if scale[1] >= 1e-3 else scale[1]      # tiny values: subnormal f16 block scales
+        return quantize((rng.standard_normal((rows, n)) * std).astype(np.float32), qtype)
     if qtype in FLOAT_TYPES:
         x = rng.standard_normal((rows, n)).astype(np.float32)
         if qtype == T.F32:
@@ -47,10 +48,10 @@ def random_rows(qtype: T, rows: int, n: int, rng) -> np.ndarray:
     block, nbytes = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (rows * n // block, nbytes), dtype=np.uint8)
     if qtype in (T.Q4_K, T.Q5_K):
-        blocks[:, 0:2] = f16(rng, len(blocks), 1e-3, 4e-3)   # d
-        blocks[:, 2:4] = f16(rng, len(blocks), 1e-3, 4e-3)   # dmin
+        blocks[:, 0:2] = f16(rng, len(blocks), *scale)   # d
+        blocks[:, 2:4] = f16(rng, len(blocks), *scale)   # dmin
     else:
-        blocks[:, 208:210] = f16(rng, len(blocks), 1e-3, 4e-3)
+        blocks[:, 208:210] = f16(rng, len(blocks), *scale)
     return blocks.reshape(rows, -1)
 
 
@@ -81,6 +82,26 @@ def test_quant_dot_matches_generic_and_float(isa, qtype, rng):
         ref = float(wf[r] @ x.astype(np.float64))
         bound = float(np.abs(wf[r]) @ act_values(qtype, x)) * ROUNDING_SLACK + FLOAT_ATOL
         assert abs(got - ref) <= bound, (isa, r, got, ref, bound)
+
+
+# f16 subnormals start below 6.1e-5; real Q6_K files hold block scales around 1e-5
+SUBNORMAL_SCALES = (1e-7, 5e-5)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_subnormal_block_scales(isa, qtype, rng):
+    w = random_rows(qtype, 8, N, rng, scale=SUBNORMAL_SCALES)
+    wf = dequantize(w, qtype).astype(np.float64)
+    x = rng.standard_normal(N).astype(np.float32)
+    act = cpu_lib.quantize_act(qtype, x)
+    for r in range(w.shape[0]):
+        got = cpu_lib.vec_dot(isa, qtype, w[r], act, N)
+        magnitude = float(np.abs(wf[r] * x).sum())
+        assert magnitude > 0
+        assert abs(got - cpu_lib.vec_dot("generic", qtype, w[r], act, N)) <= SIBLING_RTOL * magnitude
+        bound = float(np.abs(wf[r]) @ act_values(qtype, x)) * ROUNDING_SLACK + FLOAT_ATOL * magnitude
+        assert abs(got - float(wf[r] @ x)) <= bound
 
 
 @pytest.mark.parametrize("isa", ISAS)

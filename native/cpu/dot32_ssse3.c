@@ -11,12 +11,16 @@ static inline float hsum_ps(__m128 v) {
     return _mm_cvtss_f32(v);
 }
 
-// four f16 values (the low 16 bits of each 32-bit lane) to f32: place the bits, rescale the bias
+// four f16 values (the low 16 bits of each 32-bit lane) to f32, as fm_half: normal values by
+// rebiasing the exponent, subnormal ones as mantissa * 2^-24, so no subnormal float is touched
 static inline __m128 half4(__m128i h) {
-    const __m128i mag = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7FFF)), 13);
+    const __m128i mag = _mm_and_si128(h, _mm_set1_epi32(0x7FFF));
     const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
-    const __m128 f = _mm_mul_ps(_mm_castsi128_ps(mag), _mm_set1_ps(0x1p112f));
-    return _mm_or_ps(f, _mm_castsi128_ps(sign));
+    const __m128i normal = _mm_add_epi32(_mm_slli_epi32(mag, 13), _mm_set1_epi32(0x38000000));
+    const __m128 sub = _mm_mul_ps(_mm_cvtepi32_ps(_mm_and_si128(h, _mm_set1_epi32(0x3FF))), _mm_set1_ps(0x1p-24f));
+    const __m128i is_sub = _mm_cmpeq_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7C00)), _mm_setzero_si128());
+    const __m128i v = _mm_or_si128(_mm_and_si128(is_sub, _mm_castps_si128(sub)), _mm_andnot_si128(is_sub, normal));
+    return _mm_castsi128_ps(_mm_or_si128(v, sign));
 }
 
 // the scales of weight blocks b..b+3, whose first two bytes are an f16 and stride bytes apart
