@@ -140,8 +140,12 @@ def test_fermium_up_chat_and_ctrl_c(stack):
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health", timeout=2)
     finally:
-        if up.poll() is None:
-            up.kill()
+        if up.poll() is None:                      # Ctrl-C first: a killed `up` would orphan its services
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(timeout=STOP_WITHIN_S)
+            except subprocess.TimeoutExpired:
+                up.kill()
 
 
 def test_prefill_backend_registry():
