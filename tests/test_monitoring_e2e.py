@@ -85,7 +85,7 @@ def stack(tmp_path_factory):
     ports = {service: free_port() for service in JOBS.values()}
     overrides = {"FERMIUM_MODEL": str(write_tiny_gguf(root / "tiny.gguf")), "FERMIUM_PORT": str(free_port()),
                  "FERMIUM_WORKERS": workers, "FERMIUM_ROUTER": workers, "FERMIUM_ENGINE": "reference",
-                 "FERMIUM_LOG_LEVEL": "warning",
+                 "FERMIUM_LOG_LEVEL": "warning", "FERMIUM_SNAPSHOT_DIR": str(root / "snapshots"),
                  **{f"FERMIUM_{service.upper()}_METRICS_PORT": str(port) for service, port in ports.items()}}
     s = UnitStack(root, overrides).start()
     try:
