@@ -16,6 +16,13 @@ router
     fermium_num_requests_running               gauge
     fermium_num_requests_waiting               gauge
     fermium_workers{role}                      gauge    live workers: prefill | decode
+    fermium_snapshot_lookups_total             counter  prefix lookups (services/router/snapshots.py)
+    fermium_snapshot_hits_total                counter
+    fermium_snapshot_misses_total              counter
+    fermium_snapshot_tokens_saved_total        counter  prompt tokens not prefilled thanks to a hit
+    fermium_snapshot_evictions_total           counter  snapshots evicted from RAM
+    fermium_snapshot_stored_total{source}      counter  source: prefill | decode
+    fermium_snapshot_bytes{tier}               gauge    tier: ram | disk
 prefill
     fermium_prefill_requests_total{outcome}    counter  outcome: ok | cancelled | error
     fermium_prefill_tokens_total               counter

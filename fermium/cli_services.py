@@ -85,10 +85,16 @@ def router_command(
     heartbeat_timeout: Annotated[float, _opt("HEARTBEAT_TIMEOUT", "Seconds before a silent worker is dead.")] = 2.5,
     request_timeout: Annotated[float, _opt("REQUEST_TIMEOUT", "Seconds a request may wait for its next token.")] = 600.0,
     api_key: Annotated[Optional[str], _opt("API_KEY", "Require `Authorization: Bearer KEY` on /v1/*.")] = None,
+    snapshot_budget: Annotated[float, _opt("SNAPSHOT_BUDGET", "GiB of RAM for snapshots; 0 turns them off.")] = 4.0,
+    snapshot_dir: Annotated[Optional[Path], _opt("SNAPSHOT_DIR", "Disk tier for snapshots; survives restarts.")] = None,
+    snapshot_every: Annotated[int, _opt("SNAPSHOT_EVERY", "Prefill checkpoint interval, a multiple of 64; "
+                                                          "0: only at prompt and generation ends.")] = 1024,
+    preserve_thinking: Annotated[bool, _opt("PRESERVE_THINKING", "Render earlier reasoning as generated, so "
+                                                                "each chat turn extends the last one's snapshot.")] = True,
     metrics_port: MetricsPort = 0, log_level: LogLevel = "info",
     curve_dir: CurveDir = None, insecure: Insecure = False,
 ):
-    """The router: OpenAI-compatible HTTP API, admission, dispatch to workers."""
+    """The router: OpenAI-compatible HTTP API, admission, dispatch to workers, snapshot cache."""
     from services.router.config import RouterConfig
     from services.router.server import serve
     _logging(log_level)
@@ -97,7 +103,9 @@ def router_command(
                        served_model_name=served_model_name, max_model_len=max_model_len,
                        max_running=max_running, max_queue=max_queue, heartbeat_timeout=heartbeat_timeout,
                        request_timeout=request_timeout, metrics_port=metrics_port, log_level=log_level,
-                       api_key=api_key))
+                       api_key=api_key, snapshot_budget=int(snapshot_budget * 2 ** 30),
+                       snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_every=snapshot_every,
+                       preserve_thinking=preserve_thinking))
 
 
 def prefill_command(

@@ -17,7 +17,7 @@ from common.protocol import ProtocolError, VERSION, decode_frames, encode_messag
 from common.protocol.codec import kinds
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
-from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Tokens
+from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
 from common.worker import WorkerLink
 
@@ -41,9 +41,11 @@ SAMPLES = [
     HelloAck("h1", "decode-1", True, ""),
     Cancel("r1", "client disconnected"),
     PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {"temperature": 0.0, "seed": None}, 16, [3],
-                   False, None, None),
-    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), None),
-    PrefillRequest("r2", [], [9, 1, 2], 3, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), np.ones(11, np.float32)),
+                   False, None, None, 0),
+    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), None, 64),
+    PrefillRequest("r2", [], [9, 1, 2], 3, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), np.ones(11, np.float32),
+                   0),
+    Snapshot("r2", "prefill-1", 2, state(2), np.ones(11, np.float32)),
     DecodeRequest("r3", 3, [1, 2, 3], {"top_k": 4}, 5, [0], False, state(3), np.arange(11, dtype=np.float32)),
 ]
 

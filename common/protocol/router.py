@@ -8,6 +8,7 @@ Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n array
     0x13 Tokens       decode -> router: newly sampled token ids of one sequence
     0x14 Finished     decode -> router: the sequence ended; optional final state (snapshot seam)
     0x15 Failed       any worker -> router: request `rid` failed, or a frame was rejected
+    0x16 Snapshot     prefill -> router: the state after the first `pos` prompt tokens, and its logits
 """
 from __future__ import annotations
 
@@ -65,3 +66,14 @@ class Finished(Message):
 class Failed(Message):
     worker_id: str
     error: str
+
+
+@message(0x16)
+class Snapshot(Message):
+    """State after history[:pos] (SequenceState.arrays() order) and the logits of token pos-1."""
+
+    worker_id: str
+    pos: int
+    state: list
+    logits: object
+    ARRAYS = ("state", "logits")

@@ -92,8 +92,10 @@ class SnapshotStore:
         key = tail_key(base, tokens[len(blocks) * B:])
         with self.lock:
             if key in self.snaps:
-                self.snaps.move_to_end(key)
-                return key
+                if self.snaps[key].recurrent is not None:
+                    self.snaps.move_to_end(key)
+                    return key
+                self._forget(key)                 # only on disk, maybe damaged: write it anew
             for i, bkey in enumerate(blocks):
                 if bkey not in self.kv_blocks:
                     self.kv_blocks[bkey] = ([k[i * B:(i + 1) * B].copy() for k in state.k],
@@ -121,8 +123,9 @@ class SnapshotStore:
         """The state after the longest stored prefix of `tokens` and its last logits, or None."""
         with self.lock:
             self.stats.lookups += 1
-            best = self._longest(tokens)
-            found = self._materialise(best) if best else None
+            found = None
+            while found is None and (best := self._longest(tokens)) is not None:
+                found = self._materialise(best)   # None: its file was corrupt and is gone; try the next
             if found is None:
                 self.stats.misses += 1
                 return None
@@ -152,8 +155,6 @@ class SnapshotStore:
         if snap.recurrent is None and not self._load_from_disk(key):
             return None
         self.snaps.move_to_end(key)
-        if any(b not in self.kv_blocks for b in snap.blocks):
-            return None
         n_lin = len(snap.recurrent) // 2
         ks = [np.concatenate([*(self.kv_blocks[b][0][i] for b in snap.blocks), snap.tail_k[i]])
               for i in range(len(snap.tail_k))]
@@ -182,8 +183,11 @@ class SnapshotStore:
             snap.recurrent = snap.logits = None                     # keep the index entry: it is on disk
             snap.tail_k, snap.tail_v = [], []
         else:
-            del self.snaps[key]
-            self.tails[snap.base].discard(snap.pos - len(snap.blocks) * self.block)
+            self._forget(key)
+
+    def _forget(self, key: bytes) -> None:
+        snap = self.snaps.pop(key)
+        self.tails[snap.base].discard(snap.pos - len(snap.blocks) * self.block)
 
     # ---- disk tier
     def _path(self, key: bytes) -> Path:
@@ -205,8 +209,7 @@ class SnapshotStore:
         snap = self.snaps[key]
         if loaded is None:
             self.stats.disk_rejected += 1
-            del self.snaps[key]
-            self.tails[snap.base].discard(snap.pos - len(snap.blocks) * self.block)
+            self._forget(key)
             return False
         header, arrays = loaded
         state = SequenceState.from_arrays(snap.pos, arrays[:-1], self.cfg)

@@ -15,7 +15,7 @@ from common.model.gguf_file import GGUFModel
 from common.mp import PushQueue
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
-from common.protocol.router import PrefillDone
+from common.protocol.router import PrefillDone, Snapshot
 from common.protocol.worker import Cancel
 from common.state import SequenceState
 from common.worker import WorkerLink
@@ -92,7 +92,7 @@ class PrefillServer:
         if req.tokens:
             before = self.backend.stats()
             t0 = time.perf_counter()
-            logits = self.backend.prefill(list(req.tokens), state)
+            logits = self._prefill_with_snapshots(req, state)
             seconds = time.perf_counter() - t0
             self._export_stats(before)
             self.metrics.tokens.inc(len(req.tokens))
@@ -105,6 +105,22 @@ class PrefillServer:
                             req.return_state, state.arrays(), logits.astype("float32", copy=False))
         self._decoder(req.decode_address).put(out)
         self.link.send(PrefillDone(req.rid, self.link.worker_id, len(req.tokens), seconds))
+
+    def _prefill_with_snapshots(self, req: PrefillRequest, state: SequenceState):
+        """Prefill req.tokens; with snapshot_every, in segments ending at its multiples, each one's
+        state (and the end of the prompt's) going back to the router as a Snapshot."""
+        every, end = req.snapshot_every, state.pos + len(req.tokens)
+        if every <= 0:
+            return self.backend.prefill(list(req.tokens), state)
+        cuts = [p for p in range((state.pos // every + 1) * every, end, every)] + [end]
+        done = state.pos
+        for cut in cuts:
+            logits = self.backend.prefill(list(req.tokens[done - req.start_pos:cut - req.start_pos]), state)
+            done = cut
+            # copies: the frames leave on the IO thread while the backend may reuse its arrays
+            self.link.send(Snapshot(req.rid, self.link.worker_id, cut, [a.copy() for a in state.arrays()],
+                                    logits.astype("float32", copy=True)))
+        return logits
 
     def _export_stats(self, before: dict) -> None:
         after = self.backend.stats()

@@ -19,3 +19,7 @@ class RouterConfig:
     metrics_port: int = 0
     log_level: str = "info"
     api_key: str | None = None                  # Bearer key required on /v1/* when set
+    snapshot_budget: int = 4 << 30              # bytes of snapshots kept in RAM; 0 turns the cache off
+    snapshot_dir: str | None = None             # disk tier that survives a restart
+    snapshot_every: int = 1024                  # prefill checkpoints, a multiple of the 64-token chunk
+    preserve_thinking: bool = True              # render past reasoning as generated, so turns share a prefix

@@ -25,7 +25,7 @@ from common.metrics import RouterMetrics
 from common.mp import PullQueue, PushQueue
 from common.protocol import Message, ProtocolError
 from common.protocol.prefill import PrefillRequest
-from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Tokens
+from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
 
 from .schema import Job
@@ -38,6 +38,7 @@ REAP_INTERVAL_S = 0.25
 
 class PrefixCache(Protocol):
     wants_final_state: bool
+    snapshot_every: int          # prefill checkpoints every this many tokens; 0: none
 
     def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]: ...
     def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
@@ -48,6 +49,7 @@ class NoPrefixCache:
     """Nothing cached: every prompt is prefilled from position 0."""
 
     wants_final_state = False
+    snapshot_every = 0
 
     def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]:
         return 0, None, None
@@ -113,7 +115,7 @@ class Dispatcher:
         prefill.link.put(PrefillRequest(
             rid, list(job.prompt_ids[start:]), list(job.prompt_ids), start, decode.address, job.sampling,
             job.max_tokens, list(stop_ids), self.cache.wants_final_state, state,
-            logits if start == len(job.prompt_ids) else None))
+            logits if start == len(job.prompt_ids) else None, self.cache.snapshot_every))
         return track
 
     def cancel(self, rid: str, reason: str) -> None:
@@ -142,6 +144,9 @@ class Dispatcher:
         track = self.tracks.get(msg.rid)
         if track is None:
             return  # a request that already ended (cancelled, failed, or the client left)
+        if isinstance(msg, Snapshot):
+            self.cache.store_state(track.prompt, msg.pos, msg.state, msg.logits, "prefill")
+            return
         if isinstance(msg, PrefillDone):
             w = self.registry.workers.get(track.prefill)
             if w is not None:

@@ -19,6 +19,7 @@ from .auth import api_key_middleware
 from .config import RouterConfig
 from .dispatch import Dispatcher, PrefixCache
 from .generation import Generation
+from .snapshots import build_snapshot_cache
 
 log = logging.getLogger("fermium.router")
 
@@ -29,12 +30,16 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
     template = model.get("tokenizer.chat_template") if model.has("tokenizer.chat_template") else None
     context = min(cfg.max_model_len or model.config.context_length, model.config.context_length)
     metrics = RouterMetrics()
+    if cache is None:
+        cache = build_snapshot_cache(model.config, metrics.registry, cfg.snapshot_budget, cfg.snapshot_dir,
+                                     cfg.snapshot_every)
     dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache)
     generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics,
                             cfg.request_timeout)
 
     def render(messages: list[dict], kwargs: dict) -> str:
         extra = dict(kwargs)
+        extra.setdefault("preserve_thinking", cfg.preserve_thinking)
         thinking = bool(extra.pop("enable_thinking", True))
         return render_chat(messages, template=template, enable_thinking=thinking, template_kwargs=extra)
 

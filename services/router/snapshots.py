@@ -51,8 +51,9 @@ class SnapshotCache:
 
     wants_final_state = True
 
-    def __init__(self, cfg: ModelConfig, store: SnapshotStore, metrics: SnapshotMetrics):
+    def __init__(self, cfg: ModelConfig, store: SnapshotStore, metrics: SnapshotMetrics, snapshot_every: int):
         self.cfg, self.store, self.metrics = cfg, store, metrics
+        self.snapshot_every = snapshot_every
 
     def lookup(self, ids: Sequence[int]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]:
         """(start position, state arrays, logits at the start) — (0, None, None) on a miss."""
@@ -77,3 +78,21 @@ class SnapshotCache:
             return
         self.metrics.stored.labels(source).inc()
         self.metrics.sync_evictions()
+
+
+CHUNK = 64   # the prefill chunk: checkpoints and KV blocks align to it
+
+
+def build_snapshot_cache(cfg: ModelConfig, registry: CollectorRegistry, budget: int,
+                         disk_dir: str | None, every: int) -> SnapshotCache | None:
+    if budget <= 0:
+        return None
+    if every < 0 or every % CHUNK:
+        raise ValueError(f"snapshot interval {every} must be a multiple of the prefill chunk, {CHUNK} (0: only "
+                         f"at prompt and generation ends)")
+    store = SnapshotStore(cfg, budget, block=CHUNK, disk_dir=disk_dir)
+    if store.stats.disk_rejected:
+        log.error("%d corrupt snapshot files in %s were dropped", store.stats.disk_rejected, disk_dir)
+    log.info("snapshots: %.1f GiB in RAM%s, checkpoint every %s tokens", budget / 2 ** 30,
+             f", disk tier {disk_dir} ({len(store.snaps)} indexed)" if disk_dir else "", every or "-")
+    return SnapshotCache(cfg, store, SnapshotMetrics(registry, store), every)
