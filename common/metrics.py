@@ -97,6 +97,16 @@ class RouterMetrics(_Metrics):
         self.prefill_time = self.histogram("fermium_request_prefill_time_seconds", "Dispatch to first token")
         self.decode_time = self.histogram("fermium_request_decode_time_seconds", "First to last token")
         self.workers = self.gauge("fermium_workers", "Live workers by role", ("role",), ("prefill", "decode"))
+        self.snapshot_lookups = self.counter("fermium_snapshot_lookups", "Prefix lookups")
+        self.snapshot_hits = self.counter("fermium_snapshot_hits", "Lookups that found a stored prefix")
+        self.snapshot_misses = self.counter("fermium_snapshot_misses", "Lookups that found nothing")
+        self.snapshot_tokens_saved = self.counter("fermium_snapshot_tokens_saved",
+                                                  "Prompt tokens not prefilled thanks to a snapshot")
+        self.snapshot_evictions = self.counter("fermium_snapshot_evictions", "Snapshots evicted from RAM")
+        self.snapshot_stored = self.counter("fermium_snapshot_stored", "Snapshots stored", ("source",),
+                                            ("prefill", "decode"))
+        self.snapshot_bytes = self.gauge("fermium_snapshot_bytes", "Bytes held by the snapshot store", ("tier",),
+                                         ("ram", "disk"))
         self._load_gauges()
 
 

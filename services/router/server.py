@@ -31,7 +31,7 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
     context = min(cfg.max_model_len or model.config.context_length, model.config.context_length)
     metrics = RouterMetrics()
     if cache is None:
-        cache = build_snapshot_cache(model.config, metrics.registry, cfg.snapshot_budget, cfg.snapshot_dir,
+        cache = build_snapshot_cache(model.config, metrics, cfg.snapshot_budget, cfg.snapshot_dir,
                                      cfg.snapshot_every)
     dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache)
     generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics,
