@@ -41,10 +41,8 @@ SAMPLES = [
     HelloAck("h1", "decode-1", True, ""),
     Cancel("r1", "client disconnected"),
     PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {"temperature": 0.0, "seed": None}, 16, [3],
-                   False, None, None, 0),
-    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), None, 64),
-    PrefillRequest("r2", [], [9, 1, 2], 3, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), np.ones(11, np.float32),
-                   0),
+                   False, None, 0),
+    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), 64),
     Snapshot("r2", "prefill-1", 2, state(2), np.ones(11, np.float32)),
     DecodeRequest("r3", 3, [1, 2, 3], {"top_k": 4}, 5, [0], False, state(3), np.arange(11, dtype=np.float32)),
 ]

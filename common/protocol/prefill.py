@@ -5,9 +5,8 @@ Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n array
     0x20 PrefillRequest  router -> prefill: tokens to run, where to ship the result
 
 `start_state` (SequenceState.arrays() order, at position `start_pos`) is the snapshot seam:
-when set, only `tokens` (the suffix after the cached prefix) are prefilled on top of it. When
-the whole prompt was cached, `tokens` is empty and `start_logits` (vocab,) f32 are the logits
-at `start_pos`, shipped on to decode without running the backend.
+when set, only `tokens` (the suffix after the cached prefix) are prefilled on top of it. A
+prompt that is cached whole skips prefill: the router sends decode.DecodeRequest itself.
 `snapshot_every` > 0 asks for Snapshot messages (router.py) at absolute positions that are
 multiples of it, and at the end of the prompt.
 `history` is the whole prompt, which the sampler may need (repetition penalty).
@@ -28,6 +27,5 @@ class PrefillRequest(Message):
     stop_ids: list[int]
     return_state: bool
     start_state: list | None
-    start_logits: object
     snapshot_every: int          # send the router a Snapshot every this many tokens and at the end; 0: never
-    ARRAYS = ("start_state", "start_logits")
+    ARRAYS = ("start_state",)

@@ -89,18 +89,15 @@ class PrefillServer:
             state = SequenceState.empty(cfg)
         else:
             state = SequenceState.from_arrays(req.start_pos, [a.copy() for a in req.start_state], cfg)
-        if req.tokens:
-            before = self.backend.stats()
-            t0 = time.perf_counter()
-            logits = self._prefill_with_snapshots(req, state)
-            seconds = time.perf_counter() - t0
-            self._export_stats(before)
-            self.metrics.tokens.inc(len(req.tokens))
-            self.metrics.time.observe(seconds)
-        elif req.start_state is not None and req.start_logits is not None:   # the whole prompt was cached
-            logits, seconds = req.start_logits, 0.0
-        else:
-            raise ValueError("nothing to prefill: no tokens, and no cached state with its logits")
+        if not req.tokens:
+            raise ValueError("nothing to prefill: the request has no tokens")
+        before = self.backend.stats()
+        t0 = time.perf_counter()
+        logits = self._prefill_with_snapshots(req, state)
+        seconds = time.perf_counter() - t0
+        self._export_stats(before)
+        self.metrics.tokens.inc(len(req.tokens))
+        self.metrics.time.observe(seconds)
         out = DecodeRequest(req.rid, state.pos, req.history, req.sampling, req.max_tokens, req.stop_ids,
                             req.return_state, state.arrays(), logits.astype("float32", copy=False))
         self._decoder(req.decode_address).put(out)

@@ -24,6 +24,7 @@ import numpy as np
 from common.metrics import RouterMetrics
 from common.mp import PullQueue, PushQueue
 from common.protocol import Message, ProtocolError
+from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
@@ -108,14 +109,18 @@ class Dispatcher:
                                 f"`fermium {role} --router {self.address}`")
         start, state, logits = self.cache.lookup(job.prompt_ids)
         rid = uuid.uuid4().hex
-        track = Track(rid, job.prompt_ids, prefill.worker_id, decode.worker_id)
+        history, stops, keep = list(job.prompt_ids), list(stop_ids), self.cache.wants_final_state
+        if start == len(job.prompt_ids):                 # cached whole: straight to decode
+            track = Track(rid, job.prompt_ids, "", decode.worker_id)
+            decode.link.put(DecodeRequest(rid, start, history, job.sampling, job.max_tokens, stops, keep,
+                                          state, logits))
+        else:
+            track = Track(rid, job.prompt_ids, prefill.worker_id, decode.worker_id)
+            prefill.inflight.add(rid)
+            prefill.link.put(PrefillRequest(rid, history[start:], history, start, decode.address, job.sampling,
+                                            job.max_tokens, stops, keep, state, self.cache.snapshot_every))
         self.tracks[rid] = track
-        prefill.inflight.add(rid)
         decode.inflight.add(rid)
-        prefill.link.put(PrefillRequest(
-            rid, list(job.prompt_ids[start:]), list(job.prompt_ids), start, decode.address, job.sampling,
-            job.max_tokens, list(stop_ids), self.cache.wants_final_state, state,
-            logits if start == len(job.prompt_ids) else None, self.cache.snapshot_every))
         return track
 
     def cancel(self, rid: str, reason: str) -> None:
