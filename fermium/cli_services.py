@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -164,10 +166,16 @@ def up_command(
     roles = ("router", "prefill", "decode")
     ports = {name: metrics_port + i for i, name in enumerate(roles)} if metrics_port else {}
     quiet = {name: ["--log-level", log_level] for name in roles}
-    with Stack(_model(model), port=port, engine=engine, backend=backend, metrics_ports=ports,
+    path = _model(model)
+    note = lambda text: print(text, file=sys.stderr, flush=True)     # progress; stdout carries the answer
+    note(f"starting router, prefill ({backend}) and decode ({engine}) on {path} ...")
+    with Stack(path, port=port, engine=engine, backend=backend, metrics_ports=ports,
                extra=quiet) as stack:
+        t0 = time.monotonic()
         stack.wait_ready(ready_timeout)
+        note(f"ready at {stack.url} in {time.monotonic() - t0:.1f} s")
         if chat is not None:
+            note(f"> {chat}")
             stream_chat(stack.url, chat)
             return
         print(f"Fermium is up at {stack.url}\n\n  curl -N {stack.url}/v1/chat/completions "
