@@ -42,16 +42,20 @@ def active_isa() -> str:
 
 
 def physical_cores() -> int:
-    """Distinct (package, core) pairs among the online CPUs; hyper-threads count once."""
+    """Distinct (package, core) pairs among the CPUs this process may run on (its affinity, e.g.
+    systemd's CPUAffinity=); hyper-threads count once."""
+    allowed = os.sched_getaffinity(0)
     cores = set()
     for cpu in Path("/sys/devices/system/cpu").glob("cpu[0-9]*"):
+        if int(cpu.name[3:]) not in allowed:
+            continue
         topo = cpu / "topology"
         try:
             cores.add((topo.joinpath("physical_package_id").read_text().strip(),
                        topo.joinpath("core_id").read_text().strip()))
         except OSError:
             continue
-    return len(cores) or os.cpu_count() or 1
+    return len(cores) or len(allowed) or 1
 
 
 class Pool:

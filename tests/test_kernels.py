@@ -185,3 +185,12 @@ def test_forced_isa_from_environment():
 
 def test_physical_cores_counts_cores():
     assert 1 <= cpu_lib.physical_cores() <= (os.cpu_count() or 1)
+
+
+def test_physical_cores_respects_cpu_affinity():
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(before)})
+        assert cpu_lib.physical_cores() == 1
+    finally:
+        os.sched_setaffinity(0, before)
