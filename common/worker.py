@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from typing import Callable
 
 from .mp import PullQueue, PushQueue
@@ -31,6 +32,21 @@ def reachable(address: str) -> str:
         if address.startswith(wildcard):
             return f"tcp://{socket.gethostname()}:{address[len(wildcard):]}"
     return address
+
+
+class CancelledIds:
+    """Request ids cancelled lately, remembered for requests that arrive after their Cancel."""
+
+    def __init__(self, memory: int = 4096):
+        self.memory, self._ids = memory, OrderedDict()
+
+    def add(self, rid: str) -> None:
+        self._ids[rid] = None
+        while len(self._ids) > self.memory:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._ids
 
 
 class WorkerLink:

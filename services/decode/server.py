@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 
 import numpy as np
 
@@ -20,16 +19,13 @@ from common.protocol.router import Finished, Tokens
 from common.protocol.worker import Cancel
 from common.sampling import Sampler, SamplingParams
 from common.state import SequenceState
-from common.worker import WorkerLink
+from common.worker import CancelledIds, WorkerLink
 
 from .config import DecodeConfig
 from .engines import load_engine
 from .scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("fermium.decode")
-
-CANCEL_MEMORY = 4096    # cancelled request ids remembered, for requests that arrive after their Cancel
-
 
 class DecodeServer:
     def __init__(self, cfg: DecodeConfig):
@@ -38,7 +34,7 @@ class DecodeServer:
         self.engine_name, self.engine = load_engine(cfg.engine, self.model)
         self.metrics = DecodeMetrics()
         self.sched = BatchScheduler(cfg.max_batch)
-        self.cancelled: OrderedDict[str, None] = OrderedDict()
+        self.cancelled = CancelledIds()
         self.link = WorkerLink("decode", router_address=cfg.router, inbox_address=cfg.listen,
                                advertise=cfg.advertise, capacity=cfg.capacity, model=self.model.path.name,
                                load=lambda: (len(self.sched.running), len(self.sched.waiting)))
@@ -71,9 +67,7 @@ class DecodeServer:
         self._gauges()
 
     def _cancel(self, rid: str) -> None:
-        self.cancelled[rid] = None
-        while len(self.cancelled) > CANCEL_MEMORY:
-            self.cancelled.popitem(last=False)
+        self.cancelled.add(rid)
         seq = self.sched.cancel(rid)
         if seq is not None:
             self._finish(seq, "cancelled", retire=False)

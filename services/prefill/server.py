@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 
 from common.metrics import PrefillMetrics
 from common.model.gguf_file import GGUFModel
@@ -18,15 +18,12 @@ from common.protocol.prefill import PrefillRequest
 from common.protocol.router import PrefillDone, Snapshot
 from common.protocol.worker import Cancel
 from common.state import SequenceState
-from common.worker import WorkerLink
+from common.worker import CancelledIds, WorkerLink
 
 from .backends import create_backend
 from .config import PrefillConfig
 
 log = logging.getLogger("fermium.prefill")
-
-CANCEL_MEMORY = 4096    # cancelled request ids remembered, for requests that arrive after their Cancel
-
 
 class PrefillServer:
     def __init__(self, cfg: PrefillConfig):
@@ -35,7 +32,7 @@ class PrefillServer:
         self.backend = create_backend(cfg.backend, self.model, **cfg.backend_options)
         self.metrics = PrefillMetrics()
         self.queue: deque[PrefillRequest] = deque()
-        self.cancelled: OrderedDict[str, None] = OrderedDict()
+        self.cancelled = CancelledIds()
         self.decoders: dict[str, PushQueue] = {}
         self.busy = 0
         self.link = WorkerLink("prefill", router_address=cfg.router, inbox_address=cfg.listen,
@@ -52,9 +49,7 @@ class PrefillServer:
         first = self.link.get(timeout)
         for msg in ([first] if first else []) + self.link.drain():
             if isinstance(msg, Cancel):
-                self.cancelled[msg.rid] = None
-                while len(self.cancelled) > CANCEL_MEMORY:
-                    self.cancelled.popitem(last=False)
+                self.cancelled.add(msg.rid)
             elif isinstance(msg, PrefillRequest):
                 self.queue.append(msg)
             else:
