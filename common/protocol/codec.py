@@ -15,7 +15,6 @@ ProtocolError, which carries the request id when the header was readable.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Any, ClassVar
 
 import msgpack

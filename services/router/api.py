@@ -13,7 +13,6 @@ import time
 import uuid
 from typing import AsyncIterator, Callable
 
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route

@@ -245,7 +245,7 @@ class CUDABackend:
 
     # ------------------------------------------------------------------ state in and out
     def _upload_state(self, state: SequenceState) -> None:
-        cuda, cfg = self.cuda, self.cfg
+        cuda = self.cuda
         for n, ptr in enumerate(self.state.conv):
             if state.pos == 0:                        # an empty state is all zeros
                 cuda.memset_d32_async(ptr, 0, state.conv[n].size, self.compute)

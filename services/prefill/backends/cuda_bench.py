@@ -72,7 +72,7 @@ class SyntheticModel:
             self.tensors[name] = Tensor(name, Q.F32, v.shape, v.view(np.uint8).reshape(*v.shape[:-1], -1))
 
         H, E, F, Fs = cfg.hidden_size, cfg.n_experts, cfg.expert_ffn, cfg.shared_ffn
-        nk, nv, dk, dv = cfg.n_k_heads, cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim
+        nv, dv = cfg.n_v_heads, cfg.head_v_dim
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         quant("token_embd.weight", (cfg.vocab_size, H), False)
         quant("output.weight", (cfg.vocab_size, H), True)
@@ -118,7 +118,7 @@ class SyntheticModel:
 def prefill_flops(cfg: ModelConfig, T: int) -> float:
     """Multiply-adds x 2 of one prefill of T tokens from an empty state (LM head for one token)."""
     H, E, k = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used
-    nk, nv, dk, dv = cfg.n_k_heads, cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim
+    nv, dk, dv = cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     lin = H * (cfg.conv_channels + 2 * nv * dv + 2 * nv)          # qkv, gate z, alpha, beta, out
     full = H * (nh * 2 * hd + 2 * nkv * hd) + nh * hd * H

@@ -116,7 +116,7 @@ class LayerRunner:
     # ---------------------------------------------------------------- MoE
     def moe(self, i: int, p: str, start) -> None:
         cfg, k, s, T, M = self.cfg, self.k, self.s, self.T, self.ws["moe"]
-        H, E, top, F = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn
+        H, E, top = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used
         xn, x = self.ws["keep"]["xn"], self.ws["keep"]["x"]
         self.dense(p + "ffn_gate_inp.weight", xn, H, M["logits"], E)
         k.moe_route(s, M["logits"], M["ids"], M["w"], T, E, top)
