@@ -4,27 +4,7 @@
  * -mavx512vl -mavx512vnni. */
 #include <immintrin.h>
 #include "quants.h"
-
-static inline float hsum256_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256 scales8(const uint8_t *first, size_t stride) {
-#define AT(k) (*(const uint16_t *)(first + (k) * stride))
-    __m128i h = _mm_cvtsi32_si128(AT(0));
-    h = _mm_insert_epi16(h, AT(1), 1);
-    h = _mm_insert_epi16(h, AT(2), 2);
-    h = _mm_insert_epi16(h, AT(3), 3);
-    h = _mm_insert_epi16(h, AT(4), 4);
-    h = _mm_insert_epi16(h, AT(5), 5);
-    h = _mm_insert_epi16(h, AT(6), 6);
-    h = _mm_insert_epi16(h, AT(7), 7);
-#undef AT
-    return _mm256_cvtph_ps(h);
-}
+#include "simd256.h"
 
 static inline __m512i join(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);

@@ -2,13 +2,7 @@
  * Same arithmetic as the SSSE3 sibling on 256-bit registers. Built with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include "quants.h"
-
-static inline float hsum256_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
+#include "simd256.h"
 
 #define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 

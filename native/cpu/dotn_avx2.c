@@ -4,33 +4,13 @@
  * single-row kernels. Built with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include "quants.h"
+#include "simd256.h"
 
 #define INLINE static inline __attribute__((always_inline))
-
-INLINE float hsum256_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
 
 #define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 
 // ---- Q4_0
-
-INLINE __m256 scales8(const uint8_t *first, size_t stride) {
-#define AT(k) (*(const uint16_t *)(first + (k) * stride))
-    __m128i h = _mm_cvtsi32_si128(AT(0));
-    h = _mm_insert_epi16(h, AT(1), 1);
-    h = _mm_insert_epi16(h, AT(2), 2);
-    h = _mm_insert_epi16(h, AT(3), 3);
-    h = _mm_insert_epi16(h, AT(4), 4);
-    h = _mm_insert_epi16(h, AT(5), 5);
-    h = _mm_insert_epi16(h, AT(6), 6);
-    h = _mm_insert_epi16(h, AT(7), 7);
-#undef AT
-    return _mm256_cvtph_ps(h);
-}
 
 INLINE __m256i nibbles(const uint8_t *qs) {
     const __m128i q = _mm_loadu_si128((const __m128i *)qs);
