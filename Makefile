@@ -4,24 +4,32 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
-STAMP   = $(VENV)/.installed
+BASE    = $(VENV)/.installed
+TESTING = $(VENV)/.installed-test
 
 .PHONY: demo test setup clean
 
-$(STAMP): pyproject.toml setup.py
-	bash tools/ci_system_deps.sh
+# the package and its native kernels (compiled by pip through cffi)
+$(BASE): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(BASE)
+
+# the tests' extras: PyTorch 2.13.0 for the CPU and transformers as the reference, and the
+# system tools that the deployment tests run (systemd-analyze, promtool, prometheus)
+$(TESTING): $(BASE)
+	bash tools/ci_system_deps.sh
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	touch $(TESTING)
 
-setup: $(STAMP)
+setup: $(TESTING)
 
-demo: $(STAMP)
+demo: $(BASE)
 	$(VENV)/bin/fermium demo
 
-test: $(STAMP)
+test: $(TESTING)
 	$(PY) -m pytest -q -rs tests
 
 clean:
