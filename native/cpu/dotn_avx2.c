@@ -56,23 +56,6 @@ INLINE void q4_0_n(int n, const block_q4_0 *x, const void *const *acts, const in
 
 // ---- K-quants
 
-static const uint8_t PATTERNS[12][32] __attribute__((aligned(32))) = {
-#define H(k) 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, \
-             2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1
-    { H(0), H(0) }, { H(1), H(1) }, { H(2), H(2) }, { H(3), H(3) },
-    { H(4), H(4) }, { H(5), H(5) }, { H(6), H(6) }, { H(7), H(7) },
-    { H(0), H(1) }, { H(2), H(3) }, { H(4), H(5) }, { H(6), H(7) },
-#undef H
-};
-
-INLINE __m256i pick(__m256i v, int row) {
-    return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)PATTERNS[row]));
-}
-
-INLINE __m256i sdot(__m256i u, const int8_t *v, __m256i scale) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, LOAD(v)), scale);
-}
-
 INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const int na, float *out) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     __m256 acc[FM_DOTN_MAX];
@@ -100,7 +83,7 @@ INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const in
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++) {
                 const int8_t *v = ((const block_a8_256 *)acts[i])[b].qs + 64 * j;
-                si[i] = _mm256_add_epi32(si[i], _mm256_add_epi32(sdot(lo, v, slo), sdot(hi, v + 32, shi)));
+                si[i] = _mm256_add_epi32(si[i], _mm256_add_epi32(dot32_scaled(lo, v, slo), dot32_scaled(hi, v + 32, shi)));
             }
         }
         _Pragma("GCC unroll 4")
@@ -146,7 +129,7 @@ INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const in
                 const __m256i scale = pick(sc, 8 + g);
                 _Pragma("GCC unroll 4")
                 for (int i = 0; i < na; i++)
-                    si[i] = _mm256_add_epi32(si[i], sdot(u[g], ((const block_a8_256 *)acts[i])[b].qs + 128 * h + 32 * g, scale));
+                    si[i] = _mm256_add_epi32(si[i], dot32_scaled(u[g], ((const block_a8_256 *)acts[i])[b].qs + 128 * h + 32 * g, scale));
             }
         }
         _Pragma("GCC unroll 4")

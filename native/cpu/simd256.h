@@ -28,4 +28,25 @@ static inline __attribute__((always_inline)) __m256 scales8(const uint8_t *first
     return _mm256_cvtph_ps(h);
 }
 
+// pshufb patterns over a broadcast 8 x int16 vector: lane k to all 16 lanes (rows 0..7), or
+// lane k to the low 128 bits and lane k+1 to the high 128 bits (rows 8..11, k = 0, 2, 4, 6)
+static const uint8_t PATTERNS[12][32] __attribute__((aligned(32))) = {
+#define H(k) 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, \
+             2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1
+    { H(0), H(0) }, { H(1), H(1) }, { H(2), H(2) }, { H(3), H(3) },
+    { H(4), H(4) }, { H(5), H(5) }, { H(6), H(6) }, { H(7), H(7) },
+    { H(0), H(1) }, { H(2), H(3) }, { H(4), H(5) }, { H(6), H(7) },
+#undef H
+};
+
+// the K-quant sub-block scale(s) of `row` (see PATTERNS) broadcast across a 256-bit vector
+static inline __attribute__((always_inline)) __m256i pick(__m256i v, int row) {
+    return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)PATTERNS[row]));
+}
+
+// 32 unsigned quants . 32 activations, times an int16 scale vector -> 8 int32
+static inline __attribute__((always_inline)) __m256i dot32_scaled(__m256i u, const int8_t *v, __m256i scale) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)v)), scale);
+}
+
 #endif
