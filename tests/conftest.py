@@ -16,6 +16,19 @@ def fermium_cli(*args: str, check: bool = True, **kwargs) -> subprocess.Complete
                           capture_output=True, text=True, check=check, **kwargs)
 
 
+class Metadata:
+    """GGUF metadata held in memory: the .get/.has that the tokenizer and template loaders read."""
+
+    def __init__(self, **fields):
+        self.fields = fields
+
+    def get(self, key):
+        return self.fields[key]
+
+    def has(self, key):
+        return key in self.fields
+
+
 def tiny_config(kind: str, layers: int = 8):
     """A small model of the real architecture: 3:1 linear:full, v heads = 2 x k heads, partial RoPE."""
     import transformers as tf

@@ -15,6 +15,7 @@ import pytest
 
 from common.model.chat_template import (BUNDLED_TEMPLATE, ChatTemplateError, render_chat,
                                         template_from_checkpoint, template_from_gguf)
+from tests.conftest import Metadata
 
 SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 GEN_THINK = "<|im_start|>assistant\n<think>\n"
@@ -165,15 +166,6 @@ def test_tool_call_without_content_and_later_answer():
 
 
 # ---- where the template comes from
-class Metadata:
-    def __init__(self, **fields):
-        self.fields = fields
-
-    def get(self, key):
-        return self.fields[key]
-
-    def has(self, key):
-        return key in self.fields
 
 
 def test_embedded_template_is_preferred():

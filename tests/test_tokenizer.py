@@ -26,6 +26,7 @@ from common.model.gguf_file import GGUFModel  # noqa: E402
 from common.model.tokenizer import (  # noqa: E402
     PRE_TOKENIZERS, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, TOKEN_USER_DEFINED,
     Tokenizer, TokenizerError, pre_tokenizer_name)
+from tests.conftest import Metadata  # noqa: E402
 
 VOCAB_SIZE = 248320          # Qwen3.6's padded vocabulary (embedding rows)
 IM_START, IM_END, ENDOFTEXT, THINK = 248045, 248046, 248044, 248068
@@ -74,19 +75,6 @@ def _merge_parts(token: bytes, rank: int, ranks: dict[bytes, int]) -> list[bytes
             break
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
     return parts
-
-
-class Metadata:
-    """A GGUF file's tokenizer metadata held in memory (the .get/.has that from_gguf reads)."""
-
-    def __init__(self, **fields):
-        self.fields = fields
-
-    def get(self, key):
-        return self.fields[key]
-
-    def has(self, key):
-        return key in self.fields
 
 
 def _fields(tokens, types, merges, pre="qwen35", eos=IM_END, bos=ENDOFTEXT) -> dict:
