@@ -22,26 +22,37 @@ static inline __m256 dot_i8(const int8_t *w, const int8_t *a) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 
-// sum_b dw*dy*sum(u*q) - 8 * sum_b dw*(dy*sum(q)): the stored nibbles are offset by 8
+// sum_b dw*dy*sum(u*q) - 8 * sum_b dw*(dy*sum(q)): the stored nibbles are offset by 8.
+// Scales of up to 64 blocks are multiplied out first, so the block loop only broadcasts them;
+// four accumulators keep the FMA latency off the critical path.
 float fm_dot_q4_0_a8_avx2(int n, const void *w, const void *a) {
     const block_q4_0 *x = w;
     const int nb = n / QK32;
     const int8_t *q = a;
     const float *dy = fm_a32_d(a, nb), *sy = fm_a32_s(a, nb);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+    const __m256i shift = _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0), m4 = _mm256_set1_epi8(0xF);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0, off = acc0;
+    float dd[64] __attribute__((aligned(32)));
     int b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_q4_0));
-        float dd[8];   // per-block scales, broadcast back by loads
-        _mm256_storeu_ps(dd, _mm256_mul_ps(dw, _mm256_loadu_ps(dy + b)));
-        off = _mm256_fmadd_ps(dw, _mm256_loadu_ps(sy + b), off);
-#pragma GCC unroll 4
-        for (int k = 0; k < 8; k += 2) {
-            acc0 = _mm256_fmadd_ps(dot_u4(x[b + k].qs, q + QK32 * (b + k)), _mm256_broadcast_ss(dd + k), acc0);
-            acc1 = _mm256_fmadd_ps(dot_u4(x[b + k + 1].qs, q + QK32 * (b + k + 1)), _mm256_broadcast_ss(dd + k + 1), acc1);
+    for (; b + 8 <= nb;) {
+        const int chunk = nb - b >= 64 ? 64 : (nb - b) & ~7;
+        for (int k = 0; k < chunk; k += 8) {
+            const __m256 dw = scales8((const uint8_t *)&x[b + k].d, sizeof(block_q4_0));
+            _mm256_store_ps(dd + k, _mm256_mul_ps(dw, _mm256_loadu_ps(dy + b + k)));
+            off = _mm256_fmadd_ps(dw, _mm256_loadu_ps(sy + b + k), off);
+        }
+        for (int k = 0; k < chunk; k += 4, b += 4) {
+#define BLOCK(j, acc) do { \
+            const __m256i u = _mm256_and_si256(_mm256_srlv_epi32(_mm256_broadcastsi128_si256( \
+                _mm_loadu_si128((const __m128i *)x[b + j].qs)), shift), m4); \
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(q + QK32 * (b + j)))), ones); \
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(dd + k + j), acc); } while (0)
+            BLOCK(0, acc0); BLOCK(1, acc1); BLOCK(2, acc2); BLOCK(3, acc3);
+#undef BLOCK
         }
     }
-    float sum = hsum256_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * hsum256_ps(off);
+    float sum = hsum256_ps(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3))) - 8.0f * hsum256_ps(off);
     for (; b < nb; b++) {
         const float dw = _cvtsh_ss(x[b].d);
         sum += dw * (dy[b] * hsum256_ps(dot_u4(x[b].qs, q + QK32 * b)) - 8.0f * sy[b]);
