@@ -11,12 +11,15 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from gguf import GGUFValueType
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MADV_POPULATE_READ = 22            # linux/mman.h; not in the mmap module before Python 3.13
+PREFAULT_CHUNK = 256 << 20         # a multiple of the page size
 _SCALAR = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
            GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
            GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
@@ -103,7 +106,23 @@ class FastGGUF:
             self.entries.append(TensorEntry(name, ne, cur.take("<I"), cur.take("<Q")))
         align = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
         self.data_offset = (cur.pos + align - 1) // align * align
-        self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self.data = np.frombuffer(self._mmap, dtype=np.uint8)   # the same mapping: see prefault
+
+    def prefault(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Map every page of the file into this process now, as llama.cpp's MAP_POPULATE does, so
+        that decoding never stops on a page fault for weights touched the first time (a new
+        expert, most often). Reads from disk what is not in the page cache yet.
+        progress(bytes_done, bytes_total) is called after each chunk."""
+        total = len(self._mmap)
+        for start in range(0, total, PREFAULT_CHUNK):
+            length = min(PREFAULT_CHUNK, total - start)
+            try:
+                self._mmap.madvise(MADV_POPULATE_READ, start, length)
+            except OSError:                     # kernels before 5.14: ask, then touch each page
+                self._mmap.madvise(mmap.MADV_WILLNEED, start, length)
+                int(self.data[start:start + length:mmap.PAGESIZE].sum())
+            if progress:
+                progress(start + length, total)
 
     def tensor_bytes(self, entry: TensorEntry, nbytes: int) -> np.ndarray:
         start = self.data_offset + entry.offset

@@ -6,6 +6,8 @@ choice is process-wide (see native.cpu_lib); `isa=` switches it.
 """
 from __future__ import annotations
 
+import logging
+import os
 import time
 from typing import Sequence
 
@@ -18,13 +20,40 @@ from native import cpu_lib
 from native.cpu_lib import ffi, lib
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
+PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
+PROGRESS_BYTES = 2 << 30   # files this large report mapping progress
+
+log = logging.getLogger("fermium.decode")
+
+
+def prefault_weights(model: GGUFModel) -> bool:
+    """Map all of the model's pages now, when the file fits in RAM: afterwards no decode step
+    stops on a page fault. Logs progress for large files. False when skipped."""
+    size = model.path.stat().st_size
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if size > PREFAULT_RAM_SHARE * ram:
+        log.info("not mapping %s up front: %.1f GiB against %.1f GiB of RAM", model.path.name,
+                 size / 2**30, ram / 2**30)
+        return False
+    t0, last = time.monotonic(), [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if total >= PROGRESS_BYTES and (now - last[0] >= 2.0 or done == total):
+            last[0] = now
+            log.info("mapping weights: %.1f of %.1f GiB (%.0f s)", done / 2**30, total / 2**30, now - t0)
+
+    model.file.prefault(progress)
+    return True
 
 
 class NativeEngine:
-    def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None):
+    def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None,
+                 prefault: bool = True):
         if isa:
             cpu_lib.select_isa(isa)
         self.model = model
+        self.prefaulted = prefault and prefault_weights(model)
         self.cfg = model.config
         self.isa = cpu_lib.active_isa()
         self.pool = cpu_lib.Pool(threads)
