@@ -58,12 +58,16 @@ def decode_command(
     except cpu_lib.IsaError as exc:
         raise typer.BadParameter(str(exc), param_hint="--isa") from exc
     states = [engine.new_state() for _ in range(batch)]
+    single = [engine.new_state()] if batch > 1 else None   # the batch-of-one baseline, same rounds
     for step in range(max(context, 2)):        # also warms the page cache and the pool
         engine.decode([(step * 31 + b) % engine.cfg.vocab_size for b in range(batch)], states)
+        if single:
+            engine.decode([(step * 31 + 7) % engine.cfg.vocab_size], single)
     results = []
     bw_after = cpu_lib.membw(engine.pool, bw_mib << 20, reps=1)
     for _ in range(rounds):
         bw_before = bw_after
+        one = _round(engine, single, tokens) if single else None
         r = _round(engine, states, tokens)
         bw_after = cpu_lib.membw(engine.pool, bw_mib << 20, reps=1)
         bw = (bw_before + bw_after) / 2
@@ -77,6 +81,7 @@ def decode_command(
             "effective_gbs": r["step_bytes"] / step_s / 1e9,
             "bw_ratio": r["step_bytes"] / step_s / bw,
             "python_share": r["python_share"],
+            **({"batch_gain": batch * one["seconds"] / r["seconds"]} if one else {}),
         })
     best = max(results, key=lambda x: x["bw_ratio"])
     report = {
@@ -85,6 +90,8 @@ def decode_command(
         "median_bw_ratio": statistics.median(x["bw_ratio"] for x in results),
         "median_tok_s": statistics.median(x["tok_s"] for x in results),
     }
+    if single:   # aggregate tok/s of the batch over that of one sequence, round by round
+        report["median_batch_gain"] = statistics.median(x["batch_gain"] for x in results)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
@@ -93,6 +100,8 @@ def decode_command(
     for i, x in enumerate(results):
         typer.echo(f"round {i}: {x['tok_s']:7.2f} tok/s  {x['weights_gb_per_step']:.3f} GB/step  "
                    f"{x['effective_gbs']:6.2f} GB/s of {x['membw_gbs']:6.2f} GB/s measured = "
-                   f"{100 * x['bw_ratio']:5.1f}%  (Python {100 * x['python_share']:.1f}% of the step)")
+                   f"{100 * x['bw_ratio']:5.1f}%  (Python {100 * x['python_share']:.1f}% of the step)"
+                   + (f"  batch gain {x['batch_gain']:.2f}x" if single else ""))
     typer.echo(f"median: {report['median_tok_s']:.2f} tok/s, {100 * report['median_bw_ratio']:.1f}% of bandwidth; "
-               f"best {100 * best['bw_ratio']:.1f}%")
+               f"best {100 * best['bw_ratio']:.1f}%"
+               + (f"; batch {batch} vs 1 in the same rounds: {report['median_batch_gain']:.2f}x" if single else ""))

@@ -185,5 +185,9 @@ def test_bench_decode_reports_bandwidth_share(files):
     assert report["batch"] == 2 and report["threads"] == 2
     assert best["membw_gbs"] > 0 and best["tok_s"] > 0 and 0 < best["weights_gb_per_step"] < 0.1
     assert abs(best["effective_gbs"] / best["membw_gbs"] - best["bw_ratio"]) < 1e-9
+    before, after = best["membw_before_after_gbs"]
+    assert abs((before + after) / 2 - best["membw_gbs"]) < 1e-9
+    # a batch is timed against a batch of one in the same rounds
+    assert report["median_batch_gain"] == best["batch_gain"] > 0
     bad = CliRunner().invoke(app, ["bench", "decode", "--model", str(files["q4_0"]), "--isa", "sse9"])
     assert bad.exit_code != 0 and "unknown ISA" in bad.output
