@@ -37,7 +37,7 @@ float fm_dot_q4_K_a8_avx2(int n, const void *w, const void *a) {
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(_cvtsh_ss(x[b].d) * dy), acc);
         accm = _mm_fmadd_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(_cvtsh_ss(x[b].dmin) * dy), accm);
     }
-    return hsum256_ps(acc) - hsum256_ps(_mm256_castps128_ps256(accm));
+    return hsum256_ps(acc) - hsum128_ps(accm);
 }
 
 float fm_dot_q5_K_a8_avx2(int n, const void *w, const void *a) {
@@ -66,7 +66,7 @@ float fm_dot_q5_K_a8_avx2(int n, const void *w, const void *a) {
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(_cvtsh_ss(x[b].d) * dy), acc);
         accm = _mm_fmadd_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(_cvtsh_ss(x[b].dmin) * dy), accm);
     }
-    return hsum256_ps(acc) - hsum256_ps(_mm256_castps128_ps256(accm));
+    return hsum256_ps(acc) - hsum128_ps(accm);
 }
 
 float fm_dot_q6_K_a8_avx2(int n, const void *w, const void *a) {

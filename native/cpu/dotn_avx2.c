@@ -56,89 +56,99 @@ INLINE void q4_0_n(int n, const block_q4_0 *x, const void *const *acts, const in
 
 // ---- K-quants
 
+// the pshufb pattern of `row` (see PATTERNS) read from memory at each use: hoisted into
+// registers by the compiler, the twelve patterns would push the accumulators onto the stack
+INLINE __m256i pick_mem(__m256i v, int row) {
+    const uint8_t *patterns = &PATTERNS[0][0];
+    __asm__("" : "+r"(patterns));
+    return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)(patterns + 32 * row)));
+}
+
+// Register budget as in q6_K_n below: the integer sums in registers, the float sums in memory.
 INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const int na, float *out) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 acc[FM_DOTN_MAX];
-    __m128 accm[FM_DOTN_MAX];
-    _Pragma("GCC unroll 4")
-    for (int i = 0; i < na; i++) {
-        acc[i] = _mm256_setzero_ps();
-        accm[i] = _mm_setzero_ps();
-    }
+    float sums[FM_DOTN_MAX][8] __attribute__((aligned(32))) = { { 0 } };
+    float mins[FM_DOTN_MAX][4] __attribute__((aligned(16))) = { { 0 } };
     for (int b = 0; b < n / QK_K; b++) {
         uint32_t sm[4];
         fm_unpack_scales_k4(x[b].scales, sm);
         const __m128i v8 = _mm_loadu_si128((const __m128i *)sm);
-        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v8));
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(v8, 8));
+        const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(v8, 8));
         const float d = _cvtsh_ss(x[b].d), dmin = _cvtsh_ss(x[b].dmin);
-        __m256i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) si[i] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < 4; j++) {
-            const __m256i qq = LOAD(x[b].qs + 32 * j);
-            const __m256i lo = _mm256_and_si256(qq, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qq, 4), m4);
-            const __m256i slo = pick(sc, 2 * j), shi = pick(sc, 2 * j + 1);
-            _Pragma("GCC unroll 4")
-            for (int i = 0; i < na; i++) {
-                const int8_t *v = ((const block_a8_256 *)acts[i])[b].qs + 64 * j;
-                si[i] = _mm256_add_epi32(si[i], _mm256_add_epi32(dot32_scaled(lo, v, slo), dot32_scaled(hi, v + 32, shi)));
-            }
-        }
-        _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) {
+        for (int i = 0; i < na; i++) {   // the mins . the pair sums of each 32 activations
             const block_a8_256 *y = (const block_a8_256 *)acts[i] + b;
             const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums),
                                                  _mm_loadu_si128((const __m128i *)(y->bsums + 8)));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[i]), _mm256_set1_ps(d * y->d), acc[i]);
-            accm[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, pairs)), _mm_set1_ps(dmin * y->d), accm[i]);
+            _mm_store_ps(mins[i], _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(m16, pairs)),
+                                               _mm_set1_ps(dmin * y->d), _mm_load_ps(mins[i])));
         }
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v8));
+        __m256i si[FM_DOTN_MAX];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) si[i] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 8")
+        for (int k = 0; k < 8; k++) {   // sub-block k: low (even k) or high nibbles of 32 bytes
+            const __m256i qq = LOAD(x[b].qs + 32 * (k / 2));
+            const __m256i u = _mm256_and_si256(k & 1 ? _mm256_srli_epi16(qq, 4) : qq, m4);
+            const __m256i scale = pick_mem(sc, k);
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < na; i++) {
+                si[i] = _mm256_add_epi32(si[i], dot32_scaled(u, ((const block_a8_256 *)acts[i])[b].qs + 32 * k, scale));
+                __asm__("" : "+x"(si[i]));
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++)
+            _mm256_store_ps(sums[i], _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[i]),
+                                                     _mm256_set1_ps(d * ((const block_a8_256 *)acts[i])[b].d), _mm256_load_ps(sums[i])));
+        __asm__ volatile("" ::: "memory");
     }
     _Pragma("GCC unroll 4")
-    for (int i = 0; i < na; i++) out[i] = hsum256_ps(acc[i]) - hsum256_ps(_mm256_castps128_ps256(accm[i]));
+    for (int i = 0; i < na; i++) out[i] = hsum256_ps(_mm256_load_ps(sums[i])) - hsum128_ps(_mm_load_ps(mins[i]));
 }
 
+// Register budget (16 ymm): si[na] accumulators, the scales, one unpacked group, two masks.
+// The float sums live in memory and are touched once per super-block.
 INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const int na, float *out) {
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(0x30);
-    __m256 acc[FM_DOTN_MAX];
-    _Pragma("GCC unroll 4")
-    for (int i = 0; i < na; i++) acc[i] = _mm256_setzero_ps();
+    float sums[FM_DOTN_MAX][8] __attribute__((aligned(32))) = { { 0 } };
     for (int b = 0; b < n / QK_K; b++) {
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
-        const __m256i s16 = _mm256_cvtepi8_epi16(s8);
         __m256i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) {   // the stored quants are offset by +32
-            const __m256i c = _mm256_madd_epi16(s16, LOAD(((const block_a8_256 *)acts[i])[b].bsums));
+            const __m256i c = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), LOAD(((const block_a8_256 *)acts[i])[b].bsums));
             si[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 5));
         }
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[b].ql + 64 * h, *qh = x[b].qh + 32 * h;
             const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
-            const __m256i l0 = LOAD(ql), l1 = LOAD(ql + 32), hh = LOAD(qh);
-            const __m256i u[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m2)),
-                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hh, m2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hh, 2), m2)),
-            };
             _Pragma("GCC unroll 4")
-            for (int g = 0; g < 4; g++) {
-                const __m256i scale = pick(sc, 8 + g);
+            for (int g = 0; g < 4; g++) {   // group g: low or high nibbles of ql[g & 1], bits 2g.. of qh
+                const __m256i l = LOAD(ql + 32 * (g & 1)), hh = LOAD(qh);
+                const __m256i lo4 = g < 2 ? l : _mm256_srli_epi16(l, 4);
+                const __m256i hi2 = g == 0 ? _mm256_slli_epi16(hh, 4) : g == 1 ? _mm256_slli_epi16(hh, 2)
+                                  : g == 2 ? hh : _mm256_srli_epi16(hh, 2);
+                const __m256i u = _mm256_or_si256(_mm256_and_si256(lo4, m4), _mm256_and_si256(hi2, m2));
+                const __m256i scale = pick_mem(sc, 8 + g);
                 _Pragma("GCC unroll 4")
-                for (int i = 0; i < na; i++)
-                    si[i] = _mm256_add_epi32(si[i], dot32_scaled(u[g], ((const block_a8_256 *)acts[i])[b].qs + 128 * h + 32 * g, scale));
+                for (int i = 0; i < na; i++) {
+                    si[i] = _mm256_add_epi32(si[i], dot32_scaled(u, ((const block_a8_256 *)acts[i])[b].qs + 128 * h + 32 * g, scale));
+                    __asm__("" : "+x"(si[i]));   // one running sum per activation, not a tree of temporaries
+                }
             }
         }
+        const float d = _cvtsh_ss(x[b].d);
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++)
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[i]),
-                                     _mm256_set1_ps(_cvtsh_ss(x[b].d) * ((const block_a8_256 *)acts[i])[b].d), acc[i]);
+            _mm256_store_ps(sums[i], _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[i]),
+                                                     _mm256_set1_ps(d * ((const block_a8_256 *)acts[i])[b].d), _mm256_load_ps(sums[i])));
+        __asm__ volatile("" ::: "memory");   // keep the sums in memory, out of the register budget
     }
     _Pragma("GCC unroll 4")
-    for (int i = 0; i < na; i++) out[i] = hsum256_ps(acc[i]);
+    for (int i = 0; i < na; i++) out[i] = hsum256_ps(_mm256_load_ps(sums[i]));
 }
 
 // one entry point per type; na picks a body whose loops over activations are unrolled

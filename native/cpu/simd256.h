@@ -13,6 +13,12 @@ static inline __attribute__((always_inline)) float hsum256_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+static inline __attribute__((always_inline)) float hsum128_ps(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
 // the f16 scales of weight blocks b..b+7 (first two bytes of blocks `stride` bytes apart)
 static inline __attribute__((always_inline)) __m256 scales8(const uint8_t *first, size_t stride) {
 #define AT(k) (*(const uint16_t *)(first + (k) * stride))
