@@ -14,17 +14,18 @@ typedef struct {
     fm_vec_dot_n_fn dotn[KIND_COUNT];  // batched rows; NULL: the driver loops dot
 } isa_row;
 
-#define ROW(name, isa, fisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
-    fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##fisa, fm_dot_bf16_##fisa }, batched }
+// fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C)
+#define ROW(name, isa, fisa, hisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
+    fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, fm_dot_bf16_##fisa }, batched }
 #define NO_DOTN { 0 }
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
                     [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2 }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
-    ROW("generic", generic, generic, NO_DOTN),
-    ROW("ssse3", ssse3, generic, NO_DOTN),
-    ROW("avx2", avx2, avx2, DOTN_AVX2),
-    ROW("avx512", avx512, avx2, DOTN_AVX2),
+    ROW("generic", generic, generic, generic, NO_DOTN),
+    ROW("ssse3", ssse3, ssse3, generic, NO_DOTN),
+    ROW("avx2", avx2, avx2, avx2, DOTN_AVX2),
+    ROW("avx512", avx512, avx2, avx2, DOTN_AVX2),
 };
 
 // GGML type -> traits; activation kind decides how x is quantized before the dot

@@ -100,7 +100,9 @@ void fm_dotn_q4_0_a8_avx2(int n, const void *w, const void *const *acts, int na,
 void fm_dotn_q4_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 
-FM_DECLARE_FLOAT_DOTS(generic)   // float activations; the SSSE3 row uses these
+FM_DECLARE_FLOAT_DOTS(generic)   // float activations; the SSSE3 row uses the F16 one
+float fm_dot_f32_ssse3(int n, const void *w, const void *a);
+float fm_dot_bf16_ssse3(int n, const void *w, const void *a);
 FM_DECLARE_FLOAT_DOTS(avx2)      // the AVX-512 row uses these (F16C is there)
 
 #endif
