@@ -21,6 +21,14 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import sys; sys.path.insert(0, 'native/cpu'); import build; build.ffibuilder.compile(tmpdir='.', verbose=False)" \
     > "$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
 lscpu > "$OUT/lscpu.txt"
+# every kernel of every ISA this CPU runs, against its generic sibling (and the batched ones
+# against the row ones), then the kernel tests where pytest is installed
+cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize}.c native/cpu/dot*_generic.c \
+    build/native_cpu_isa/*.o -lm -o "$OUT/selftest.bin" && "$OUT/selftest.bin" > "$OUT/selftest.txt"
+tail -5 "$OUT/selftest.txt"; rm -f "$OUT/selftest.bin"
+if python3 -c "import pytest" 2> /dev/null; then
+    python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py > "$OUT/kernel_tests.txt" 2>&1; tail -1 "$OUT/kernel_tests.txt"
+fi
 for type in q4_0 q4_k_m; do   # written side by side
     model=$MODELS/syn-$type-L$LAYERS.gguf
     [[ -f $model ]] || python3 tools/make_synthetic_gguf.py "$model" --type $type --layers "$LAYERS" > /dev/null &

@@ -20,12 +20,14 @@ typedef struct {
 #define NO_DOTN { 0 }
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
                     [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2 }
+#define DOTN_AVX512 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx512, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx512, \
+                      [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512 }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
     ROW("generic", generic, generic, generic, NO_DOTN),
     ROW("ssse3", ssse3, ssse3, generic, NO_DOTN),
     ROW("avx2", avx2, avx2, avx2, DOTN_AVX2),
-    ROW("avx512", avx512, avx2, avx2, DOTN_AVX2),
+    ROW("avx512", avx512, avx2, avx2, DOTN_AVX512),
 };
 
 // GGML type -> traits; activation kind decides how x is quantized before the dot

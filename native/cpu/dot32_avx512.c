@@ -5,20 +5,7 @@
 #include <immintrin.h>
 #include "quants.h"
 #include "simd256.h"
-
-static inline __m512i join(__m256i lo, __m256i hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-// lanes 0..7 = dd[k], lanes 8..15 = dd[k+1]
-static inline __m512 lane_pair(__m512 dd, int k) {
-    return _mm512_permutexvar_ps(join(_mm256_set1_epi32(k), _mm256_set1_epi32(k + 1)), dd);
-}
-
-static inline __m256i nibbles(const uint8_t *qs) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xF));
-}
+#include "simd512.h"
 
 static inline float dot256(__m256i u, const int8_t *a) {
     return hsum256_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
@@ -54,8 +41,8 @@ static inline float dot256(__m256i u, const int8_t *a) {
         return sum;                                                                                   \
     }
 
-static inline __m256i q4_u1(const block_q4_0 *x) { return nibbles(x->qs); }
-static inline __m512i q4_u2(const block_q4_0 *x) { return join(nibbles(x[0].qs), nibbles(x[1].qs)); }
+static inline __m256i q4_u1(const block_q4_0 *x) { return q4_nibbles(x->qs); }
+static inline __m512i q4_u2(const block_q4_0 *x) { return join(q4_nibbles(x[0].qs), q4_nibbles(x[1].qs)); }
 static inline __m256i q8_u1(const block_q8_0 *x) {
     return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x->qs), _mm256_set1_epi8((char)0x80));
 }

@@ -12,11 +12,6 @@
 
 // ---- Q4_0
 
-INLINE __m256i nibbles(const uint8_t *qs) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xF));
-}
-
 INLINE __m256 udot(__m256i u, const int8_t *a) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, LOAD(a)), _mm256_set1_epi16(1)));
 }
@@ -37,7 +32,7 @@ INLINE void q4_0_n(int n, const block_q4_0 *x, const void *const *acts, const in
         }
         _Pragma("GCC unroll 8")
         for (int k = 0; k < 8; k++) {
-            const __m256i u = nibbles(x[b + k].qs);
+            const __m256i u = q4_nibbles(x[b + k].qs);
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++)
                 acc[i] = _mm256_fmadd_ps(udot(u, (const int8_t *)acts[i] + QK32 * (b + k)),
@@ -49,7 +44,7 @@ INLINE void q4_0_n(int n, const block_q4_0 *x, const void *const *acts, const in
         float s = hsum256_ps(acc[i]) - 8.0f * hsum256_ps(off[i]);
         const float *dy = fm_a32_d(acts[i], nb), *sy = fm_a32_s(acts[i], nb);
         for (int t = b; t < nb; t++)
-            s += _cvtsh_ss(x[t].d) * (dy[t] * hsum256_ps(udot(nibbles(x[t].qs), (const int8_t *)acts[i] + QK32 * t)) - 8.0f * sy[t]);
+            s += _cvtsh_ss(x[t].d) * (dy[t] * hsum256_ps(udot(q4_nibbles(x[t].qs), (const int8_t *)acts[i] + QK32 * t)) - 8.0f * sy[t]);
         out[i] = s;
     }
 }

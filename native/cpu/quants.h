@@ -99,6 +99,9 @@ typedef void (*fm_vec_dot_n_fn)(int n, const void *w, const void *const *acts, i
 void fm_dotn_q4_0_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_q4_0_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_q4_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 
 FM_DECLARE_FLOAT_DOTS(generic)   // float activations; the SSSE3 row uses the F16 one
 float fm_dot_f32_ssse3(int n, const void *w, const void *a);

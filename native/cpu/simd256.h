@@ -34,6 +34,12 @@ static inline __attribute__((always_inline)) __m256 scales8(const uint8_t *first
     return _mm256_cvtph_ps(h);
 }
 
+// the 32 nibbles of a Q4_0 block: low halves (values 0..15), then high halves (16..31)
+static inline __attribute__((always_inline)) __m256i q4_nibbles(const uint8_t *qs) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0xF));
+}
+
 // pshufb patterns over a broadcast 8 x int16 vector: lane k to all 16 lanes (rows 0..7), or
 // lane k to the low 128 bits and lane k+1 to the high 128 bits (rows 8..11, k = 0, 2, 4, 6)
 static const uint8_t PATTERNS[12][32] __attribute__((aligned(32))) = {

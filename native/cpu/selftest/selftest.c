@@ -96,6 +96,16 @@ int main(void) {
             fm_quantize_act(type, x, COLS, act + fm_act_bytes(type, COLS) * i);
         }
         float y[FM_DOTN_MAX];
+        double worst = 0.0;   // against the row kernel of the same ISA, activation by activation
+        for (int r = 0; r < ROWS; r++) {
+            dotn(COLS, w + r * row_bytes, acts, FM_DOTN_MAX, y);
+            for (int i = 0; i < FM_DOTN_MAX; i++) {
+                const float g = fm_vec_dot(fm_isa_best(), type, COLS, w + r * row_bytes, acts[i]);
+                const double rel = fabs((double)y[i] - g) / (fabs(g) + 1e-3);
+                worst = rel > worst ? rel : worst;
+            }
+        }
+        failures += worst > SIBLING_RTOL * 100;
         volatile float sink = 0.0f;
         double best = 1e30;
         for (int rep = 0; rep < 50; rep++) {
@@ -104,8 +114,8 @@ int main(void) {
             const double ticks = (double)(__rdtsc() - t0);
             best = ticks < best ? ticks : best;
         }
-        printf("%-5s %s x%d activations: %.2f weight B/tick\n", TYPE_NAMES[t], fm_isa_name(fm_isa_best()), FM_DOTN_MAX,
-               (double)row_bytes * ROWS / best);
+        printf("%-5s %s x%d activations: %s %.1e %.2f weight B/tick\n", TYPE_NAMES[t], fm_isa_name(fm_isa_best()),
+               FM_DOTN_MAX, worst <= SIBLING_RTOL * 100 ? "ok" : "FAIL", worst, (double)row_bytes * ROWS / best);
         free(w);
         free(act);
     }
