@@ -1,6 +1,7 @@
 """The native decode engine against the numpy reference engine on tiny synthetic GGUFs."""
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -141,6 +142,29 @@ def test_weights_are_read_in_place(tmp_path):
     assert grown <= 1.1 * path.stat().st_size, (grown, path.stat().st_size)
     # the per-token weight traffic counts routed experts only: far below the file size
     assert 0 < eng.last_bytes < 0.6 * model.nbytes
+
+
+def test_prefault_maps_the_whole_file_and_reports_progress(tmp_path, monkeypatch):
+    """After prefault the file's pages are resident in this process; a file too big for RAM is
+    left to fault in as it is touched."""
+    import services.decode.native_engine as native_engine
+    from common.model import gguf_reader
+
+    widths = replace(TINY, hidden=512, experts=32, experts_used=4, expert_ffn=256, vocab=8192)
+    path = write_synthetic(tmp_path / "pf.gguf", layers=2, recipe="q4_0", widths=widths)
+    size = path.stat().st_size
+    monkeypatch.setattr(gguf_reader, "PREFAULT_CHUNK", 1 << 20)    # several chunks, several reports
+    model = GGUFModel(path)
+    before = rss_bytes()
+    seen: list[tuple[int, int]] = []
+    model.file.prefault(lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (size, size) and len(seen) == -(-size // (1 << 20))
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert rss_bytes() - before >= 0.9 * size
+    monkeypatch.setattr(native_engine, "PREFAULT_RAM_SHARE", size / (2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+    assert not native_engine.prefault_weights(GGUFModel(path))
+    assert not NativeEngine(GGUFModel(path), threads=1).prefaulted
+    assert not NativeEngine(GGUFModel(path), threads=1, prefault=False).prefaulted
 
 
 def test_bad_requests_are_refused(files):
