@@ -7,6 +7,7 @@ numpy array for large numeric arrays). The type codes and layout are the GGUF v2
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import struct
 from dataclasses import dataclass
@@ -118,9 +119,12 @@ class FastGGUF:
             length = min(PREFAULT_CHUNK, total - start)
             try:
                 self._mmap.madvise(MADV_POPULATE_READ, start, length)
-            except OSError:                     # kernels before 5.14: ask, then touch each page
-                self._mmap.madvise(mmap.MADV_WILLNEED, start, length)
-                int(self.data[start:start + length:mmap.PAGESIZE].sum())
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:   # an I/O error or a file cut short: say so
+                    raise OSError(exc.errno, f"{self.path}: could not map the model into memory: "
+                                             f"{exc.strerror}") from exc
+                self._mmap.madvise(mmap.MADV_WILLNEED, start, length)   # before Linux 5.14:
+                int(self.data[start:start + length:mmap.PAGESIZE].sum())  # touch each page
             if progress:
                 progress(start + length, total)
 
