@@ -24,14 +24,36 @@ def _round(engine, states, tokens: int) -> dict:
     """`tokens` decode steps of the whole batch; bytes and Python share from the engine."""
     batch = len(states)
     total = c_time = 0.0
+    phases: dict[str, list[float]] = {}
     t0 = time.perf_counter()
     for step in range(tokens):
         engine.decode([(step * 7919 + b * 104729) % engine.cfg.vocab_size for b in range(batch)], states)
         total += engine.last_seconds[0]
         c_time += engine.last_seconds[1]
+        for name, (sec, nbytes) in engine.last_phases().items():
+            acc = phases.setdefault(name, [0.0, 0.0])
+            acc[0] += sec / tokens
+            acc[1] += nbytes / tokens
     wall = time.perf_counter() - t0
     return {"seconds": wall, "steps": tokens, "step_bytes": engine.last_bytes,
-            "python_share": (total - c_time) / total}
+            "python_share": (total - c_time) / total, "phases": phases}
+
+
+def _phase_table(rounds: list[dict]) -> list[str]:
+    """Per matvec phase, the median round's ms per step, GB per step and GB/s; then the rest."""
+    lines = [f"{'phase':16s} {'ms/step':>8s} {'GB/step':>8s} {'GB/s':>6s} {'share':>6s}"]
+    median = sorted(rounds, key=lambda x: x["step_ms"])[len(rounds) // 2]
+    step_s = median["phases"]["step"][0]
+    rest = step_s
+    for name, (sec, nbytes) in median["phases"].items():
+        if name == "step":
+            continue
+        rest -= sec
+        lines.append(f"{name:16s} {1e3 * sec:8.2f} {nbytes / 1e9:8.3f} {nbytes / sec / 1e9 if sec else 0:6.2f} "
+                     f"{100 * sec / step_s:5.1f}%")
+    lines.append(f"{'the rest':16s} {1e3 * rest:8.2f} {'':8s} {'':6s} {100 * rest / step_s:5.1f}%  "
+                 "(mixers, norms, routing, quantization)")
+    return lines
 
 
 @bench_app.command("decode")
@@ -46,6 +68,7 @@ def decode_command(
     bw_mib: int = typer.Option(1024, min=64, help="Buffer for the bandwidth measurement, MiB."),
     prefault: bool = typer.Option(True, help="Map every page of the model before timing (as serving does)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    show_phases: bool = typer.Option(False, "--phases", help="Also print where a step's time goes."),
 ):
     """Decode tok/s, weight GB read per token, effective GB/s and its share of measured bandwidth."""
     from common.model.gguf_file import GGUFModel
@@ -81,6 +104,7 @@ def decode_command(
             "effective_gbs": r["step_bytes"] / step_s / 1e9,
             "bw_ratio": r["step_bytes"] / step_s / bw,
             "python_share": r["python_share"],
+            "phases": r["phases"],
             **({"batch_gain": batch * one["seconds"] / r["seconds"]} if one else {}),
         })
     best = max(results, key=lambda x: x["bw_ratio"])
@@ -105,3 +129,6 @@ def decode_command(
     typer.echo(f"median: {report['median_tok_s']:.2f} tok/s, {100 * report['median_bw_ratio']:.1f}% of bandwidth; "
                f"best {100 * best['bw_ratio']:.1f}%"
                + (f"; batch {batch} vs 1 in the same rounds: {report['median_batch_gain']:.2f}x" if single else ""))
+    if show_phases:
+        for line in _phase_table(results):
+            typer.echo(line)

@@ -213,5 +213,16 @@ def test_bench_decode_reports_bandwidth_share(files):
     assert abs((before + after) / 2 - best["membw_gbs"]) < 1e-9
     # a batch is timed against a batch of one in the same rounds
     assert report["median_batch_gain"] == best["batch_gain"] > 0
+    # the matvec phases add up to the weight bytes but the embedding rows, and their time fits
+    # inside the step's
+    phases = best["phases"]
+    step_s, step_bytes = phases.pop("step")
+    embedding_rows = 2 * GGUFModel(files["q4_0"]).tensor("token_embd.weight").raw.shape[-1]
+    assert sum(b for _, b in phases.values()) + embedding_rows == step_bytes
+    assert 0 < sum(s for s, _ in phases.values()) <= step_s
+    assert phases["LM head"][1] > 0 and phases["experts gate/up"][1] > 0
+    text = CliRunner().invoke(app, ["bench", "decode", "--model", str(files["q4_0"]), "--tokens", "2",
+                                    "--rounds", "1", "--bw-mib", "64", "--phases"])
+    assert text.exit_code == 0 and "LM head" in text.output and "the rest" in text.output, text.output
     bad = CliRunner().invoke(app, ["bench", "decode", "--model", str(files["q4_0"]), "--isa", "sse9"])
     assert bad.exit_code != 0 and "unknown ISA" in bad.output

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "engine_impl.h"
 #include "ops.h"
 
@@ -121,9 +122,26 @@ int eng_dense(fm_engine *e, const fm_weight *w, const float *x, int n, float *y)
                    eng_out_rows(e, y, n, (size_t)w->rows));
 }
 
-void eng_run_jobs(fm_engine *e) {
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void eng_run_jobs(fm_engine *e, int phase) {
+    for (int i = 0; i < e->n_jobs; i++) e->phase_bytes[phase] += (double)e->jobs[i].rows * (double)e->jobs[i].row_bytes;
+    const double t0 = seconds_now();
     fm_mv_run(e->pool, e->jobs, e->n_jobs);
+    e->phase_s[phase] += seconds_now() - t0;
     e->n_jobs = 0;
+}
+
+void fm_engine_phases(const fm_engine *e, double *out) {
+    for (int i = 0; i < PH_COUNT; i++) {
+        out[2 * i] = e->phase_s[i];
+        out[2 * i + 1] = e->phase_bytes[i];
+    }
+    out[2 * PH_COUNT] = e->step_s;
 }
 
 void eng_add_rows(float *x, const float *y, int n, int H) {
@@ -141,7 +159,10 @@ void eng_norm_rows(fm_engine *e, const float *w, int n) {
 int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float *logits) {
     const fm_model *m = e->m;
     if (reserve(e, n) != 0) return -1;
+    const double t0 = seconds_now();
     e->bytes = 0.0;
+    memset(e->phase_s, 0, sizeof e->phase_s);
+    memset(e->phase_bytes, 0, sizeof e->phase_bytes);
     for (int b = 0; b < n; b++)
         fm_dequant_row(m->embd.type, (const uint8_t *)m->embd.data + (size_t)tokens[b] * m->embd.row_bytes,
                        e->x + (size_t)b * m->hidden, m->hidden);
@@ -153,6 +174,7 @@ int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float 
     }
     eng_norm_rows(e, m->out_norm, n);
     if (eng_dense(e, &m->output, e->xn, n, logits)) return -1;
-    eng_run_jobs(e);
+    eng_run_jobs(e, PH_HEAD);
+    e->step_s = seconds_now() - t0;
     return 0;
 }

@@ -8,6 +8,10 @@
 
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 
+// the matvec phases of a step, timed separately (fm_engine_phases); the rest of the step is
+// the mixers, norms, routing and activation quantization
+enum { PH_MIX_IN, PH_MIX_OUT, PH_ROUTER, PH_EXPERT_UP, PH_EXPERT_DOWN, PH_HEAD, PH_COUNT };
+
 struct fm_engine {
     const fm_model *m;
     fm_pool *pool;
@@ -27,6 +31,7 @@ struct fm_engine {
     fm_mv_job *jobs;
     int n_jobs, max_jobs;
     double bytes;
+    double phase_s[PH_COUNT], phase_bytes[PH_COUNT], step_s;   // the last fm_decode
 };
 
 // ---- engine.c: scratch and matvec jobs
@@ -37,7 +42,7 @@ float **eng_out_rows(fm_engine *e, float *base, int n, size_t stride);
 int eng_add_job(fm_engine *e, const fm_weight *w, int mat, int n, const void **acts, float **outs);
 // y[b, :rows] = W x[b] for all n tokens, x rows `cols` apart, y rows `rows` apart
 int eng_dense(fm_engine *e, const fm_weight *w, const float *x, int n, float *y);
-void eng_run_jobs(fm_engine *e);
+void eng_run_jobs(fm_engine *e, int phase);   // phase: PH_*, for the timing
 void eng_add_rows(float *x, const float *y, int n, int H);
 // every phase starts from the norm of the residual: it also recycles the arena
 void eng_norm_rows(fm_engine *e, const float *w, int n);

@@ -41,7 +41,7 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
     else
         err |= eng_dense(e, &L->ba, e->xn, n, e->p_alpha);
     if (err) return -1;
-    eng_run_jobs(e);
+    eng_run_jobs(e, PH_MIX_IN);
     for (int b = 0; b < n; b++) {
         float *co = e->conv_out + (size_t)b * C;
         fm_conv_update(seqs[b].conv[li], L->conv_w, e->p_qkv + (size_t)b * C, co, C, m->conv_kernel);
@@ -67,7 +67,7 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
     layer_ctx c = { e, L, seqs, li };
     fm_pool_run(e->pool, gdn_task, &c, n * nv);
     if (eng_dense(e, &L->ssm_out, e->core, n, e->attn_out)) return -1;
-    eng_run_jobs(e);
+    eng_run_jobs(e, PH_MIX_OUT);
     eng_add_rows(e->x, e->attn_out, n, m->hidden);
     return 0;
 }
@@ -104,7 +104,7 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
     eng_norm_rows(e, L->attn_norm, n);
     if (eng_dense(e, &L->q, e->xn, n, e->p_qkv) | eng_dense(e, &L->k, e->xn, n, e->p_k) | eng_dense(e, &L->v, e->xn, n, e->p_v))
         return -1;
-    eng_run_jobs(e);
+    eng_run_jobs(e, PH_MIX_IN);
     int max_t = 0;
     for (int b = 0; b < n; b++) {
         rope_table(e, seqs[b].pos);
@@ -131,7 +131,7 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
     layer_ctx c = { e, L, seqs, fi };
     fm_pool_run(e->pool, attn_task, &c, n * nh);
     if (eng_dense(e, &L->o, e->core, n, e->attn_out)) return -1;
-    eng_run_jobs(e);
+    eng_run_jobs(e, PH_MIX_OUT);
     eng_add_rows(e->x, e->attn_out, n, m->hidden);
     return 0;
 }

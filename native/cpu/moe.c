@@ -12,7 +12,7 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
     const int shared = L->sh_gate.data != NULL;
     eng_norm_rows(e, L->post_norm, n);
     if (eng_dense(e, &L->router, e->xn, n, e->router)) return -1;
-    eng_run_jobs(e);
+    eng_run_jobs(e, PH_ROUTER);
     for (int b = 0; b < n; b++) {
         fm_route(e->router + (size_t)b * E, E, K, e->probs, e->ids + (size_t)b * K1, e->wts + (size_t)b * K1);
         float s = 1.0f;
@@ -61,7 +61,7 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
             eng_add_job(e, &L->sh_up, 0, n, eng_quant_rows(e, L->sh_up.type, e->xn, n, H, H), eng_out_rows(e, e->u + (size_t)K * FW, n, stride)))
             return -1;
     }
-    eng_run_jobs(e);
+    eng_run_jobs(e, PH_EXPERT_UP);
     // phase 2: down projections of silu(g) * u
     for (int i = 0; i < n; i++)
         for (int s = 0; s < (shared ? K1 : K); s++) {
@@ -88,7 +88,7 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
     if (shared && eng_add_job(e, &L->sh_down, 0, n, eng_quant_rows(e, L->sh_down.type, e->g + (size_t)K * FW, n, Fs, (size_t)K1 * FW),
                           eng_out_rows(e, e->down + (size_t)K * H, n, (size_t)K1 * H)))
         return -1;
-    eng_run_jobs(e);
+    eng_run_jobs(e, PH_EXPERT_DOWN);
     for (int i = 0; i < n; i++) {
         float *x = e->x + (size_t)i * H;
         for (int s = 0; s < K; s++) {

@@ -20,6 +20,7 @@ from native import cpu_lib
 from native.cpu_lib import ffi, lib
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
+PHASES = ("mixer in", "mixer out", "router", "experts gate/up", "experts down", "LM head")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
 PROGRESS_BYTES = 2 << 30   # files this large report mapping progress
 
@@ -65,6 +66,7 @@ class NativeEngine:
             raise MemoryError("could not allocate the native engine's scratch buffers")
         self._engine = ffi.gc(engine, lib.fm_engine_free)
         self.last_bytes = 0.0           # weight bytes read by the last decode step
+        self._phases = ffi.new("double[]", 2 * len(PHASES) + 1)
         self.last_seconds = (0.0, 0.0)  # last decode step: (whole call, the C step inside it)
 
     # ---- model description
@@ -193,12 +195,21 @@ class NativeEngine:
             raise MemoryError("native decode ran out of scratch memory")
         t2 = time.perf_counter()
         self.last_bytes = lib.fm_engine_bytes(self._engine)
+        lib.fm_engine_phases(self._engine, self._phases)
         for s, (kbufs, vbufs) in zip(states, bufs):
             s.pos += 1
             s.k = [buf[:s.pos] for buf in kbufs]
             s.v = [buf[:s.pos] for buf in vbufs]
         self.last_seconds = (time.perf_counter() - t0, t2 - t1)
         return logits
+
+    def last_phases(self) -> dict[str, tuple[float, float]]:
+        """The last decode step's matvec phases as {name: (seconds, weight bytes)}, and "step"
+        (the whole C step; what the phases leave is mixers, norms, routing, quantization)."""
+        p = self._phases
+        out = {name: (p[2 * i], p[2 * i + 1]) for i, name in enumerate(PHASES)}
+        out["step"] = (p[2 * len(PHASES)], self.last_bytes)
+        return out
 
     def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = 64,
                 all_logits: bool = False) -> np.ndarray:
