@@ -91,6 +91,10 @@ double fm_engine_bytes(const fm_engine *e) { return e->bytes; }
 // ---- matvec jobs
 
 const void **eng_quant_rows(fm_engine *e, int type, const float *x, int n, int cols, size_t stride) {
+    const int act = FM_TYPES[fm_kind_of(type)].act;
+    const quant_memo *m = &e->memo;
+    if (m->rows && m->x == x && m->act == act && m->n == n && m->cols == cols && m->stride == stride)
+        return m->rows;   // the same rows, already in this activation format
     const size_t ab = fm_act_bytes(type, cols);
     uint8_t *buf = eng_arena_alloc(e, ab * (size_t)n);
     const void **ptrs = eng_arena_alloc(e, sizeof(void *) * (size_t)n);
@@ -99,6 +103,7 @@ const void **eng_quant_rows(fm_engine *e, int type, const float *x, int n, int c
         fm_quantize_act(type, x + (size_t)b * stride, cols, buf + ab * b);
         ptrs[b] = buf + ab * b;
     }
+    e->memo = (quant_memo){ x, act, n, cols, stride, ptrs };
     return ptrs;
 }
 
@@ -134,6 +139,7 @@ void eng_run_jobs(fm_engine *e, int phase) {
     fm_mv_run(e->pool, e->jobs, e->n_jobs);
     e->phase_s[phase] += seconds_now() - t0;
     e->n_jobs = 0;
+    e->memo.rows = NULL;   // the next phase's inputs are new
 }
 
 void fm_engine_phases(const fm_engine *e, double *out) {
@@ -150,6 +156,7 @@ void eng_add_rows(float *x, const float *y, int n, int H) {
 
 void eng_norm_rows(fm_engine *e, const float *w, int n) {
     e->arena_used = 0;
+    e->memo.rows = NULL;
     for (int b = 0; b < n; b++)
         fm_rmsnorm(e->x + (size_t)b * e->m->hidden, w, e->xn + (size_t)b * e->m->hidden, e->m->hidden, e->m->rms_eps);
 }

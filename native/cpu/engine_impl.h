@@ -12,6 +12,15 @@
 // the mixers, norms, routing and activation quantization
 enum { PH_MIX_IN, PH_MIX_OUT, PH_ROUTER, PH_EXPERT_UP, PH_EXPERT_DOWN, PH_HEAD, PH_COUNT };
 
+// the last rows eng_quant_rows prepared: asked again for the same rows in the same activation
+// format within a phase (qkv and z, gate and up), it hands them back instead of redoing them
+typedef struct {
+    const float *x;
+    int act, n, cols;
+    size_t stride;
+    const void **rows;            // NULL: nothing to reuse
+} quant_memo;
+
 struct fm_engine {
     const fm_model *m;
     fm_pool *pool;
@@ -30,6 +39,7 @@ struct fm_engine {
     size_t arena_size, arena_used;
     fm_mv_job *jobs;
     int n_jobs, max_jobs;
+    quant_memo memo;
     double bytes;
     double phase_s[PH_COUNT], phase_bytes[PH_COUNT], step_s;   // the last fm_decode
 };

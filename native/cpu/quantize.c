@@ -4,13 +4,23 @@
 #include <string.h>
 #include "internal.h"
 
+// lrintf as one cvtss2si (it sets no errno), and a max that the compiler can keep inline
+#pragma GCC optimize("no-math-errno")
+static inline float absmax(const float *x, int n) {
+    float m = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
 static void quantize_a8_32(const float *x, int n, void *act) {
     const int nb = n / QK32;
     int8_t *qs = act;
     float *ds = (float *)fm_a32_d(act, nb), *ss = (float *)fm_a32_s(act, nb);
     for (int b = 0; b < nb; b++, x += QK32, qs += QK32) {
-        float amax = 0.0f;
-        for (int i = 0; i < QK32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float amax = absmax(x, QK32);
         const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
         int sum = 0;
         for (int i = 0; i < QK32; i++) {
@@ -24,8 +34,7 @@ static void quantize_a8_32(const float *x, int n, void *act) {
 
 static void quantize_a8_256(const float *x, int n, block_a8_256 *y) {
     for (int b = 0; b < n / QK_K; b++, x += QK_K) {
-        float amax = 0.0f;
-        for (int i = 0; i < QK_K; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float amax = absmax(x, QK_K);
         const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
         y[b].d = d;
         for (int i = 0; i < QK_K; i++) y[b].qs[i] = (int8_t)lrintf(x[i] * id);
