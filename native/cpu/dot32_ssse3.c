@@ -4,12 +4,7 @@
  * Built with -mssse3 only; must hold no AVX instruction. */
 #include <tmmintrin.h>
 #include "quants.h"
-
-static inline float hsum_ps(__m128 v) {
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
-    return _mm_cvtss_f32(v);
-}
+#include "simd128.h"
 
 // four f16 values (the low 16 bits of each 32-bit lane) to f32, as fm_half: normal values by
 // rebiasing the exponent, subnormal ones as mantissa * 2^-24, so no subnormal float is touched
@@ -72,10 +67,10 @@ float fm_dot_q4_0_a8_ssse3(int n, const void *w, const void *a) {
         acc0 = _mm_add_ps(acc0, _mm_mul_ps(dot_u4(x[b + 2].qs, q + QK32 * (b + 2)), LANE(dd, 2)));
         acc1 = _mm_add_ps(acc1, _mm_mul_ps(dot_u4(x[b + 3].qs, q + QK32 * (b + 3)), LANE(dd, 3)));
     }
-    float sum = hsum_ps(_mm_add_ps(acc0, acc1)) - 8.0f * hsum_ps(off);
+    float sum = hsum128_ps(_mm_add_ps(acc0, acc1)) - 8.0f * hsum128_ps(off);
     for (; b < nb; b++) {
         const float dw = fm_half(x[b].d);
-        sum += dw * (dy[b] * hsum_ps(dot_u4(x[b].qs, q + QK32 * b)) - 8.0f * sy[b]);
+        sum += dw * (dy[b] * hsum128_ps(dot_u4(x[b].qs, q + QK32 * b)) - 8.0f * sy[b]);
     }
     return sum;
 }
@@ -94,7 +89,7 @@ float fm_dot_q8_0_a8_ssse3(int n, const void *w, const void *a) {
         acc0 = _mm_add_ps(acc0, _mm_mul_ps(dot_i8(x[b + 2].qs, q + QK32 * (b + 2)), LANE(dd, 2)));
         acc1 = _mm_add_ps(acc1, _mm_mul_ps(dot_i8(x[b + 3].qs, q + QK32 * (b + 3)), LANE(dd, 3)));
     }
-    float sum = hsum_ps(_mm_add_ps(acc0, acc1));
-    for (; b < nb; b++) sum += fm_half(x[b].d) * dy[b] * hsum_ps(dot_i8(x[b].qs, q + QK32 * b));
+    float sum = hsum128_ps(_mm_add_ps(acc0, acc1));
+    for (; b < nb; b++) sum += fm_half(x[b].d) * dy[b] * hsum128_ps(dot_i8(x[b].qs, q + QK32 * b));
     return sum;
 }

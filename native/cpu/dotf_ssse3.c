@@ -4,12 +4,7 @@
 #include <tmmintrin.h>
 #include <string.h>
 #include "quants.h"
-
-static inline float hsum_ps(__m128 v) {
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
-    return _mm_cvtss_f32(v);
-}
+#include "simd128.h"
 
 // 16 weights at i as four float vectors; bf16 is the top half of an f32
 #define F32_AT(w, i, k) _mm_loadu_ps((const float *)(w) + (i) + 4 * (k))
@@ -27,7 +22,7 @@ static inline float hsum_ps(__m128 v) {
             s2 = _mm_add_ps(s2, _mm_mul_ps(at(w, i, 2), _mm_loadu_ps(y + i + 8)));    \
             s3 = _mm_add_ps(s3, _mm_mul_ps(at(w, i, 3), _mm_loadu_ps(y + i + 12)));   \
         }                                                                             \
-        float s = hsum_ps(_mm_add_ps(_mm_add_ps(s0, s1), _mm_add_ps(s2, s3)));        \
+        float s = hsum128_ps(_mm_add_ps(_mm_add_ps(s0, s1), _mm_add_ps(s2, s3)));        \
         for (; i < n; i++) s += scalar(w, i) * y[i];                                  \
         return s;                                                                     \
     }

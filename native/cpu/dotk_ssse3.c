@@ -4,12 +4,7 @@
  * sums. Built with -mssse3 only; must hold no AVX instruction. */
 #include <tmmintrin.h>
 #include "quants.h"
-
-static inline float hsum_ps(__m128 v) {
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
-    return _mm_cvtss_f32(v);
-}
+#include "simd128.h"
 
 #define LOAD(p) _mm_loadu_si128((const __m128i *)(p))
 
@@ -60,7 +55,7 @@ float fm_dot_q4_K_a8_ssse3(int n, const void *w, const void *a) {
         acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(si), _mm_set1_ps(fm_half(x[b].d) * y[b].d)));
         accm = _mm_add_ps(accm, _mm_mul_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(fm_half(x[b].dmin) * y[b].d)));
     }
-    return hsum_ps(_mm_sub_ps(acc, accm));
+    return hsum128_ps(_mm_sub_ps(acc, accm));
 }
 
 float fm_dot_q5_K_a8_ssse3(int n, const void *w, const void *a) {
@@ -92,7 +87,7 @@ float fm_dot_q5_K_a8_ssse3(int n, const void *w, const void *a) {
         acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(si), _mm_set1_ps(fm_half(x[b].d) * y[b].d)));
         accm = _mm_add_ps(accm, _mm_mul_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(fm_half(x[b].dmin) * y[b].d)));
     }
-    return hsum_ps(_mm_sub_ps(acc, accm));
+    return hsum128_ps(_mm_sub_ps(acc, accm));
 }
 
 // 16 unsigned 6-bit quants . 16 activations, times an int16 scale vector -> 4 int32
@@ -129,5 +124,5 @@ float fm_dot_q6_K_a8_ssse3(int n, const void *w, const void *a) {
         }
         acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(si), _mm_set1_ps(fm_half(x[b].d) * y[b].d)));
     }
-    return hsum_ps(acc);
+    return hsum128_ps(acc);
 }

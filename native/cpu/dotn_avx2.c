@@ -146,17 +146,6 @@ INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const in
     for (int i = 0; i < na; i++) out[i] = hsum256_ps(_mm256_load_ps(sums[i]));
 }
 
-// one entry point per type; na picks a body whose loops over activations are unrolled
-#define DOTN(name, body, block_t)                                                       \
-    void name(int n, const void *w, const void *const *acts, int na, float *out) {      \
-        switch (na) {                                                                   \
-        case 1: body(n, (const block_t *)w, acts, 1, out); break;                       \
-        case 2: body(n, (const block_t *)w, acts, 2, out); break;                       \
-        case 3: body(n, (const block_t *)w, acts, 3, out); break;                       \
-        default: body(n, (const block_t *)w, acts, 4, out); break;                      \
-        }                                                                               \
-    }
-
-DOTN(fm_dotn_q4_0_a8_avx2, q4_0_n, block_q4_0)
-DOTN(fm_dotn_q4_K_a8_avx2, q4_K_n, block_q4_K)
-DOTN(fm_dotn_q6_K_a8_avx2, q6_K_n, block_q6_K)
+FM_DEFINE_DOTN(fm_dotn_q4_0_a8_avx2, q4_0_n, block_q4_0)
+FM_DEFINE_DOTN(fm_dotn_q4_K_a8_avx2, q4_K_n, block_q4_K)
+FM_DEFINE_DOTN(fm_dotn_q6_K_a8_avx2, q6_K_n, block_q6_K)

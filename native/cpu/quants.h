@@ -96,6 +96,17 @@ FM_DECLARE_DOTS(avx512)
 // one weight row . na <= FM_DOTN_MAX activation rows, results in out[0..na)
 #define FM_DOTN_MAX 4
 typedef void (*fm_vec_dot_n_fn)(int n, const void *w, const void *const *acts, int na, float *out);
+// the entry point `name` of a batched kernel: na picks an instance of `body` (an inline
+// function taking na as a constant) whose loops over activations are fully unrolled
+#define FM_DEFINE_DOTN(name, body, block_t)                                             \
+    void name(int n, const void *w, const void *const *acts, int na, float *out) {      \
+        switch (na) {                                                                   \
+        case 1: body(n, (const block_t *)w, acts, 1, out); break;                       \
+        case 2: body(n, (const block_t *)w, acts, 2, out); break;                       \
+        case 3: body(n, (const block_t *)w, acts, 3, out); break;                       \
+        default: body(n, (const block_t *)w, acts, 4, out); break;                      \
+        }                                                                               \
+    }
 void fm_dotn_q4_0_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);

@@ -5,18 +5,10 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "simd128.h"
 
 static inline __attribute__((always_inline)) float hsum256_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __attribute__((always_inline)) float hsum128_ps(__m128 s) {
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
+    return hsum128_ps(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
 
 // the f16 scales of weight blocks b..b+7 (first two bytes of blocks `stride` bytes apart)
