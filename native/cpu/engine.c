@@ -118,7 +118,6 @@ int eng_add_job(fm_engine *e, const fm_weight *w, int mat, int n, const void **a
     if (!acts || !outs || e->n_jobs == e->max_jobs) return -1;
     e->jobs[e->n_jobs++] = (fm_mv_job){ (const uint8_t *)w->data + (size_t)mat * w->mat_bytes, w->row_bytes,
                                         fm_kind_of(w->type), w->rows, w->cols, n, acts, (float *const *)outs };
-    e->bytes += (double)w->rows * (double)w->row_bytes;
     return 0;
 }
 
@@ -134,7 +133,10 @@ static double seconds_now(void) {
 }
 
 void eng_run_jobs(fm_engine *e, int phase) {
-    for (int i = 0; i < e->n_jobs; i++) e->phase_bytes[phase] += (double)e->jobs[i].rows * (double)e->jobs[i].row_bytes;
+    double bytes = 0.0;   // the step's weight bytes: these runs' and the embedding rows
+    for (int i = 0; i < e->n_jobs; i++) bytes += (double)e->jobs[i].rows * (double)e->jobs[i].row_bytes;
+    e->phase_bytes[phase] += bytes;
+    e->bytes += bytes;
     const double t0 = seconds_now();
     fm_mv_run(e->pool, e->jobs, e->n_jobs);
     e->phase_s[phase] += seconds_now() - t0;

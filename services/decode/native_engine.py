@@ -66,7 +66,6 @@ class NativeEngine:
             raise MemoryError("could not allocate the native engine's scratch buffers")
         self._engine = ffi.gc(engine, lib.fm_engine_free)
         self.last_bytes = 0.0           # weight bytes read by the last decode step
-        self._phases = ffi.new("double[]", 2 * len(PHASES) + 1)
         self.last_seconds = (0.0, 0.0)  # last decode step: (whole call, the C step inside it)
 
     # ---- model description
@@ -195,7 +194,6 @@ class NativeEngine:
             raise MemoryError("native decode ran out of scratch memory")
         t2 = time.perf_counter()
         self.last_bytes = lib.fm_engine_bytes(self._engine)
-        lib.fm_engine_phases(self._engine, self._phases)
         for s, (kbufs, vbufs) in zip(states, bufs):
             s.pos += 1
             s.k = [buf[:s.pos] for buf in kbufs]
@@ -206,7 +204,8 @@ class NativeEngine:
     def last_phases(self) -> dict[str, tuple[float, float]]:
         """The last decode step's matvec phases as {name: (seconds, weight bytes)}, and "step"
         (the whole C step; what the phases leave is mixers, norms, routing, quantization)."""
-        p = self._phases
+        p = ffi.new("double[]", 2 * len(PHASES) + 1)
+        lib.fm_engine_phases(self._engine, p)
         out = {name: (p[2 * i], p[2 * i + 1]) for i, name in enumerate(PHASES)}
         out["step"] = (p[2 * len(PHASES)], self.last_bytes)
         return out
