@@ -43,6 +43,7 @@ float fm_dot_q4_0_a8_avx2(int n, const void *w, const void *a) {
             off = _mm256_fmadd_ps(dw, _mm256_loadu_ps(sy + b + k), off);
         }
         for (int k = 0; k < chunk; k += 4, b += 4) {
+            fm_prefetch_ahead(x + b, 4 * sizeof *x);
 #define BLOCK(j, acc) do { \
             const __m256i u = _mm256_and_si256(_mm256_srlv_epi32(_mm256_broadcastsi128_si256( \
                 _mm_loadu_si128((const __m128i *)x[b + j].qs)), shift), m4); \
@@ -68,6 +69,7 @@ float fm_dot_q8_0_a8_avx2(int n, const void *w, const void *a) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int b = 0;
     for (; b + 8 <= nb; b += 8) {
+        fm_prefetch_ahead(x + b, 8 * sizeof *x);
         float dd[8];
         _mm256_storeu_ps(dd, _mm256_mul_ps(scales8((const uint8_t *)&x[b].d, sizeof(block_q8_0)), _mm256_loadu_ps(dy + b)));
 #pragma GCC unroll 4

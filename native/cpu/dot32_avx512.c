@@ -13,32 +13,33 @@ static inline float dot256(__m256i u, const int8_t *a) {
 }
 
 // sum_b dw*dy*sum(u*q) - off * sum_b dw*(dy*sum(q)), u = w + off as unsigned bytes
-#define DOT32_AVX512(name, block_t, unsigned2, unsigned1, offset)                                    \
-    float name(int n, const void *w, const void *a) {                                                 \
-        const block_t *x = w;                                                                         \
-        const int nb = n / QK32;                                                                      \
-        const int8_t *q = a;                                                                          \
-        const float *dy = fm_a32_d(a, nb), *sy = fm_a32_s(a, nb);                                     \
-        __m512 acc = _mm512_setzero_ps();                                                             \
-        __m256 off = _mm256_setzero_ps();                                                             \
-        int b = 0;                                                                                    \
-        for (; b + 8 <= nb; b += 8) {                                                                 \
-            const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_t));                     \
-            const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(dy + b)));     \
-            off = _mm256_fmadd_ps(dw, _mm256_loadu_ps(sy + b), off);                                  \
-            _Pragma("GCC unroll 4")                                                                   \
-            for (int k = 0; k < 8; k += 2) {                                                          \
-                const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned2(x + b + k),   \
+#define DOT32_AVX512(name, block_t, unsigned2, unsigned1, offset)                                              \
+    float name(int n, const void *w, const void *a) {                                                          \
+        const block_t *x = w;                                                                                  \
+        const int nb = n / QK32;                                                                               \
+        const int8_t *q = a;                                                                                   \
+        const float *dy = fm_a32_d(a, nb), *sy = fm_a32_s(a, nb);                                              \
+        __m512 acc = _mm512_setzero_ps();                                                                      \
+        __m256 off = _mm256_setzero_ps();                                                                      \
+        int b = 0;                                                                                             \
+        for (; b + 8 <= nb; b += 8) {                                                                          \
+            fm_prefetch_ahead(x + b, 8 * sizeof *x);                                                           \
+            const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_t));                              \
+            const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(dy + b)));              \
+            off = _mm256_fmadd_ps(dw, _mm256_loadu_ps(sy + b), off);                                           \
+            _Pragma("GCC unroll 4")                                                                            \
+            for (int k = 0; k < 8; k += 2) {                                                                   \
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), unsigned2(x + b + k),            \
                                                       _mm512_loadu_si512((const void *)(q + QK32 * (b + k)))); \
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), lane_pair(dd, k), acc);                  \
-            }                                                                                         \
-        }                                                                                             \
-        float sum = _mm512_reduce_add_ps(acc) - (offset) * hsum256_ps(off);                           \
-        for (; b < nb; b++) {                                                                         \
-            const float dw = _cvtsh_ss(x[b].d);                                                       \
-            sum += dw * (dy[b] * dot256(unsigned1(x + b), q + QK32 * b) - (offset) * sy[b]);          \
-        }                                                                                             \
-        return sum;                                                                                   \
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), lane_pair(dd, k), acc);                           \
+            }                                                                                                  \
+        }                                                                                                      \
+        float sum = _mm512_reduce_add_ps(acc) - (offset) * hsum256_ps(off);                                    \
+        for (; b < nb; b++) {                                                                                  \
+            const float dw = _cvtsh_ss(x[b].d);                                                                \
+            sum += dw * (dy[b] * dot256(unsigned1(x + b), q + QK32 * b) - (offset) * sy[b]);                   \
+        }                                                                                                      \
+        return sum;                                                                                            \
     }
 
 static inline __m256i q4_u1(const block_q4_0 *x) { return q4_nibbles(x->qs); }

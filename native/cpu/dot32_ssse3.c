@@ -59,6 +59,7 @@ float fm_dot_q4_0_a8_ssse3(int n, const void *w, const void *a) {
     __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps(), off = _mm_setzero_ps();
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
+        fm_prefetch_ahead(x + b, 4 * sizeof *x);
         const __m128 dw = scales4((const uint8_t *)&x[b].d, sizeof(block_q4_0));
         const __m128 dd = _mm_mul_ps(dw, _mm_loadu_ps(dy + b));
         off = _mm_add_ps(off, _mm_mul_ps(dw, _mm_loadu_ps(sy + b)));
@@ -83,6 +84,7 @@ float fm_dot_q8_0_a8_ssse3(int n, const void *w, const void *a) {
     __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
+        fm_prefetch_ahead(x + b, 4 * sizeof *x);
         const __m128 dd = _mm_mul_ps(scales4((const uint8_t *)&x[b].d, sizeof(block_q8_0)), _mm_loadu_ps(dy + b));
         acc0 = _mm_add_ps(acc0, _mm_mul_ps(dot_i8(x[b].qs, q + QK32 * b), LANE(dd, 0)));
         acc1 = _mm_add_ps(acc1, _mm_mul_ps(dot_i8(x[b + 1].qs, q + QK32 * (b + 1)), LANE(dd, 1)));

@@ -5,18 +5,19 @@
 #include "quants.h"
 #include "simd256.h"
 
-#define FLOAT_DOT(name, load8, scalar)                                   \
-    float name(int n, const void *w, const void *a) {                    \
-        const float *y = a;                                              \
-        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();       \
-        int i = 0;                                                       \
-        for (; i + 16 <= n; i += 16) {                                   \
-            s0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(y + i), s0);          \
-            s1 = _mm256_fmadd_ps(load8(w, i + 8), _mm256_loadu_ps(y + i + 8), s1);  \
-        }                                                                \
-        float s = hsum256_ps(_mm256_add_ps(s0, s1));                     \
-        for (; i < n; i++) s += scalar(w, i) * y[i];                     \
-        return s;                                                        \
+#define FLOAT_DOT(name, load8, scalar, bytes)                                         \
+    float name(int n, const void *w, const void *a) {                                 \
+        const float *y = a;                                                           \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                    \
+        int i = 0;                                                                    \
+        for (; i + 16 <= n; i += 16) {                                                \
+            fm_prefetch_ahead((const char *)(w) + (size_t)i * (bytes), 16 * (bytes)); \
+            s0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(y + i), s0);            \
+            s1 = _mm256_fmadd_ps(load8(w, i + 8), _mm256_loadu_ps(y + i + 8), s1);    \
+        }                                                                             \
+        float s = hsum256_ps(_mm256_add_ps(s0, s1));                                  \
+        for (; i < n; i++) s += scalar(w, i) * y[i];                                  \
+        return s;                                                                     \
     }
 
 #define F32_LOAD(w, i) _mm256_loadu_ps((const float *)(w) + (i))
@@ -33,6 +34,6 @@ static inline float bf16_one(const void *w, int i) {
     return f;
 }
 
-FLOAT_DOT(fm_dot_f32_avx2, F32_LOAD, F32_ONE)
-FLOAT_DOT(fm_dot_f16_avx2, F16_LOAD, F16_ONE)
-FLOAT_DOT(fm_dot_bf16_avx2, BF16_LOAD, bf16_one)
+FLOAT_DOT(fm_dot_f32_avx2, F32_LOAD, F32_ONE, 4)
+FLOAT_DOT(fm_dot_f16_avx2, F16_LOAD, F16_ONE, 2)
+FLOAT_DOT(fm_dot_bf16_avx2, BF16_LOAD, bf16_one, 2)

@@ -23,6 +23,7 @@ float fm_dot_q4_K_a8_avx2(int n, const void *w, const void *a) {
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
         const __m256i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         const uint8_t *q = x[b].qs;
@@ -47,6 +48,7 @@ float fm_dot_q5_K_a8_avx2(int n, const void *w, const void *a) {
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
         const __m256i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         const uint8_t *q = x[b].qs;
@@ -75,6 +77,7 @@ float fm_dot_q6_K_a8_avx2(int n, const void *w, const void *a) {
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         const uint8_t *ql = x[b].ql, *qh = x[b].qh;
         const int8_t *v = y[b].qs;
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);

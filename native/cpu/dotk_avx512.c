@@ -24,6 +24,7 @@ float fm_dot_q4_K_a8_avx512(int n, const void *w, const void *a) {
     __m512 acc = _mm512_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
         const __m512i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         __m512i si = _mm512_setzero_si512();
@@ -45,6 +46,7 @@ float fm_dot_q5_K_a8_avx512(int n, const void *w, const void *a) {
     __m512 acc = _mm512_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
         const __m512i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         __m256i hb = _mm256_loadu_si256((const __m256i *)x[b].qh);
@@ -68,6 +70,7 @@ float fm_dot_q6_K_a8_avx512(int n, const void *w, const void *a) {
     const block_a8_256 *y = a;
     __m512 acc = _mm512_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         const uint8_t *ql = x[b].ql, *qh = x[b].qh;
         const int8_t *v = y[b].qs;
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);

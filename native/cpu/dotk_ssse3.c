@@ -41,6 +41,7 @@ float fm_dot_q4_K_a8_ssse3(int n, const void *w, const void *a) {
     const __m128i m4 = _mm_set1_epi8(0xF);
     __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
         const __m128i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         const uint8_t *q = x[b].qs;
@@ -64,6 +65,7 @@ float fm_dot_q5_K_a8_ssse3(int n, const void *w, const void *a) {
     const __m128i m4 = _mm_set1_epi8(0xF), bit4 = _mm_set1_epi8(0x10);
     __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
         const __m128i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         const uint8_t *q = x[b].qs;
@@ -101,6 +103,7 @@ float fm_dot_q6_K_a8_ssse3(int n, const void *w, const void *a) {
     const __m128i m4 = _mm_set1_epi8(0xF), m2 = _mm_set1_epi8(0x30);
     __m128 acc = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         const uint8_t *ql = x[b].ql, *qh = x[b].qh;
         const int8_t *v = y[b].qs;
         const __m128i s8 = LOAD(x[b].scales);

@@ -23,6 +23,7 @@ INLINE void q4_0_n(int n, const block_q4_0 *x, const void *const *acts, const in
     for (int i = 0; i < na; i++) acc[i] = off[i] = _mm256_setzero_ps();
     int b = 0;
     for (; b + 8 <= nb; b += 8) {
+        fm_prefetch_ahead(x + b, 8 * sizeof *x);
         const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_q4_0));
         float dd[FM_DOTN_MAX][8];
         _Pragma("GCC unroll 4")
@@ -65,6 +66,7 @@ INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const in
     float sums[FM_DOTN_MAX][8] __attribute__((aligned(32))) = { { 0 } };
     float mins[FM_DOTN_MAX][4] __attribute__((aligned(16))) = { { 0 } };
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         uint32_t sm[4];
         fm_unpack_scales_k4(x[b].scales, sm);
         const __m128i v8 = _mm_loadu_si128((const __m128i *)sm);
@@ -109,6 +111,7 @@ INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const in
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(0x30);
     float sums[FM_DOTN_MAX][8] __attribute__((aligned(32))) = { { 0 } };
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         __m256i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")

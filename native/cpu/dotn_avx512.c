@@ -18,6 +18,7 @@ INLINE void q4_0_n(int n, const block_q4_0 *x, const void *const *acts, const in
     for (int i = 0; i < na; i++) { acc[i] = _mm512_setzero_ps(); off[i] = _mm256_setzero_ps(); }
     int b = 0;
     for (; b + 8 <= nb; b += 8) {
+        fm_prefetch_ahead(x + b, 8 * sizeof *x);
         const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_q4_0));
         __m512 dd[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
@@ -56,6 +57,7 @@ INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const in
     _Pragma("GCC unroll 4")
     for (int i = 0; i < na; i++) { acc[i] = _mm512_setzero_ps(); accm[i] = _mm_setzero_ps(); }
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         uint32_t sm[4];
         fm_unpack_scales_k4(x[b].scales, sm);
         const __m128i v8 = _mm_loadu_si128((const __m128i *)sm);
@@ -91,6 +93,7 @@ INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const in
     _Pragma("GCC unroll 4")
     for (int i = 0; i < na; i++) acc[i] = _mm512_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         __m512i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")

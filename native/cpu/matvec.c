@@ -6,7 +6,6 @@
 #include "internal.h"
 
 #define TASK_BYTES (256 * 1024)   // big enough to amortise a claim, small enough to balance
-#define PREFETCH_AHEAD 4096      // weights requested this far ahead: more misses in flight per core
 
 typedef struct {
     const fm_mv_job *jobs;
@@ -28,14 +27,13 @@ static void mv_task(void *arg, int task, int thread) {
     const int r1 = r0 + c->rows_per_task[lo] < j->rows ? r0 + c->rows_per_task[lo] : j->rows;
     const fm_vec_dot_fn dot = fm_dot_for(-1, j->kind);
     const fm_vec_dot_n_fn dotn = j->n > 1 ? fm_dotn_for(-1, j->kind) : NULL;
-    // the task's first PREFETCH_AHEAD bytes: the row loop requests only beyond them, and a task
-    // (an expert matrix, most often) starts where no hardware stream is running yet
+    // the task's first FM_PREFETCH_AHEAD bytes: the kernels request only beyond what they read
+    // (quants.h), and a task (an expert matrix, most often) starts where no stream is running
     const uint8_t *start = j->w + (size_t)r0 * j->row_bytes;
     const size_t span = (size_t)(r1 - r0) * j->row_bytes;
-    for (size_t off = 0; off < PREFETCH_AHEAD && off < span; off += 64) _mm_prefetch((const char *)start + off, _MM_HINT_T0);
+    for (size_t off = 0; off < FM_PREFETCH_AHEAD && off < span; off += 64) _mm_prefetch((const char *)start + off, _MM_HINT_T0);
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = j->w + (size_t)r * j->row_bytes;
-        for (size_t off = 0; off < j->row_bytes; off += 64) _mm_prefetch((const char *)row + PREFETCH_AHEAD + off, _MM_HINT_T0);
         if (!dotn) {
             for (int b = 0; b < j->n; b++) j->outs[b][r] = dot(j->cols, row, j->acts[b]);
             continue;

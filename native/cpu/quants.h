@@ -77,6 +77,18 @@ static inline void fm_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t
     }
 }
 
+// ---- software prefetch inside the kernels
+// Each SIMD kernel requests the weights FM_PREFETCH_AHEAD bytes ahead of what it reads, one
+// line per 64 bytes it consumes, spread through its block loop. A row's worth of requests
+// issued at once before the row fills the core's line-fill buffers and stalls it, so compute
+// and memory then take turns instead of overlapping (the LM head at batch 4 streamed at 0.67
+// of the measured bandwidth that way, and at 0.79-0.88 with the requests spread).
+#define FM_PREFETCH_AHEAD 4096
+static inline __attribute__((always_inline)) void fm_prefetch_ahead(const void *at, size_t bytes) {
+    const char *p = (const char *)at + FM_PREFETCH_AHEAD;
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
 // ---- per-ISA kernel sets; every row of the dispatch table is one of these
 #define FM_DECLARE_DOTS(isa) \
     float fm_dot_q4_0_a8_##isa(int n, const void *w, const void *a); \
