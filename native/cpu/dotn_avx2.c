@@ -19,25 +19,29 @@ INLINE __m256 udot(__m256i u, const int8_t *a) {
 INLINE void q4_0_n(int n, const block_q4_0 *x, const void *const *acts, const int na, float *out) {
     const int nb = n / QK32;
     __m256 acc[FM_DOTN_MAX], off[FM_DOTN_MAX];
+    float dd[FM_DOTN_MAX][8] __attribute__((aligned(32)));   // dw * da of the 8 blocks in flight
     _Pragma("GCC unroll 4")
     for (int i = 0; i < na; i++) acc[i] = off[i] = _mm256_setzero_ps();
     int b = 0;
     for (; b + 8 <= nb; b += 8) {
         fm_prefetch_ahead(x + b, 8 * sizeof *x);
         const __m256 dw = scales8((const uint8_t *)&x[b].d, sizeof(block_q4_0));
-        float dd[FM_DOTN_MAX][8];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) {
-            _mm256_storeu_ps(dd[i], _mm256_mul_ps(dw, _mm256_loadu_ps(fm_a32_d(acts[i], nb) + b)));
+            _mm256_store_ps(dd[i], _mm256_mul_ps(dw, _mm256_loadu_ps(fm_a32_d(acts[i], nb) + b)));
             off[i] = _mm256_fmadd_ps(dw, _mm256_loadu_ps(fm_a32_s(acts[i], nb) + b), off[i]);
         }
+        // the scales are read through one opaque base: with 32 known addresses the compiler
+        // keeps each one in a stack slot and reloads it before its broadcast
+        const float *ddp = &dd[0][0];
+        __asm__("" : "+r"(ddp));
         _Pragma("GCC unroll 8")
         for (int k = 0; k < 8; k++) {
             const __m256i u = q4_nibbles(x[b + k].qs);
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++)
                 acc[i] = _mm256_fmadd_ps(udot(u, (const int8_t *)acts[i] + QK32 * (b + k)),
-                                         _mm256_broadcast_ss(&dd[i][k]), acc[i]);
+                                         _mm256_broadcast_ss(ddp + 8 * i + k), acc[i]);
         }
     }
     _Pragma("GCC unroll 4")
