@@ -108,7 +108,8 @@ def matvec(pool: Pool, qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def membw(pool: Pool, nbytes: int = 1 << 30, reps: int = 3) -> float:
-    """Measured memory read bandwidth in bytes/s with the pool's threads (best of reps)."""
+    """Measured memory read bandwidth in bytes/s with the pool's threads: the best of reps, each
+    a plain and a software-prefetched stream (native/cpu/membw.c)."""
     bw = lib.fm_membw(pool.ptr, nbytes, reps)
     if bw <= 0:
         raise MemoryError(f"could not allocate {nbytes} bytes for the bandwidth measurement")

@@ -33,7 +33,8 @@ int fm_pool_threads(const fm_pool *pool);
 void fm_matvec(fm_pool *pool, int type, const void *w, size_t row_bytes, int rows, int cols,
                int n, const float *x, float *y);
 
-// streaming read bandwidth: bytes/s of summing `bytes` of memory `reps` times
+// streaming read bandwidth: bytes/s of summing `bytes` of memory, the best of `reps` times
+// two streams (plain loads, and loads with software prefetch)
 double fm_membw(fm_pool *pool, size_t bytes, int reps);
 // ---- FM_CDEF end
 
