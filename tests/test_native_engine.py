@@ -213,12 +213,14 @@ def test_bench_decode_reports_bandwidth_share(files):
     assert abs((before + after) / 2 - best["membw_gbs"]) < 1e-9
     # a batch is timed against a batch of one in the same rounds
     assert report["median_batch_gain"] == best["batch_gain"] > 0
-    # the matvec phases add up to the weight bytes but the embedding rows, and their time fits
-    # inside the step's
+    # the matvec phases add up to the weight bytes but the embedding rows, and all phases' time
+    # fits inside the step's; the mixer heads count the recurrent state and the KV cache
     phases = best["phases"]
     step_s, step_bytes = phases.pop("step")
+    _, head_bytes = phases["mixer heads"]
     embedding_rows = 2 * GGUFModel(files["q4_0"]).tensor("token_embd.weight").raw.shape[-1]
-    assert sum(b for _, b in phases.values()) + embedding_rows == step_bytes
+    assert sum(b for _, b in phases.values()) - head_bytes + embedding_rows == step_bytes
+    assert head_bytes > 0
     assert 0 < sum(s for s, _ in phases.values()) <= step_s
     assert phases["LM head"][1] > 0 and phases["experts gate/up"][1] > 0
     text = CliRunner().invoke(app, ["bench", "decode", "--model", str(files["q4_0"]), "--tokens", "2",

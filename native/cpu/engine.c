@@ -126,7 +126,7 @@ int eng_dense(fm_engine *e, const fm_weight *w, const float *x, int n, float *y)
                    eng_out_rows(e, y, n, (size_t)w->rows));
 }
 
-static double seconds_now(void) {
+double eng_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -137,9 +137,9 @@ void eng_run_jobs(fm_engine *e, int phase) {
     for (int i = 0; i < e->n_jobs; i++) bytes += (double)e->jobs[i].rows * (double)e->jobs[i].row_bytes;
     e->phase_bytes[phase] += bytes;
     e->bytes += bytes;
-    const double t0 = seconds_now();
+    const double t0 = eng_seconds();
     fm_mv_run(e->pool, e->jobs, e->n_jobs);
-    e->phase_s[phase] += seconds_now() - t0;
+    e->phase_s[phase] += eng_seconds() - t0;
     e->n_jobs = 0;
     e->memo.rows = NULL;   // the next phase's inputs are new
 }
@@ -168,7 +168,7 @@ void eng_norm_rows(fm_engine *e, const float *w, int n) {
 int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float *logits) {
     const fm_model *m = e->m;
     if (reserve(e, n) != 0) return -1;
-    const double t0 = seconds_now();
+    const double t0 = eng_seconds();
     e->bytes = 0.0;
     memset(e->phase_s, 0, sizeof e->phase_s);
     memset(e->phase_bytes, 0, sizeof e->phase_bytes);
@@ -184,6 +184,6 @@ int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float 
     eng_norm_rows(e, m->out_norm, n);
     if (eng_dense(e, &m->output, e->xn, n, logits)) return -1;
     eng_run_jobs(e, PH_HEAD);
-    e->step_s = seconds_now() - t0;
+    e->step_s = eng_seconds() - t0;
     return 0;
 }

@@ -57,8 +57,10 @@ void fm_engine_free(fm_engine *engine);
 // logits: (n, vocab); returns 0, or -1 when out of memory
 int fm_decode(fm_engine *engine, int n, const int *tokens, const fm_seq *seqs, float *logits);
 double fm_engine_bytes(const fm_engine *engine);   // weight bytes read by the last fm_decode
-// the last fm_decode's matvec phases: (seconds, weight bytes) for mixer inputs, mixer output,
-// router, expert gate/up, expert down, LM head; then the whole step's seconds (13 doubles)
+// the last fm_decode's phases: (seconds, bytes) for the matvecs of the mixer inputs, the mixer
+// heads (DeltaNet recurrence and attention; bytes of state and cache read and written), the
+// matvecs of the mixer output, router, expert gate/up, expert down, LM head; then the whole
+// step's seconds (15 doubles)
 void fm_engine_phases(const fm_engine *engine, double *out);
 // ---- FM_CDEF end
 

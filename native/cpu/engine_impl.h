@@ -8,9 +8,9 @@
 
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 
-// the matvec phases of a step, timed separately (fm_engine_phases); the rest of the step is
-// the mixers, norms, routing and activation quantization
-enum { PH_MIX_IN, PH_MIX_OUT, PH_ROUTER, PH_EXPERT_UP, PH_EXPERT_DOWN, PH_HEAD, PH_COUNT };
+// the phases of a step, timed separately (fm_engine_phases): the matvecs, and the mixer heads
+// as pool tasks; the rest of the step is serial: norms, conv, gates, routing, quantization
+enum { PH_MIX_IN, PH_HEADS, PH_MIX_OUT, PH_ROUTER, PH_EXPERT_UP, PH_EXPERT_DOWN, PH_HEAD, PH_COUNT };
 
 // the last rows eng_quant_rows prepared: asked again for the same rows in the same activation
 // format within a phase (qkv and z, gate and up), it hands them back instead of redoing them
@@ -53,6 +53,7 @@ int eng_add_job(fm_engine *e, const fm_weight *w, int mat, int n, const void **a
 // y[b, :rows] = W x[b] for all n tokens, x rows `cols` apart, y rows `rows` apart
 int eng_dense(fm_engine *e, const fm_weight *w, const float *x, int n, float *y);
 void eng_run_jobs(fm_engine *e, int phase);   // phase: PH_*, for the timing
+double eng_seconds(void);                     // a monotonic clock
 void eng_add_rows(float *x, const float *y, int n, int H);
 // every phase starts from the norm of the residual: it also recycles the arena
 void eng_norm_rows(fm_engine *e, const float *w, int n);

@@ -65,7 +65,10 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
         }
     }
     layer_ctx c = { e, L, seqs, li };
+    const double t0 = eng_seconds();
     fm_pool_run(e->pool, gdn_task, &c, n * nv);
+    e->phase_s[PH_HEADS] += eng_seconds() - t0;
+    e->phase_bytes[PH_HEADS] += 2.0 * sizeof(float) * n * nv * dk * dv;   // each state read and written
     if (eng_dense(e, &L->ssm_out, e->core, n, e->attn_out)) return -1;
     eng_run_jobs(e, PH_MIX_OUT);
     eng_add_rows(e->x, e->attn_out, n, m->hidden);
@@ -129,7 +132,11 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
         if (!(e->scores = malloc(sizeof(float) * e->scores_cap))) { e->scores_cap = 0; return -1; }
     }
     layer_ctx c = { e, L, seqs, fi };
+    const double t0 = eng_seconds();
     fm_pool_run(e->pool, attn_task, &c, n * nh);
+    e->phase_s[PH_HEADS] += eng_seconds() - t0;
+    for (int b = 0; b < n; b++)   // the keys and values each sequence attends over
+        e->phase_bytes[PH_HEADS] += 2.0 * sizeof(float) * (seqs[b].pos + 1) * nkv * hd;
     if (eng_dense(e, &L->o, e->core, n, e->attn_out)) return -1;
     eng_run_jobs(e, PH_MIX_OUT);
     eng_add_rows(e->x, e->attn_out, n, m->hidden);

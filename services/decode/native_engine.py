@@ -20,7 +20,7 @@ from native import cpu_lib
 from native.cpu_lib import ffi, lib
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
-PHASES = ("mixer in", "mixer out", "router", "experts gate/up", "experts down", "LM head")
+PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
 PROGRESS_BYTES = 2 << 30   # files this large report mapping progress
 
@@ -202,8 +202,9 @@ class NativeEngine:
         return logits
 
     def last_phases(self) -> dict[str, tuple[float, float]]:
-        """The last decode step's matvec phases as {name: (seconds, weight bytes)}, and "step"
-        (the whole C step; what the phases leave is mixers, norms, routing, quantization)."""
+        """The last decode step's phases as {name: (seconds, bytes)}: the matvecs (weight bytes)
+        and the mixer heads (state and cache bytes); and "step", the whole C step. What the
+        phases leave is the serial work: norms, conv, gates, routing, quantization."""
         p = ffi.new("double[]", 2 * len(PHASES) + 1)
         lib.fm_engine_phases(self._engine, p)
         out = {name: (p[2 * i], p[2 * i + 1]) for i, name in enumerate(PHASES)}
