@@ -81,9 +81,7 @@ float fm_dot_q6_K_a8_avx2(int n, const void *w, const void *a) {
         const uint8_t *ql = x[b].ql, *qh = x[b].qh;
         const int8_t *v = y[b].qs;
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
-        // the stored quants are offset by +32: start from -32 * sum_g scale[g] * bsum[g]
-        __m256i si = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), LOAD(y[b].bsums));
-        si = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(si, 5));
+        __m256i si = q6_offset(s8, y[b].bsums);
         for (int h = 0; h < 2; h++, ql += 64, qh += 32, v += 128) {
             const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
             const __m256i l0 = LOAD(ql), l1 = LOAD(ql + 32), hh = LOAD(qh);

@@ -74,9 +74,7 @@ float fm_dot_q6_K_a8_avx512(int n, const void *w, const void *a) {
         const uint8_t *ql = x[b].ql, *qh = x[b].qh;
         const int8_t *v = y[b].qs;
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
-        // the stored quants are offset by +32: start from -32 * sum_g scale[g] * bsum[g]
-        const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), _mm256_loadu_si256((const __m256i *)y[b].bsums));
-        __m512i si = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
+        __m512i si = _mm512_zextsi256_si512(q6_offset(s8, y[b].bsums));
         for (int h = 0; h < 2; h++, ql += 64, qh += 32, v += 128) {
             const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
             si = step512(si, q6_quants(ql, qh, 0), v, pick512(sc, 4));

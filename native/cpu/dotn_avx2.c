@@ -119,10 +119,7 @@ INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const in
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         __m256i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) {   // the stored quants are offset by +32
-            const __m256i c = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), LOAD(((const block_a8_256 *)acts[i])[b].bsums));
-            si[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 5));
-        }
+        for (int i = 0; i < na; i++) si[i] = q6_offset(s8, ((const block_a8_256 *)acts[i])[b].bsums);
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[b].ql + 64 * h, *qh = x[b].qh + 32 * h;

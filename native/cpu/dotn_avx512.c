@@ -97,10 +97,7 @@ INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const in
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         __m512i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) {   // the stored quants are offset by +32
-            const __m256i c = _mm256_madd_epi16(_mm256_cvtepi8_epi16(s8), _mm256_loadu_si256((const __m256i *)ACT(i)[b].bsums));
-            si[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(_mm256_slli_epi32(c, 5)));
-        }
+        for (int i = 0; i < na; i++) si[i] = _mm512_zextsi256_si512(q6_offset(s8, ACT(i)[b].bsums));
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++) {
             const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));

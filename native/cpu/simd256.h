@@ -48,6 +48,13 @@ static inline __attribute__((always_inline)) __m256i pick(__m256i v, int row) {
     return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)PATTERNS[row]));
 }
 
+// the start of a Q6_K super-block's integer sum: its stored quants are offset by +32, so
+// -32 * sum_g scale[g] * bsum[g] over the 16 groups, as 8 int32 partial sums
+static inline __attribute__((always_inline)) __m256i q6_offset(__m128i scales8, const int16_t *bsums) {
+    const __m256i c = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales8), _mm256_loadu_si256((const __m256i *)bsums));
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 5));
+}
+
 // 32 unsigned quants . 32 activations, times an int16 scale vector -> 8 int32
 static inline __attribute__((always_inline)) __m256i dot32_scaled(__m256i u, const int8_t *v, __m256i scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)v)), scale);
