@@ -40,7 +40,7 @@ def _round(engine, states, tokens: int) -> dict:
 
 
 def _phase_table(rounds: list[dict]) -> list[str]:
-    """Per matvec phase, the median round's ms per step, GB per step and GB/s; then the rest."""
+    """Per phase, the median round's ms per step, GB per step and GB/s; then the serial rest."""
     lines = [f"{'phase':16s} {'ms/step':>8s} {'GB/step':>8s} {'GB/s':>6s} {'share':>6s}"]
     median = sorted(rounds, key=lambda x: x["step_ms"])[len(rounds) // 2]
     step_s = median["phases"]["step"][0]

@@ -30,6 +30,14 @@ static void gdn_task(void *arg, int task, int thread) {
     for (int j = 0; j < dv; j++) o[j] *= fm_silu(z[j]);
 }
 
+// one pool task per (sequence, head), timed as the mixer heads with the bytes they move
+static void run_heads(fm_engine *e, fm_task_fn fn, layer_ctx *c, int tasks, double bytes) {
+    const double t0 = eng_seconds();
+    fm_pool_run(e->pool, fn, c, tasks);
+    e->phase_s[PH_HEADS] += eng_seconds() - t0;
+    e->phase_bytes[PH_HEADS] += bytes;
+}
+
 int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_seq *seqs) {
     const fm_model *m = e->m;
     const int nv = m->n_v_heads, nk = m->n_k_heads, dk = m->head_k_dim, dv = m->head_v_dim;
@@ -65,10 +73,7 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
         }
     }
     layer_ctx c = { e, L, seqs, li };
-    const double t0 = eng_seconds();
-    fm_pool_run(e->pool, gdn_task, &c, n * nv);
-    e->phase_s[PH_HEADS] += eng_seconds() - t0;
-    e->phase_bytes[PH_HEADS] += 2.0 * sizeof(float) * n * nv * dk * dv;   // each state read and written
+    run_heads(e, gdn_task, &c, n * nv, 2.0 * sizeof(float) * n * nv * dk * dv);   // each state read and written
     if (eng_dense(e, &L->ssm_out, e->core, n, e->attn_out)) return -1;
     eng_run_jobs(e, PH_MIX_OUT);
     eng_add_rows(e->x, e->attn_out, n, m->hidden);
@@ -132,11 +137,9 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
         if (!(e->scores = malloc(sizeof(float) * e->scores_cap))) { e->scores_cap = 0; return -1; }
     }
     layer_ctx c = { e, L, seqs, fi };
-    const double t0 = eng_seconds();
-    fm_pool_run(e->pool, attn_task, &c, n * nh);
-    e->phase_s[PH_HEADS] += eng_seconds() - t0;
-    for (int b = 0; b < n; b++)   // the keys and values each sequence attends over
-        e->phase_bytes[PH_HEADS] += 2.0 * sizeof(float) * (seqs[b].pos + 1) * nkv * hd;
+    double kv_bytes = 0.0;   // the keys and values each sequence attends over
+    for (int b = 0; b < n; b++) kv_bytes += 2.0 * sizeof(float) * (seqs[b].pos + 1) * nkv * hd;
+    run_heads(e, attn_task, &c, n * nh, kv_bytes);
     if (eng_dense(e, &L->o, e->core, n, e->attn_out)) return -1;
     eng_run_jobs(e, PH_MIX_OUT);
     eng_add_rows(e->x, e->attn_out, n, m->hidden);
