@@ -12,20 +12,25 @@ cd "$(dirname "$0")/.."
 REV=$1 TENSOR=$2 BATCH=$3 THREADS=$4; shift 4
 REPS=${REPS:-5} ITERS=${ITERS:-4} PYTHON=${PYTHON:-python3}
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
-build() {   # source dir, output binary
-    local objs=()
-    for src in "$1"/*.c; do
-        local flags=""
-        case $src in
-            *_ssse3.c) flags="-mssse3" ;;
-            *_avx2.c) flags="-mavx2 -mfma -mf16c" ;;
-            *_avx512.c) flags="-mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c" ;;
-        esac
-        cc -O2 -std=c11 -D_GNU_SOURCE $flags -I"$1" -c "$src" -o "$WORK/$(basename "$src" .c).o"
-        objs+=("$WORK/$(basename "$src" .c).o")
+build() {   # source dir, output binary; the per-ISA files with the package build's flags
+    local lists objs generic
+    mapfile -t lists < <("$PYTHON" - "$WORK/$(basename "$2").objs" "$1" <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, "native/cpu")
+import build
+out, src = Path(sys.argv[1]), Path(sys.argv[2])
+print(" ".join(map(str, build.compile_isa_objects(out, src))))
+print(" ".join(str(p) for p in sorted(src.glob("*.c")) if build.isa_of(p) is None))
+PY
+)
+    read -ra objs <<< "${lists[0]}"
+    read -ra generic <<< "${lists[1]}"
+    for src in "${generic[@]}"; do
+        objs+=("$WORK/$(basename "$2").objs/$(basename "$src" .c).o")
+        cc -O2 -std=c11 -D_GNU_SOURCE -I"$1" -c "$src" -o "${objs[-1]}"
     done
     cc -O2 -D_GNU_SOURCE -I"$1" tools/ab_matvec.c "${objs[@]}" -lm -lpthread -o "$2"
-    rm -f "${objs[@]}"
 }
 mkdir -p "$WORK/base"
 git archive "$REV" native/cpu | tar -x -C "$WORK/base"

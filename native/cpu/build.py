@@ -34,17 +34,17 @@ def compiler() -> str:
     return os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
 
 
-def compile_isa_objects(out_dir: Path) -> list[Path]:
-    """Compile every per-ISA source with its own flags; returns the object paths."""
+def compile_isa_objects(out_dir: Path, src_dir: Path = HERE) -> list[Path]:
+    """Compile every per-ISA source of src_dir with its own flags; returns the object paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     objects = []
-    for src in sorted(HERE.glob("*.c")):
+    for src in sorted(src_dir.glob("*.c")):
         isa = isa_of(src)
         if isa is None:
             continue
         obj = out_dir / f"{src.stem}.o"
         if not obj.exists() or obj.stat().st_mtime < max(src.stat().st_mtime, *(
-                h.stat().st_mtime for h in HERE.glob("*.h"))):
+                h.stat().st_mtime for h in src_dir.glob("*.h"))):
             subprocess.run([compiler(), *COMMON_FLAGS, *ISA_FLAGS[isa], "-c", str(src), "-o", str(obj)],
                            check=True)
         objects.append(obj)
