@@ -17,10 +17,9 @@ typedef struct { const uint64_t *buf; size_t words_per_chunk; int ahead; uint64_
 static void bw_task(void *arg, int task, int thread) {
     bw_ctx *c = arg;
     const __m128i *p = (const __m128i *)(c->buf + (size_t)task * c->words_per_chunk);
-    const size_t ahead = c->ahead ? FM_PREFETCH_AHEAD : 0;
     __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
     for (size_t i = 0; i < c->words_per_chunk / 2; i += 4) {
-        if (ahead) _mm_prefetch((const char *)(p + i) + ahead, _MM_HINT_T0);
+        if (c->ahead) fm_prefetch_ahead(p + i, 64);   // as the kernels request their weights
         s0 = _mm_add_epi64(s0, _mm_load_si128(p + i));
         s1 = _mm_add_epi64(s1, _mm_load_si128(p + i + 1));
         s2 = _mm_add_epi64(s2, _mm_load_si128(p + i + 2));
