@@ -74,7 +74,6 @@ float fm_dot_q5_K_a8_avx2(int n, const void *w, const void *a) {
 float fm_dot_q6_K_a8_avx2(int n, const void *w, const void *a) {
     const block_q6_K *x = w;
     const block_a8_256 *y = a;
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
@@ -84,16 +83,9 @@ float fm_dot_q6_K_a8_avx2(int n, const void *w, const void *a) {
         __m256i si = q6_offset(s8, y[b].bsums);
         for (int h = 0; h < 2; h++, ql += 64, qh += 32, v += 128) {
             const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
-            const __m256i l0 = LOAD(ql), l1 = LOAD(ql + 32), hh = LOAD(qh);
-            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m2));
-            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m2));
-            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hh, m2));
-            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                               _mm256_and_si256(_mm256_srli_epi16(hh, 2), m2));
-            si = _mm256_add_epi32(si, dot32_scaled(u0, v, pick(sc, 8)));
-            si = _mm256_add_epi32(si, dot32_scaled(u1, v + 32, pick(sc, 9)));
-            si = _mm256_add_epi32(si, dot32_scaled(u2, v + 64, pick(sc, 10)));
-            si = _mm256_add_epi32(si, dot32_scaled(u3, v + 96, pick(sc, 11)));
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++)
+                si = _mm256_add_epi32(si, dot32_scaled(q6_group(ql, qh, g), v + 32 * g, pick(sc, 8 + g)));
         }
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(_cvtsh_ss(x[b].d) * y[b].d), acc);
     }

@@ -112,7 +112,6 @@ INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const in
 // Register budget (16 ymm): si[na] accumulators, the scales, one unpacked group, two masks.
 // The float sums live in memory and are touched once per super-block.
 INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const int na, float *out) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(0x30);
     float sums[FM_DOTN_MAX][8] __attribute__((aligned(32))) = { { 0 } };
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
@@ -125,12 +124,8 @@ INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const in
             const uint8_t *ql = x[b].ql + 64 * h, *qh = x[b].qh + 32 * h;
             const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
             _Pragma("GCC unroll 4")
-            for (int g = 0; g < 4; g++) {   // group g: low or high nibbles of ql[g & 1], bits 2g.. of qh
-                const __m256i l = LOAD(ql + 32 * (g & 1)), hh = LOAD(qh);
-                const __m256i lo4 = g < 2 ? l : _mm256_srli_epi16(l, 4);
-                const __m256i hi2 = g == 0 ? _mm256_slli_epi16(hh, 4) : g == 1 ? _mm256_slli_epi16(hh, 2)
-                                  : g == 2 ? hh : _mm256_srli_epi16(hh, 2);
-                const __m256i u = _mm256_or_si256(_mm256_and_si256(lo4, m4), _mm256_and_si256(hi2, m2));
+            for (int g = 0; g < 4; g++) {
+                const __m256i u = q6_group(ql, qh, g);
                 const __m256i scale = pick_mem(sc, 8 + g);
                 _Pragma("GCC unroll 4")
                 for (int i = 0; i < na; i++) {

@@ -55,6 +55,17 @@ static inline __attribute__((always_inline)) __m256i q6_offset(__m128i scales8, 
     return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 5));
 }
 
+// the 32 6-bit quants of Q6_K group g (0..3) of one 128-value half: the low (g < 2) or high
+// nibbles of ql[32 * (g & 1)..], with bits 2g, 2g+1 of qh[0..32] on top
+static inline __attribute__((always_inline)) __m256i q6_group(const uint8_t *ql, const uint8_t *qh, int g) {
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (g & 1)));
+    const __m256i hh = _mm256_loadu_si256((const __m256i *)qh);
+    const __m256i lo4 = g < 2 ? l : _mm256_srli_epi16(l, 4);
+    const __m256i hi2 = g == 0 ? _mm256_slli_epi16(hh, 4) : g == 1 ? _mm256_slli_epi16(hh, 2)
+                      : g == 2 ? hh : _mm256_srli_epi16(hh, 2);
+    return _mm256_or_si256(_mm256_and_si256(lo4, _mm256_set1_epi8(0xF)), _mm256_and_si256(hi2, _mm256_set1_epi8(0x30)));
+}
+
 // 32 unsigned quants . 32 activations, times an int16 scale vector -> 8 int32
 static inline __attribute__((always_inline)) __m256i dot32_scaled(__m256i u, const int8_t *v, __m256i scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)v)), scale);

@@ -4,6 +4,7 @@
 #define FERMIUM_SIMD512_H
 #include <immintrin.h>
 #include <stdint.h>
+#include "simd256.h"
 
 static inline __attribute__((always_inline)) __m512i join(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
@@ -35,16 +36,9 @@ static inline __attribute__((always_inline)) __m512i step512(__m512i si, __m512i
     return _mm512_dpwssd_epi32(si, _mm512_maddubs_epi16(u, _mm512_loadu_si512((const void *)a)), scale);
 }
 
-// the 64 6-bit quants of Q6_K group pair (0, 1) or (2, 3) of one 128-value half
+// the 64 6-bit quants of Q6_K group pair (0, 1) or (2, 3) of one 128-value half (simd256.h)
 static inline __attribute__((always_inline)) __m512i q6_quants(const uint8_t *ql, const uint8_t *qh, int pair) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(0x30);
-    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-    const __m256i hh = _mm256_loadu_si256((const __m256i *)qh);
-    if (pair == 0)
-        return join(_mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m2)),
-                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m2)));
-    return join(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hh, m2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hh, 2), m2)));
+    return join(q6_group(ql, qh, 2 * pair), q6_group(ql, qh, 2 * pair + 1));
 }
 
 #endif
