@@ -96,6 +96,33 @@ def vec_dot(isa: str, qtype: int, w_row: np.ndarray, act: np.ndarray, n: int) ->
                                 ptr(np.ascontiguousarray(act))))
 
 
+def vec_dot_group(isa: str, qtype: int, w_group: np.ndarray, acts: list[np.ndarray], n: int) -> np.ndarray:
+    """One group of repacked rows . 1..4 prepared activations -> (len(acts), group)."""
+    if isa not in supported_isas():
+        raise IsaError(f"this CPU cannot run the {isa} kernels")
+    acts = [np.ascontiguousarray(a) for a in acts]
+    out = np.empty((len(acts), lib.fm_type_group(int(qtype))), np.float32)
+    ptrs = ffi.new("void *[]", [ptr(a) for a in acts])
+    if lib.fm_vec_dot_group(ISAS.index(isa), int(qtype), n, ptr(np.ascontiguousarray(w_group)), ptrs,
+                            len(acts), ptr(out, "float *")):
+        raise ValueError(f"type {int(qtype)} is not a repacked layout, or {len(acts)} activations")
+    return out
+
+
+def repack_q4_0x8(w: np.ndarray, cols: int) -> np.ndarray:
+    """Q4_0 rows (rows, row_bytes), rows a multiple of 8 -> the same bytes in the FM_Q4_0X8 layout."""
+    w = np.ascontiguousarray(w)
+    out = np.empty_like(w)
+    if lib.fm_repack_q4_0x8(ptr(w), w.shape[0], cols, ptr(out)):
+        raise ValueError(f"Q4_0 repack needs rows in groups of 8 and whole blocks: {w.shape[0]} x {cols}")
+    return out
+
+
+def checksum(a: np.ndarray) -> int:
+    """fm_checksum of an array's bytes (C-contiguous)."""
+    return int(lib.fm_checksum(ptr(a), a.nbytes))
+
+
 def matvec(pool: Pool, qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """w: (rows, row_bytes) stored blocks; x: (B, cols) float32 -> (B, rows)."""
     check_type(qtype)

@@ -12,11 +12,14 @@ typedef struct {
     const char *name;
     fm_vec_dot_fn dot[KIND_COUNT];     // indexed by fm_kind
     fm_vec_dot_n_fn dotn[KIND_COUNT];  // batched rows; NULL: the driver loops dot
+    fm_vec_dot_g_fn dotg[KIND_COUNT];  // groups of repacked rows; NULL for the GGUF layouts
 } isa_row;
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C)
-#define ROW(name, isa, fisa, hisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
-    fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, fm_dot_bf16_##fisa }, batched }
+// gisa: the kernels of the repacked layouts (the SSSE3 row has only the reference ones)
+#define ROW(name, isa, fisa, hisa, gisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
+    fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, fm_dot_bf16_##fisa }, batched, \
+    { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa } }
 #define NO_DOTN { 0 }
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
                     [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2 }
@@ -24,22 +27,23 @@ typedef struct {
                       [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512 }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
-    ROW("generic", generic, generic, generic, NO_DOTN),
-    ROW("ssse3", ssse3, ssse3, generic, NO_DOTN),
-    ROW("avx2", avx2, avx2, avx2, DOTN_AVX2),
-    ROW("avx512", avx512, avx2, avx2, DOTN_AVX512),
+    ROW("generic", generic, generic, generic, generic, NO_DOTN),
+    ROW("ssse3", ssse3, ssse3, generic, generic, NO_DOTN),
+    ROW("avx2", avx2, avx2, avx2, avx2, DOTN_AVX2),
+    ROW("avx512", avx512, avx2, avx2, avx2, DOTN_AVX512),
 };
 
 // GGML type -> traits; activation kind decides how x is quantized before the dot
 const fm_type_traits FM_TYPES[KIND_COUNT] = {
-    [KIND_Q4_0] = { FM_Q4_0, QK32, sizeof(block_q4_0), ACT_A8_32 },
-    [KIND_Q8_0] = { FM_Q8_0, QK32, sizeof(block_q8_0), ACT_A8_32 },
-    [KIND_Q4_K] = { FM_Q4_K, QK_K, sizeof(block_q4_K), ACT_A8_256 },
-    [KIND_Q5_K] = { FM_Q5_K, QK_K, sizeof(block_q5_K), ACT_A8_256 },
-    [KIND_Q6_K] = { FM_Q6_K, QK_K, sizeof(block_q6_K), ACT_A8_256 },
-    [KIND_F32] = { FM_F32, 1, 4, ACT_F32 },
-    [KIND_F16] = { FM_F16, 1, 2, ACT_F32 },
-    [KIND_BF16] = { FM_BF16, 1, 2, ACT_F32 },
+    [KIND_Q4_0] = { FM_Q4_0, QK32, sizeof(block_q4_0), ACT_A8_32, 1 },
+    [KIND_Q8_0] = { FM_Q8_0, QK32, sizeof(block_q8_0), ACT_A8_32, 1 },
+    [KIND_Q4_K] = { FM_Q4_K, QK_K, sizeof(block_q4_K), ACT_A8_256, 1 },
+    [KIND_Q5_K] = { FM_Q5_K, QK_K, sizeof(block_q5_K), ACT_A8_256, 1 },
+    [KIND_Q6_K] = { FM_Q6_K, QK_K, sizeof(block_q6_K), ACT_A8_256, 1 },
+    [KIND_F32] = { FM_F32, 1, 4, ACT_F32, 1 },
+    [KIND_F16] = { FM_F16, 1, 2, ACT_F32, 1 },
+    [KIND_BF16] = { FM_BF16, 1, 2, ACT_F32, 1 },
+    [KIND_Q4_0X8] = { FM_Q4_0X8, QK32, sizeof(block_q4_0), ACT_A8_32, FM_GROUP },   // bytes per row and block
 };
 
 int fm_kind_of(int type) {
@@ -105,10 +109,23 @@ fm_vec_dot_n_fn fm_dotn_for(int isa, int kind) {
     return ISA_ROWS[isa].dotn[kind];
 }
 
+fm_vec_dot_g_fn fm_dotg_for(int isa, int kind) {
+    if (isa < 0) isa = fm_isa_active();
+    return ISA_ROWS[isa].dotg[kind];
+}
+
 float fm_vec_dot(int isa, int type, int n, const void *w, const void *act) {
     return fm_dot_for(isa, fm_kind_of(type))(n, w, act);
+}
+
+int fm_vec_dot_group(int isa, int type, int n, const void *w, const void *const *acts, int na, float *out) {
+    const int kind = fm_kind_of(type);
+    if (kind < 0 || FM_TYPES[kind].group == 1 || na < 1 || na > FM_DOTN_MAX) return -1;
+    fm_dotg_for(isa, kind)(n, w, acts, na, out);
+    return 0;
 }
 
 int fm_type_supported(int type) { return fm_kind_of(type) >= 0; }
 int fm_type_block(int type) { return FM_TYPES[fm_kind_of(type)].block; }
 int fm_type_block_bytes(int type) { return FM_TYPES[fm_kind_of(type)].block_bytes; }
+int fm_type_group(int type) { return FM_TYPES[fm_kind_of(type)].group; }

@@ -14,14 +14,25 @@ int fm_isa_select(int isa);           // 0 ok, -1 unsupported here
 int fm_isa_active(void);
 const char *fm_isa_name(int isa);
 
-// per weight type: values per block, bytes per block, activation bytes for n values
+// per weight type: values per block, bytes per block (and row), rows interleaved in its layout,
+// activation bytes for n values
 int fm_type_supported(int type);
 int fm_type_block(int type);
 int fm_type_block_bytes(int type);
+int fm_type_group(int type);
 size_t fm_act_bytes(int type, int n);
 void fm_quantize_act(int type, const float *x, int n, void *act);
 float fm_vec_dot(int isa, int type, int n, const void *w, const void *act);
 void fm_dequant_row(int type, const void *w, float *out, int n);
+
+// weights repacked for SIMD (quants.h): Q4_0 rows in groups of 8 (type FM_Q4_0X8, 258), the
+// same size as the source; -1 when rows is not a multiple of 8 or cols of 32
+#define FM_Q4_0X8 258
+int fm_repack_q4_0x8(const void *src, size_t rows, int cols, void *dst);
+// one group of repacked rows . na (1..4) activations: out[i * group + r]; -1 for a GGUF type
+int fm_vec_dot_group(int isa, int type, int n, const void *w, const void *const *acts, int na, float *out);
+// a 64-bit checksum of `bytes` bytes, at about memory speed
+uint64_t fm_checksum(const void *data, size_t bytes);
 
 // thread pool
 typedef struct fm_pool fm_pool;

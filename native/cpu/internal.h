@@ -5,15 +5,17 @@
 #include "quants.h"
 #include "fermium_cpu.h"
 
-enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16, KIND_BF16, KIND_COUNT };
+enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16, KIND_BF16, KIND_Q4_0X8, KIND_COUNT };
 enum { ACT_A8_32, ACT_A8_256, ACT_F32 };
 
-typedef struct { int type, block, block_bytes, act; } fm_type_traits;
+// group: rows interleaved in the stored layout (FM_GROUP for the repacked ones, else 1)
+typedef struct { int type, block, block_bytes, act, group; } fm_type_traits;
 extern const fm_type_traits FM_TYPES[KIND_COUNT];
 
 int fm_kind_of(int type);                       // -1 if unsupported
 fm_vec_dot_fn fm_dot_for(int isa, int kind);    // isa < 0: the active one
 fm_vec_dot_n_fn fm_dotn_for(int isa, int kind); // NULL where the ISA has no batched kernel
+fm_vec_dot_g_fn fm_dotg_for(int isa, int kind); // the kernel of a repacked kind
 
 // run fn(ctx, task, thread) for task in [0, n_tasks) on the pool; returns when all are done
 typedef void (*fm_task_fn)(void *ctx, int task, int thread);

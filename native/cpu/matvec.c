@@ -3,6 +3,7 @@
  * dotted with every activation of its job, so a batch costs one pass over the weights. */
 #include <immintrin.h>
 #include <stdlib.h>
+#include <string.h>
 #include "internal.h"
 
 #define TASK_BYTES (256 * 1024)   // big enough to amortise a claim, small enough to balance
@@ -13,6 +14,21 @@ typedef struct {
     int *first_task;     // (n_jobs + 1,) prefix sums of tasks per job
     int *rows_per_task;  // (n_jobs,)
 } mv_ctx;
+
+// rows r0..r1 (whole groups) of a repacked matrix: one kernel call per group of rows and
+// chunk of activations; a group's rows are stored together, row_bytes each
+static void mv_groups(const fm_mv_job *j, int r0, int r1) {
+    const fm_vec_dot_g_fn dotg = fm_dotg_for(-1, j->kind);
+    for (int r = r0; r < r1; r += FM_GROUP) {
+        const uint8_t *w = j->w + (size_t)r * j->row_bytes;
+        for (int b = 0; b < j->n; b += FM_DOTN_MAX) {
+            float y[FM_DOTN_MAX * FM_GROUP];
+            const int na = j->n - b < FM_DOTN_MAX ? j->n - b : FM_DOTN_MAX;
+            dotg(j->cols, w, j->acts + b, na, y);
+            for (int i = 0; i < na; i++) memcpy(j->outs[b + i] + r, y + FM_GROUP * i, sizeof(float) * FM_GROUP);
+        }
+    }
+}
 
 static void mv_task(void *arg, int task, int thread) {
     (void)thread;
@@ -25,13 +41,17 @@ static void mv_task(void *arg, int task, int thread) {
     const fm_mv_job *j = &c->jobs[lo];
     const int r0 = (task - c->first_task[lo]) * c->rows_per_task[lo];
     const int r1 = r0 + c->rows_per_task[lo] < j->rows ? r0 + c->rows_per_task[lo] : j->rows;
-    const fm_vec_dot_fn dot = fm_dot_for(-1, j->kind);
-    const fm_vec_dot_n_fn dotn = j->n > 1 ? fm_dotn_for(-1, j->kind) : NULL;
     // the task's first FM_PREFETCH_AHEAD bytes: the kernels request only beyond what they read
     // (quants.h), and a task (an expert matrix, most often) starts where no stream is running
     const uint8_t *start = j->w + (size_t)r0 * j->row_bytes;
     const size_t span = (size_t)(r1 - r0) * j->row_bytes;
     for (size_t off = 0; off < FM_PREFETCH_AHEAD && off < span; off += 64) _mm_prefetch((const char *)start + off, _MM_HINT_T0);
+    if (FM_TYPES[j->kind].group > 1) {
+        mv_groups(j, r0, r1);
+        return;
+    }
+    const fm_vec_dot_fn dot = fm_dot_for(-1, j->kind);
+    const fm_vec_dot_n_fn dotn = j->n > 1 ? fm_dotn_for(-1, j->kind) : NULL;
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = j->w + (size_t)r * j->row_bytes;
         if (!dotn) {
@@ -54,8 +74,9 @@ void fm_mv_run(fm_pool *pool, const fm_mv_job *jobs, int n_jobs) {
     int *rows = n_jobs < 64 ? stack_rows : malloc(sizeof(int) * (size_t)n_jobs);
     first[0] = 0;
     for (int i = 0; i < n_jobs; i++) {
-        int r = (int)(TASK_BYTES / (jobs[i].row_bytes ? jobs[i].row_bytes : 1));
-        rows[i] = r < 1 ? 1 : r;
+        const int group = FM_TYPES[jobs[i].kind].group;   // tasks hold whole groups of rows
+        int r = (int)(TASK_BYTES / (jobs[i].row_bytes ? jobs[i].row_bytes : 1)) / group * group;
+        rows[i] = r < group ? group : r;
         first[i + 1] = first[i] + (jobs[i].rows + rows[i] - 1) / rows[i];
     }
     mv_ctx c = { jobs, n_jobs, first, rows };

@@ -30,9 +30,19 @@ static inline const float *fm_a32_s(const void *a, int nb) { return fm_a32_d(a, 
 // For K-quants, blocks of 256 with the sums of each 16 values.
 typedef struct { float d; int16_t bsums[QK_K / 16]; int8_t qs[QK_K]; } block_a8_256;
 
-// GGML type ids (gguf.GGMLQuantizationType)
+// GGML type ids (gguf.GGMLQuantizationType), and Fermium's own for a repacked layout (the same
+// definition as in fermium_cpu.h, which cffi reads)
 enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K = 13,
        FM_Q6_K = 14, FM_BF16 = 30 };
+#define FM_Q4_0X8 258
+
+// ---- Q4_0 repacked for SIMD (repack.c): groups of FM_GROUP rows, interleaved in 4-byte pieces
+// so that one 256-bit register holds 4 values of each of 8 rows, and the block scales of 8 rows
+// are applied by one FMA instead of one per row and block. Block b of a group: the 8 rows'
+// scales, then piece k (0..3) of every row: bytes 4k..4k+3 of its qs, that is values 4k..4k+3
+// (low nibbles) and 16+4k..16+4k+3 (high nibbles). The same bytes as the 8 rows' Q4_0 blocks.
+#define FM_GROUP 8
+typedef struct { fm_f16 d[FM_GROUP]; uint8_t qs[4][FM_GROUP][4]; } block_q4_0x8;   // 144 B
 
 // dot of one weight row (n values, n a multiple of the block) with one activation row
 typedef float (*fm_vec_dot_fn)(int n, const void *w, const void *a);
@@ -125,6 +135,11 @@ void fm_dotn_q6_K_a8_avx2(int n, const void *w, const void *const *acts, int na,
 void fm_dotn_q4_0_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
+
+// one group of FM_GROUP repacked rows . na <= FM_DOTN_MAX activation rows: out[i * FM_GROUP + r]
+typedef void (*fm_vec_dot_g_fn)(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotg_q4_0x8_generic(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotg_q4_0x8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 
 FM_DECLARE_FLOAT_DOTS(generic)   // float activations; the SSSE3 row uses the F16 one
 float fm_dot_f32_ssse3(int n, const void *w, const void *a);

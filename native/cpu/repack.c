@@ -1,0 +1,63 @@
+/* Weights repacked for SIMD (layouts in quants.h), the reference kernel of each repacked
+ * layout, and the checksum that guards the repack cache on disk (services/decode/repack.py). */
+#include <string.h>
+#include "quants.h"
+#include "fermium_cpu.h"
+
+int fm_repack_q4_0x8(const void *src, size_t rows, int cols, void *dst) {
+    if (rows % FM_GROUP || cols % QK32) return -1;
+    const size_t nb = (size_t)cols / QK32;
+    const block_q4_0 *x = src;
+    block_q4_0x8 *out = dst;
+    for (size_t g = 0; g < rows / FM_GROUP; g++)
+        for (size_t b = 0; b < nb; b++, out++)
+            for (int r = 0; r < FM_GROUP; r++) {
+                const block_q4_0 *blk = x + (g * FM_GROUP + r) * nb + b;
+                out->d[r] = blk->d;
+                for (int k = 0; k < 4; k++) memcpy(out->qs[k][r], blk->qs + 4 * k, 4);
+            }
+    return 0;
+}
+
+// the reference: the same sums as fm_dot_q4_0_a8_generic, row by row
+void fm_dotg_q4_0x8_generic(int n, const void *w, const void *const *acts, int na, float *out) {
+    const block_q4_0x8 *x = w;
+    const int nb = n / QK32;
+    for (int i = 0; i < na; i++)
+        for (int r = 0; r < FM_GROUP; r++) {
+            const int8_t *q = acts[i];
+            const float *dy = fm_a32_d(acts[i], nb);
+            float sum = 0.0f;
+            for (int b = 0; b < nb; b++, q += QK32) {
+                int s = 0;
+                for (int k = 0; k < 4; k++)
+                    for (int t = 0; t < 4; t++) {
+                        const uint8_t v = x[b].qs[k][r][t];
+                        s += ((v & 0xF) - 8) * q[4 * k + t] + ((v >> 4) - 8) * q[QK32 / 2 + 4 * k + t];
+                    }
+                sum += fm_f16_to_f32(x[b].d[r]) * dy[b] * (float)s;
+            }
+            out[i * FM_GROUP + r] = sum;
+        }
+}
+
+// four interleaved multiply-xor lanes over 8-byte words (about 10 B per cycle), then the tail
+// and the length mixed in: catches any changed, lost or added byte, not an attacker
+uint64_t fm_checksum(const void *data, size_t bytes) {
+    const uint64_t K = 0x9E3779B97F4A7C15ull;
+    uint64_t h[4] = { K, K ^ 1, K ^ 2, K ^ 3 }, w;
+    const uint8_t *p = data;
+    size_t i = 0;
+    for (; i + 32 <= bytes; i += 32)
+        for (int l = 0; l < 4; l++) {
+            memcpy(&w, p + i + 8 * l, 8);
+            h[l] = (h[l] ^ w) * K;
+            h[l] ^= h[l] >> 29;
+        }
+    uint64_t tail = 0;
+    memcpy(&tail, p + i, bytes - i);
+    uint64_t out = (uint64_t)bytes * K;
+    for (int l = 0; l < 4; l++) out = (out ^ h[l]) * K, out ^= out >> 31;
+    out = (out ^ tail) * K;
+    return out ^ (out >> 29);
+}
