@@ -67,6 +67,8 @@ def decode_command(
     context: int = typer.Option(16, min=0, help="Tokens of context each sequence holds before timing."),
     bw_mib: int = typer.Option(1024, min=64, help="Buffer for the bandwidth measurement, MiB."),
     prefault: bool = typer.Option(True, help="Map every page of the model before timing (as serving does)."),
+    repack: bool = typer.Option(True, help="Read Q4_0 matrices from the repack cache beside the model "
+                                           "(built on first use), as serving does on AVX2 and AVX-512."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     show_phases: bool = typer.Option(False, "--phases", help="Also print where a step's time goes."),
 ):
@@ -77,7 +79,7 @@ def decode_command(
 
     command = "fermium " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        engine = NativeEngine(GGUFModel(model), threads=threads, isa=isa, prefault=prefault)
+        engine = NativeEngine(GGUFModel(model), threads=threads, isa=isa, prefault=prefault, repack=repack)
     except cpu_lib.IsaError as exc:
         raise typer.BadParameter(str(exc), param_hint="--isa") from exc
     states = [engine.new_state() for _ in range(batch)]
@@ -109,7 +111,7 @@ def decode_command(
         })
     best = max(results, key=lambda x: x["bw_ratio"])
     report = {
-        "command": command, "model": str(model), "isa": engine.isa, "threads": engine.threads, "batch": batch,
+        "command": command, "model": str(model), "isa": engine.isa, "repacked": bool(engine.repacked), "threads": engine.threads, "batch": batch,
         "rounds": results, "best": best,
         "median_bw_ratio": statistics.median(x["bw_ratio"] for x in results),
         "median_tok_s": statistics.median(x["tok_s"] for x in results),
@@ -120,7 +122,7 @@ def decode_command(
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"$ {command}")
-    typer.echo(f"model {model.name}  isa {engine.isa}  threads {engine.threads}  batch {batch}")
+    typer.echo(f"model {model.name}  isa {engine.isa}{' (repacked Q4_0)' if engine.repacked else ''}  threads {engine.threads}  batch {batch}")
     for i, x in enumerate(results):
         typer.echo(f"round {i}: {x['tok_s']:7.2f} tok/s  {x['weights_gb_per_step']:.3f} GB/step  "
                    f"{x['effective_gbs']:6.2f} GB/s of {x['membw_gbs']:6.2f} GB/s measured = "

@@ -12,7 +12,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 from gguf import GGUFValueType
@@ -109,24 +109,55 @@ class FastGGUF:
         self.data_offset = (cur.pos + align - 1) // align * align
         self.data = np.frombuffer(self._mmap, dtype=np.uint8)   # the same mapping: see prefault
 
-    def prefault(self, progress: Callable[[int, int], None] | None = None) -> None:
+    def prefault(self, progress: Callable[[int, int], None] | None = None,
+                 skip: Sequence[tuple[int, int]] = ()) -> None:
         """Map every page of the file into this process now, as llama.cpp's MAP_POPULATE does, so
         that decoding never stops on a page fault for weights touched the first time (a new
-        expert, most often). Reads from disk what is not in the page cache yet.
+        expert, most often). Reads from disk what is not in the page cache yet. `skip`: byte
+        ranges (start, end) whose whole pages stay unmapped: weights read from elsewhere.
         progress(bytes_done, bytes_total) is called after each chunk."""
-        total = len(self._mmap)
-        for start in range(0, total, PREFAULT_CHUNK):
-            length = min(PREFAULT_CHUNK, total - start)
-            try:
-                self._mmap.madvise(MADV_POPULATE_READ, start, length)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:   # an I/O error or a file cut short: say so
-                    raise OSError(exc.errno, f"{self.path}: could not map the model into memory: "
-                                             f"{exc.strerror}") from exc
-                self._mmap.madvise(mmap.MADV_WILLNEED, start, length)   # before Linux 5.14:
-                int(self.data[start:start + length:mmap.PAGESIZE].sum())  # touch each page
-            if progress:
-                progress(start + length, total)
+        spans = self._pages_outside(skip)
+        total, done = sum(end - start for start, end in spans), 0
+        for span_start, span_end in spans:
+            for start in range(span_start, span_end, PREFAULT_CHUNK):
+                length = min(PREFAULT_CHUNK, span_end - start)
+                try:
+                    self._mmap.madvise(MADV_POPULATE_READ, start, length)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:   # an I/O error or a file cut short: say so
+                        raise OSError(exc.errno, f"{self.path}: could not map the model into memory: "
+                                                 f"{exc.strerror}") from exc
+                    self._mmap.madvise(mmap.MADV_WILLNEED, start, length)   # before Linux 5.14:
+                    int(self.data[start:start + length:mmap.PAGESIZE].sum())  # touch each page
+                done += length
+                if progress:
+                    progress(done, total)
+
+    def release(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Drop the whole pages of these byte ranges from this process (they stay in the page
+        cache): weights that are read from elsewhere after a one-off pass over them."""
+        for start, end in ranges:
+            lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+            if hi > lo:
+                self._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def tensor_range(self, entry: TensorEntry, nbytes: int) -> tuple[int, int]:
+        start = self.data_offset + entry.offset
+        return start, start + nbytes
+
+    def _pages_outside(self, skip: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """[0, file size) less the whole pages of each skipped range, as page-aligned spans."""
+        spans, at = [], 0
+        for start, end in sorted(skip):
+            lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+            if hi <= lo:
+                continue
+            if lo > at:
+                spans.append((at, lo))
+            at = max(at, hi)
+        if at < len(self._mmap):
+            spans.append((at, len(self._mmap)))
+        return spans
 
     def tensor_bytes(self, entry: TensorEntry, nbytes: int) -> np.ndarray:
         start = self.data_offset + entry.offset

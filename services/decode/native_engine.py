@@ -18,6 +18,7 @@ from common.model.gguf_file import GGUFModel, Tensor
 from common.state import SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
+from services.decode.repack import REPACK_ISAS, open_cache, source_ranges
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
 PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head")
@@ -27,9 +28,10 @@ PROGRESS_BYTES = 2 << 30   # files this large report mapping progress
 log = logging.getLogger("fermium.decode")
 
 
-def prefault_weights(model: GGUFModel) -> bool:
-    """Map all of the model's pages now, when the file fits in RAM: afterwards no decode step
-    stops on a page fault. Logs progress for large files. False when skipped."""
+def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool:
+    """Map all of the model's pages now (but the `skip` byte ranges), when the file fits in RAM:
+    afterwards no decode step stops on a page fault. Logs progress for large files. False when
+    skipped."""
     size = model.path.stat().st_size
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if size > PREFAULT_RAM_SHARE * ram:
@@ -44,19 +46,23 @@ def prefault_weights(model: GGUFModel) -> bool:
             last[0] = now
             log.info("mapping weights: %.1f of %.1f GiB (%.0f s)", done / 2**30, total / 2**30, now - t0)
 
-    model.file.prefault(progress)
+    model.file.prefault(progress, skip)
     return True
 
 
 class NativeEngine:
     def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None,
-                 prefault: bool = True):
+                 prefault: bool = True, repack: bool = True):
         if isa:
             cpu_lib.select_isa(isa)
         self.model = model
-        self.prefaulted = prefault and prefault_weights(model)
-        self.cfg = model.config
         self.isa = cpu_lib.active_isa()
+        # the Q4_0 matrices in the layout of the AVX2 kernels, from a cache file (repack.py);
+        # their pages in the model file are then never touched
+        self.repacked = open_cache(model) if repack and self.isa in REPACK_ISAS else None
+        skip = source_ranges(model, list(self.repacked.views)) if self.repacked else []
+        self.prefaulted = prefault and prefault_weights(model, skip)
+        self.cfg = model.config
         self.pool = cpu_lib.Pool(threads)
         self.threads = self.pool.threads
         self._alive: list = []          # cffi structs and fp32 vectors the C side points into
@@ -83,8 +89,11 @@ class NativeEngine:
             raise ModelConfigError(f"{name}: row length {t.shape[-1]} is not a multiple of the "
                                    f"{t.qtype.name} block ({block})")
         rows, cols = (t.shape[-2], t.shape[-1]) if len(t.shape) > 1 else (1, t.shape[0])
-        w.data = ffi.cast("void *", t.raw.ctypes.data)
-        w.type, w.rows, w.cols = int(t.qtype), rows, cols
+        if self.repacked and name in self.repacked.views:
+            w.data, w.type = ffi.cast("void *", self.repacked.views[name].ctypes.data), lib.FM_Q4_0X8
+        else:
+            w.data, w.type = ffi.cast("void *", t.raw.ctypes.data), int(t.qtype)
+        w.rows, w.cols = rows, cols
         w.row_bytes, w.mat_bytes = t.row_bytes, rows * t.row_bytes
         return w[0]
 

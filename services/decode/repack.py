@@ -1,0 +1,191 @@
+"""Weights repacked for the SIMD kernels, cached on disk beside the model: built once, then
+mapped read-only at each start. Today one layout: Q4_0 matrices in groups of 8 rows
+(FM_Q4_0X8, native/cpu/quants.h), which the AVX2 and AVX-512 kernels read about twice as fast.
+
+The file: a fixed prefix (magic, version, header length, data start, checksum of the data), a
+JSON header (the source file's size, modification time and tensor table; each tensor's offset
+and size), zero padding to a page, then the tensors, each at a page-aligned offset. A cache that
+does not match in every part, or whose data fails the checksum, is rebuilt, never trusted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from common.model.gguf_file import GGUFModel, Tensor
+from native import cpu_lib
+from native.cpu_lib import lib
+
+MAGIC = b"FMREPACK"
+VERSION = 1
+PREFIX = struct.Struct("<8sIIQQ")   # magic, version, header bytes, data start, data checksum
+PAGE = 4096
+SUFFIX = ".fermium-repack"
+REPACK_ISAS = ("avx2", "avx512")    # the ISAs whose kernels read the repacked layout fast
+NOT_REPACKED = ("token_embd.weight",)   # looked up a row at a time, in the GGUF layout
+PROGRESS_BYTES = 1 << 30
+
+log = logging.getLogger("fermium.decode")
+
+
+class StaleCache(Exception):
+    """Why a cache file cannot be used as it is."""
+
+
+def repackable(t: Tensor) -> bool:
+    return (t.qtype == GGMLQuantizationType.Q4_0 and len(t.shape) >= 2 and t.shape[-2] % 8 == 0
+            and t.name not in NOT_REPACKED)
+
+
+def source_id(model: GGUFModel) -> dict:
+    """What the cache was built from: any change to the file changes one of these."""
+    st = model.path.stat()
+    table = hashlib.sha256()
+    for e in model.file.entries:
+        table.update(f"{e.name}:{e.ggml_type}:{e.ne}:{e.offset}\n".encode())
+    return {"name": model.path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "tensors": table.hexdigest()}
+
+
+def default_path(model: GGUFModel) -> Path:
+    """Beside the model where its folder is writable, else in the user's cache folder."""
+    beside = model.path.with_name(model.path.name + SUFFIX)
+    if os.access(model.path.parent, os.W_OK):
+        return beside
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fermium"
+    tag = hashlib.sha256(str(model.path.resolve()).encode()).hexdigest()[:12]
+    return root / f"{model.path.name}-{tag}{SUFFIX}"
+
+
+class RepackCache:
+    """A verified cache file, mapped read-only: the repacked bytes of each tensor it holds."""
+
+    def __init__(self, path: Path, model: GGUFModel, names: list[str]):
+        self.path = path
+        with open(path, "rb") as f:
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self.views = self._verify(model, names)
+        except Exception:
+            self._mmap.close()
+            raise
+
+    def _verify(self, model: GGUFModel, names: list[str]) -> dict[str, np.ndarray]:
+        mm = self._mmap
+        if len(mm) < PREFIX.size:
+            raise StaleCache("shorter than its prefix")
+        magic, version, header_len, data_start, checksum = PREFIX.unpack_from(mm)
+        if magic != MAGIC:
+            raise StaleCache("not a Fermium repack cache")
+        if version != VERSION:
+            raise StaleCache(f"cache version {version}, this build writes {VERSION}")
+        try:
+            header = json.loads(mm[PREFIX.size:PREFIX.size + header_len])
+        except ValueError as exc:
+            raise StaleCache(f"unreadable header ({exc})") from None
+        if header.get("source") != source_id(model):
+            raise StaleCache("built from another version of the model file")
+        tensors = header.get("tensors", {})
+        if sorted(tensors) != sorted(names):
+            raise StaleCache("holds other tensors than this build repacks")
+        end = data_start + max((o + b for o, b in tensors.values()), default=0)
+        if len(mm) != end:
+            raise StaleCache(f"{len(mm)} bytes, expected {end}")
+        data = np.frombuffer(mm, np.uint8)
+        if cpu_lib.checksum(data[data_start:]) != checksum:
+            raise StaleCache("its data fails the checksum")
+        views = {}
+        for name in names:
+            offset, nbytes = tensors[name]
+            t = model.tensor(name)
+            if nbytes != t.nbytes:
+                raise StaleCache(f"{name}: {nbytes} bytes, the model's tensor has {t.nbytes}")
+            views[name] = data[data_start + offset:data_start + offset + nbytes].reshape(t.raw.shape)
+        return views
+
+
+def layout(model: GGUFModel, names: list[str]) -> tuple[bytes, int, dict[str, list[int]]]:
+    """The header, the data start, and each tensor's [offset from the data start, bytes]."""
+    tensors, offset = {}, 0
+    for name in names:
+        nbytes = model.tensor(name).nbytes
+        tensors[name] = [offset, nbytes]
+        offset += (nbytes + PAGE - 1) // PAGE * PAGE
+    header = json.dumps({"source": source_id(model), "tensors": tensors}, sort_keys=True).encode()
+    return header, (PREFIX.size + len(header) + PAGE - 1) // PAGE * PAGE, tensors
+
+
+def build(path: Path, model: GGUFModel, names: list[str],
+          progress: Callable[[int, int], None] | None = None) -> None:
+    """Write the cache to a temporary file beside `path`, then move it into place."""
+    header, data_start, tensors = layout(model, names)
+    end = data_start + (max(o + b for o, b in tensors.values()) if tensors else 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    total, done = sum(b for _, b in tensors.values()), 0
+    try:
+        with open(tmp, "w+b") as f:
+            f.truncate(end)
+            with mmap.mmap(f.fileno(), end) as mm:
+                data = np.frombuffer(mm, np.uint8)
+                for name in names:
+                    t, (offset, nbytes) = model.tensor(name), tensors[name]
+                    src = t.raw.reshape(-1, t.row_bytes)
+                    dst = data[data_start + offset:data_start + offset + nbytes]
+                    if lib.fm_repack_q4_0x8(cpu_lib.ptr(src), src.shape[0], t.shape[-1], cpu_lib.ptr(dst)):
+                        raise ValueError(f"{name}: cannot be repacked ({t.shape})")
+                    done += nbytes
+                    if progress:
+                        progress(done, total)
+                checksum = cpu_lib.checksum(data[data_start:])
+                del data, dst, src
+                PREFIX.pack_into(mm, 0, MAGIC, VERSION, len(header), data_start, checksum)
+                mm[PREFIX.size:PREFIX.size + len(header)] = header
+                mm.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def open_cache(model: GGUFModel, path: Path | None = None) -> RepackCache | None:
+    """The model's repack cache, built first where missing, stale or corrupt. None when the
+    model has nothing to repack. Building reads the source tensors once; their pages are then
+    released from this process, which reads only the cache from there on."""
+    names = [n for n, t in model.tensors.items() if repackable(t)]
+    if not names:
+        return None
+    path = path or default_path(model)
+    try:
+        return RepackCache(path, model, names)
+    except FileNotFoundError:
+        log.info("building the repack cache %s (%d tensors)", path, len(names))
+    except StaleCache as why:
+        log.warning("rebuilding the repack cache %s: %s", path, why)
+    t0, last = time.monotonic(), [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if total >= PROGRESS_BYTES and (now - last[0] >= 2.0 or done == total):
+            last[0] = now
+            log.info("repacking: %.1f of %.1f GiB (%.0f s)", done / 2**30, total / 2**30, now - t0)
+
+    build(path, model, names, progress)
+    model.file.release(source_ranges(model, names))
+    return RepackCache(path, model, names)
+
+
+def source_ranges(model: GGUFModel, names: list[str]) -> list[tuple[int, int]]:
+    """The byte ranges of these tensors in the model file."""
+    entries = {e.name: e for e in model.file.entries}
+    return [model.file.tensor_range(entries[n], model.tensor(n).nbytes) for n in names]
