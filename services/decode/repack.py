@@ -74,11 +74,7 @@ class RepackCache:
         self.path = path
         with open(path, "rb") as f:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            self.views = self._verify(model, names)
-        except Exception:
-            self._mmap.close()
-            raise
+        self.views = self._verify(model, names)   # a refused file is unmapped when collected
 
     def _verify(self, model: GGUFModel, names: list[str]) -> dict[str, np.ndarray]:
         mm = self._mmap

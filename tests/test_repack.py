@@ -1,0 +1,158 @@
+"""The repack cache beside the model: built once, reused, rebuilt when stale or corrupt, never
+trusted; and the native engine reading it decodes as it does from the GGUF layout."""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.model.gguf_file import GGUFModel
+from native import cpu_lib
+from services.decode import repack
+from services.decode.native_engine import NativeEngine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
+
+# The repacked kernels do each row's integer sums exactly, as the GGUF-layout ones do; only the
+# float order of the block scales differs.
+SINGLE_REL_TOL = 1e-4
+BATCH_REL_TOL = 1e-5
+
+
+@pytest.fixture()
+def model_path(tmp_path):
+    return write_synthetic(tmp_path / "q4.gguf", layers=2, recipe="q4_0", widths=TINY)
+
+
+def repackable_names(model: GGUFModel) -> list[str]:
+    return [n for n, t in model.tensors.items() if repack.repackable(t)]
+
+
+def test_builds_beside_the_model_with_every_q4_0_matrix_but_the_embedding(model_path):
+    model = GGUFModel(model_path)
+    cache = repack.open_cache(model)
+    assert cache.path == model_path.with_name(model_path.name + repack.SUFFIX) and cache.path.is_file()
+    names = repackable_names(model)
+    assert "token_embd.weight" not in names and any("ffn_gate_exps" in n for n in names)
+    assert sorted(cache.views) == sorted(names)
+    for name in names:
+        t = model.tensor(name)
+        expect = cpu_lib.repack_q4_0x8(t.raw.reshape(-1, t.row_bytes), t.shape[-1])
+        assert np.array_equal(cache.views[name].reshape(expect.shape), expect), name
+
+
+def test_a_valid_cache_is_reused(model_path, monkeypatch):
+    repack.open_cache(GGUFModel(model_path))
+    monkeypatch.setattr(repack, "build", lambda *a, **k: pytest.fail("rebuilt a valid cache"))
+    assert repack.open_cache(GGUFModel(model_path)) is not None
+
+
+def corrupt_data(path: Path) -> None:
+    with open(path, "r+b") as f:
+        data_start = repack.PREFIX.unpack(f.read(repack.PREFIX.size))[3]
+        f.seek(data_start + 100)
+        byte = f.read(1)
+        f.seek(data_start + 100)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def bump_version(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<I", repack.VERSION + 1))
+
+
+def touch_model(cache_path: Path) -> None:
+    model = cache_path.with_name(cache_path.name.removesuffix(repack.SUFFIX))
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 4096)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (corrupt_data, "checksum"),
+    (bump_version, "cache version"),
+    (touch_model, "another version of the model"),
+    (truncate, "bytes, expected"),
+    (lambda p: p.write_bytes(b"not a cache"), "shorter than its prefix"),
+    (lambda p: p.write_bytes(b"X" * 64), "not a Fermium repack cache"),
+])
+def test_a_stale_or_corrupt_cache_is_rebuilt(model_path, damage, reason, caplog):
+    first = repack.open_cache(GGUFModel(model_path))
+    expect = {n: v.copy() for n, v in first.views.items()}
+    damage(first.path)
+    with caplog.at_level(logging.WARNING, logger="fermium.decode"):
+        cache = repack.open_cache(GGUFModel(model_path))
+    assert any(reason in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    for name, view in cache.views.items():
+        assert np.array_equal(view, expect[name]), name
+    assert not list(model_path.parent.glob("*.tmp.*"))   # no temporary file left behind
+
+
+def test_an_unwritable_model_folder_caches_in_the_user_cache(model_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(repack.os, "access", lambda p, mode: False)
+    cache = repack.open_cache(GGUFModel(model_path))
+    assert cache.path.parent == tmp_path / "xdg" / "fermium" and cache.path.is_file()
+
+
+def test_a_model_without_q4_0_needs_no_cache(tmp_path):
+    path = write_synthetic(tmp_path / "k.gguf", layers=2, recipe="q4_k_m", widths=TINY)
+    assert repack.open_cache(GGUFModel(path)) is None
+    assert not list(tmp_path.glob("*" + repack.SUFFIX))
+
+
+def test_prefault_leaves_the_pages_of_repacked_tensors_alone(model_path):
+    model = GGUFModel(model_path)
+    ranges = repack.source_ranges(model, repackable_names(model))
+    spans = model.file._pages_outside(ranges)
+    page = os.sysconf("SC_PAGE_SIZE")
+    for start, end in ranges:                 # every whole page inside a range is skipped
+        lo, hi = -(-start // page) * page, end // page * page
+        assert all(e <= lo or s >= hi for s, e in spans)
+    covered = sum(e - s for s, e in spans)
+    skipped = sum(max(0, end // page * page - -(-start // page) * page) for start, end in ranges)
+    assert covered + skipped == model_path.stat().st_size
+
+
+@pytest.mark.skipif(not set(repack.REPACK_ISAS) & set(cpu_lib.supported_isas()), reason="no AVX2 here")
+def test_engine_decodes_the_same_from_the_cache(model_path):
+    """One sequence: the same logits as from the GGUF layout. A batch: the same as each of its
+    sequences alone (the batched kernels of the GGUF layout sum in another order, which can
+    tip a router near-tie, so the batch is checked against the cache's own single steps)."""
+    plain = NativeEngine(GGUFModel(model_path), threads=2, repack=False)
+    packed = NativeEngine(GGUFModel(model_path), threads=2, repack=True)
+    assert packed.repacked is not None and plain.repacked is None
+    for first in (1, 200, 300):
+        a, b, token = plain.new_state(), packed.new_state(), first
+        for _ in range(6):
+            la, lb = plain.decode([token], [a]), packed.decode([token], [b])
+            assert np.abs(la - lb).max() <= SINGLE_REL_TOL * np.abs(la).max()
+            assert packed.last_bytes == plain.last_bytes
+            token = int(la.argmax())
+    tokens = [1, 200, 300, 400, 5]
+    batch, alone = [packed.new_state() for _ in tokens], [packed.new_state() for _ in tokens]
+    for _ in range(6):
+        lb = packed.decode(tokens, batch)
+        la = np.concatenate([packed.decode([t], [s]) for t, s in zip(tokens, alone)])
+        assert np.abs(la - lb).max() <= BATCH_REL_TOL * np.abs(la).max()
+        tokens = la.argmax(axis=1).tolist()
+
+
+def test_engine_on_ssse3_reads_the_gguf_layout(model_path):
+    prev = cpu_lib.active_isa()
+    try:
+        eng = NativeEngine(GGUFModel(model_path), threads=1, isa="ssse3")
+        assert eng.repacked is None
+    finally:
+        cpu_lib.select_isa(prev)
