@@ -122,7 +122,7 @@ def decode_command(
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"$ {command}")
-    typer.echo(f"model {model.name}  isa {engine.isa}{' (repacked Q4_0)' if engine.repacked else ''}  threads {engine.threads}  batch {batch}")
+    typer.echo(f"model {model.name}  isa {engine.isa}{' (repacked)' if engine.repacked else ''}  threads {engine.threads}  batch {batch}")
     for i, x in enumerate(results):
         typer.echo(f"round {i}: {x['tok_s']:7.2f} tok/s  {x['weights_gb_per_step']:.3f} GB/step  "
                    f"{x['effective_gbs']:6.2f} GB/s of {x['membw_gbs']:6.2f} GB/s measured = "

@@ -109,12 +109,19 @@ def vec_dot_group(isa: str, qtype: int, w_group: np.ndarray, acts: list[np.ndarr
     return out
 
 
-def repack_q4_0x8(w: np.ndarray, cols: int) -> np.ndarray:
-    """Q4_0 rows (rows, row_bytes), rows a multiple of 8 -> the same bytes in the FM_Q4_0X8 layout."""
+# GGUF type -> (its repacked type, the repack function): rows in groups of 8, the same bytes
+REPACKED = {2: (lib.FM_Q4_0X8, lib.fm_repack_q4_0x8), 12: (lib.FM_Q4_KX8, lib.fm_repack_q4_Kx8)}
+
+
+def repack(qtype: int, w: np.ndarray, cols: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows (rows, row_bytes) of a type in REPACKED, rows a multiple of 8 -> the same bytes in
+    its repacked layout (into `out` when given)."""
+    if int(qtype) not in REPACKED:
+        raise ValueError(f"no repacked layout for GGML type {int(qtype)}")
     w = np.ascontiguousarray(w)
-    out = np.empty_like(w)
-    if lib.fm_repack_q4_0x8(ptr(w), w.shape[0], cols, ptr(out)):
-        raise ValueError(f"Q4_0 repack needs rows in groups of 8 and whole blocks: {w.shape[0]} x {cols}")
+    out = np.empty_like(w) if out is None else out
+    if out.nbytes != w.nbytes or REPACKED[int(qtype)][1](ptr(w), w.shape[0], cols, ptr(out)):
+        raise ValueError(f"a repack needs rows in groups of 8 and whole blocks: {w.shape[0]} x {cols}")
     return out
 
 

@@ -150,40 +150,47 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
         cpu_lib.select_isa(prev)
 
 
+REPACKED_TYPES = [T(t) for t in cpu_lib.REPACKED]
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("na", [1, 2, 3, 4])
-def test_repacked_q4_0_groups_match_generic_rows(isa, na, rng):
-    """A group of 8 repacked rows gives each row's generic Q4_0 dot, for every activation."""
-    w = random_rows(T.Q4_0, 16, N, rng)
+@pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
+def test_repacked_groups_match_generic_rows(isa, na, qtype, rng):
+    """A group of 8 repacked rows gives each row's generic dot, for every activation."""
+    w = random_rows(qtype, 16, N, rng)
     xs = (rng.standard_normal((na, N)) * rng.uniform(0.1, 10, (na, 1))).astype(np.float32)
-    acts = [cpu_lib.quantize_act(T.Q4_0, x) for x in xs]
-    packed = cpu_lib.repack_q4_0x8(w, N)
+    acts = [cpu_lib.quantize_act(qtype, x) for x in xs]
+    packed = cpu_lib.repack(qtype, w, N)
     assert packed.shape == w.shape and np.array_equal(np.sort(packed, axis=None), np.sort(w, axis=None))
     for g in range(2):
-        got = cpu_lib.vec_dot_group(isa, cpu_lib.lib.FM_Q4_0X8, packed[8 * g:8 * g + 8], acts, N)
+        got = cpu_lib.vec_dot_group(isa, cpu_lib.REPACKED[qtype][0], packed[8 * g:8 * g + 8], acts, N)
         for i, act in enumerate(acts):
-            expect = np.array([cpu_lib.vec_dot("generic", T.Q4_0, w[r], act, N) for r in range(8 * g, 8 * g + 8)])
-            scale = np.abs(dequantize(w[8 * g:8 * g + 8], T.Q4_0)) @ np.abs(xs[i])
+            expect = np.array([cpu_lib.vec_dot("generic", qtype, w[r], act, N) for r in range(8 * g, 8 * g + 8)])
+            scale = np.abs(dequantize(w[8 * g:8 * g + 8], qtype)) @ np.abs(xs[i])
             assert np.all(np.abs(got[i] - expect) <= SIBLING_RTOL * scale), (isa, na, g, i)
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_matvec_reads_repacked_q4_0_like_the_gguf_layout(threads, rng):
+@pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
+def test_matvec_reads_repacked_rows_like_the_gguf_layout(threads, qtype, rng):
     """The driver runs whole groups of repacked rows, at any batch, on any split of tasks."""
     pool = cpu_lib.Pool(threads)
     rows, n = 8 * 200, 512
-    w = random_rows(T.Q4_0, rows, n, rng)
+    w = random_rows(qtype, rows, n, rng)
     x = rng.standard_normal((6, n)).astype(np.float32)
-    expect = cpu_lib.matvec(pool, T.Q4_0, w, x)
-    got = cpu_lib.matvec(pool, cpu_lib.lib.FM_Q4_0X8, cpu_lib.repack_q4_0x8(w, n), x)
-    scale = np.abs(dequantize(w, T.Q4_0)) @ np.abs(x).T
+    expect = cpu_lib.matvec(pool, qtype, w, x)
+    got = cpu_lib.matvec(pool, cpu_lib.REPACKED[qtype][0], cpu_lib.repack(qtype, w, n), x)
+    scale = np.abs(dequantize(w, qtype)) @ np.abs(x).T
     assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale.T)
 
 
 def test_repack_refuses_partial_groups_and_blocks(rng):
     w = random_rows(T.Q4_0, 12, 64, rng)
     with pytest.raises(ValueError, match="groups of 8"):
-        cpu_lib.repack_q4_0x8(w, 64)
+        cpu_lib.repack(T.Q4_0, w, 64)
+    with pytest.raises(ValueError, match="no repacked layout"):
+        cpu_lib.repack(T.Q8_0, w, 64)
     with pytest.raises(ValueError, match="repacked layout"):
         cpu_lib.vec_dot_group("generic", T.Q4_0, w[:8], [cpu_lib.quantize_act(T.Q4_0, np.ones(64, np.float32))], 64)
 

@@ -25,16 +25,16 @@ SINGLE_REL_TOL = 1e-4
 BATCH_REL_TOL = 1e-5
 
 
-@pytest.fixture()
-def model_path(tmp_path):
-    return write_synthetic(tmp_path / "q4.gguf", layers=2, recipe="q4_0", widths=TINY)
+@pytest.fixture(params=["q4_0", "q4_k_m"])
+def model_path(tmp_path, request):
+    return write_synthetic(tmp_path / f"{request.param}.gguf", layers=2, recipe=request.param, widths=TINY)
 
 
 def repackable_names(model: GGUFModel) -> list[str]:
     return [n for n, t in model.tensors.items() if repack.repackable(t)]
 
 
-def test_builds_beside_the_model_with_every_q4_0_matrix_but_the_embedding(model_path):
+def test_builds_beside_the_model_with_every_repackable_matrix_but_the_embedding(model_path):
     model = GGUFModel(model_path)
     cache = repack.open_cache(model)
     assert cache.path == model_path.with_name(model_path.name + repack.SUFFIX) and cache.path.is_file()
@@ -43,7 +43,7 @@ def test_builds_beside_the_model_with_every_q4_0_matrix_but_the_embedding(model_
     assert sorted(cache.views) == sorted(names)
     for name in names:
         t = model.tensor(name)
-        expect = cpu_lib.repack_q4_0x8(t.raw.reshape(-1, t.row_bytes), t.shape[-1])
+        expect = cpu_lib.repack(t.qtype, t.raw.reshape(-1, t.row_bytes), t.shape[-1])
         assert np.array_equal(cache.views[name].reshape(expect.shape), expect), name
 
 
@@ -106,8 +106,8 @@ def test_an_unwritable_model_folder_caches_in_the_user_cache(model_path, tmp_pat
     assert cache.path.parent == tmp_path / "xdg" / "fermium" and cache.path.is_file()
 
 
-def test_a_model_without_q4_0_needs_no_cache(tmp_path):
-    path = write_synthetic(tmp_path / "k.gguf", layers=2, recipe="q4_k_m", widths=TINY)
+def test_a_model_without_repackable_types_needs_no_cache(tmp_path):
+    path = write_synthetic(tmp_path / "q8.gguf", layers=2, recipe="q8_0", widths=TINY)
     assert repack.open_cache(GGUFModel(path)) is None
     assert not list(tmp_path.glob("*" + repack.SUFFIX))
 

@@ -16,10 +16,11 @@ typedef struct {
 } isa_row;
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C)
-// gisa: the kernels of the repacked layouts (the SSSE3 row has only the reference ones)
+// gisa: the kernels of the repacked layouts (SSSE3 reads the GGUF layouts: in 128-bit registers
+// the repacked ones gain nothing for one sequence; the reference kernels keep them correct)
 #define ROW(name, isa, fisa, hisa, gisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
     fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, fm_dot_bf16_##fisa }, batched, \
-    { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa } }
+    { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa } }
 #define NO_DOTN { 0 }
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
                     [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2 }
@@ -44,6 +45,7 @@ const fm_type_traits FM_TYPES[KIND_COUNT] = {
     [KIND_F16] = { FM_F16, 1, 2, ACT_F32, 1 },
     [KIND_BF16] = { FM_BF16, 1, 2, ACT_F32, 1 },
     [KIND_Q4_0X8] = { FM_Q4_0X8, QK32, sizeof(block_q4_0), ACT_A8_32, FM_GROUP },   // bytes per row and block
+    [KIND_Q4_KX8] = { FM_Q4_KX8, QK_K, sizeof(block_q4_K), ACT_A8_256, FM_GROUP },
 };
 
 int fm_kind_of(int type) {

@@ -7,6 +7,13 @@
 #include "quants.h"
 
 #define INLINE static inline __attribute__((always_inline))
+#define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+
+// 4 activation bytes in every 32-bit lane: `vbroadcastss` from memory is a load alone, where
+// _mm256_set1_epi32 of an int costs a move and a shuffle
+INLINE __m256i bcast4(const int8_t *a) {
+    return _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)a));
+}
 
 // Q4_0 x8: the nibbles are unsigned (0..15); the offset of 8 comes off at the end through the
 // activation block sums (s = d * sum(q)). A block's 16 products per int16 lane stay below
@@ -24,16 +31,13 @@ INLINE void q4_0x8_n(int n, const block_q4_0x8 *x, const void *const *acts, cons
         for (int i = 0; i < na; i++) s[i] = _mm256_setzero_si256();
         _Pragma("GCC unroll 4")
         for (int k = 0; k < 4; k++) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)x[b].qs[k]);
+            const __m256i w = LOAD(x[b].qs[k]);
             const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++) {
                 const int8_t *a = (const int8_t *)acts[i] + QK32 * b + 4 * k;
-                int32_t a_lo, a_hi;
-                __builtin_memcpy(&a_lo, a, 4);
-                __builtin_memcpy(&a_hi, a + QK32 / 2, 4);
-                s[i] = _mm256_add_epi16(s[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a_lo)),
-                                                               _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a_hi))));
+                s[i] = _mm256_add_epi16(s[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(a)),
+                                                               _mm256_maddubs_epi16(hi, bcast4(a + QK32 / 2))));
             }
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x[b].d));
@@ -48,4 +52,89 @@ INLINE void q4_0x8_n(int n, const block_q4_0x8 *x, const void *const *acts, cons
     for (int i = 0; i < na; i++) _mm256_storeu_ps(out + FM_GROUP * i, _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), off[i], acc[i]));
 }
 
+// Q4_K x8: the 6-bit scales and mins of 8 rows are unpacked together, from the byte planes of
+// the packed scales (quants.h). A sub-block's 8 pieces add up as int16 (below 16 * 15 * 127 =
+// 30480 per lane) before `vpmaddwd` applies its 8 rows' scales; the mins go through the
+// activation sums of each 32 values, 2 sub-blocks per `vpmaddwd`.
+
+// sc[t]: scales 2t and 2t+1 of the 8 rows (8 bytes each); mn[t]: the same for the mins
+INLINE void unpack_scales8(const uint8_t planes[12][FM_GROUP], __m128i sc[4], __m128i mn[4]) {
+#define PLANES(c) _mm_loadu_si128((const __m128i *)planes[c])   // bytes c and c+1 of every row
+    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(0xF), top = _mm_set1_epi8(0x30);
+    const __m128i p01 = PLANES(0), p23 = PLANES(2), p45 = PLANES(4), p67 = PLANES(6), p89 = PLANES(8), pab = PLANES(10);
+#undef PLANES
+    sc[0] = _mm_and_si128(p01, m6);
+    sc[1] = _mm_and_si128(p23, m6);
+    mn[0] = _mm_and_si128(p45, m6);
+    mn[1] = _mm_and_si128(p67, m6);
+    // sub-blocks 4..7: low 4 bits from bytes 8..11, top 2 bits from bits 6..7 of bytes 0..7
+    sc[2] = _mm_or_si128(_mm_and_si128(p89, m4), _mm_and_si128(_mm_srli_epi16(p01, 2), top));
+    sc[3] = _mm_or_si128(_mm_and_si128(pab, m4), _mm_and_si128(_mm_srli_epi16(p23, 2), top));
+    mn[2] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p89, 4), m4), _mm_and_si128(_mm_srli_epi16(p45, 2), top));
+    mn[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(pab, 4), m4), _mm_and_si128(_mm_srli_epi16(p67, 2), top));
+}
+
+INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, const int na, float *out) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    float sums[FM_DOTN_MAX][FM_GROUP] __attribute__((aligned(32))) = { { 0 } };
+    for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
+        const block_q4_Kx8 *blk = x + b;
+        const block_a8_256 *y[FM_DOTN_MAX];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) y[i] = (const block_a8_256 *)acts[i] + b;
+        __m128i sc8[4], mn8[4];
+        unpack_scales8(blk->scales, sc8, mn8);
+        // per act: sum over sub-block pairs of mins . (bsum of 32, bsum of the next 32)
+        int32_t pairs[FM_DOTN_MAX][4];
+        __m256i si[FM_DOTN_MAX], mins[FM_DOTN_MAX];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {
+            const __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[i]->bsums),
+                                               _mm_loadu_si128((const __m128i *)(y[i]->bsums + 8)));
+            _mm_storeu_si128((__m128i *)pairs[i], s32);
+            si[i] = mins[i] = _mm256_setzero_si256();
+        }
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < 4; t++) {
+            const __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8[t], _mm_srli_si128(mn8[t], 8)));
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < na; i++) mins[i] = _mm256_add_epi32(mins[i], _mm256_madd_epi16(mp, bcast4((const int8_t *)&pairs[i][t])));
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < 4; j++)
+            _Pragma("GCC unroll 2")
+            for (int nib = 0; nib < 2; nib++) {   // sub-block 2j + nib: the low or high nibbles of chunk j
+                const __m128i s8 = nib ? _mm_unpackhi_epi8(sc8[j], sc8[j]) : _mm_unpacklo_epi8(sc8[j], sc8[j]);
+                __m256i p[FM_DOTN_MAX];
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < na; i++) p[i] = _mm256_setzero_si256();
+                _Pragma("GCC unroll 8")
+                for (int k = 0; k < 8; k++) {
+                    const __m256i w = LOAD(blk->qs[j][k]);
+                    const __m256i q = _mm256_and_si256(nib ? _mm256_srli_epi16(w, 4) : w, m4);
+                    _Pragma("GCC unroll 4")
+                    for (int i = 0; i < na; i++)
+                        p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(q, bcast4(y[i]->qs + 64 * j + 32 * nib + 4 * k)));
+                }
+                const __m256i sc = _mm256_cvtepu8_epi16(s8);
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < na; i++) si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(p[i], sc));
+            }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->dmin));
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {
+            const __m256 da = _mm256_set1_ps(y[i]->d);
+            const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(si[i]), _mm256_mul_ps(d, da),
+                                             _mm256_mul_ps(_mm256_cvtepi32_ps(mins[i]), _mm256_mul_ps(dmin, da)));
+            _mm256_store_ps(sums[i], _mm256_add_ps(_mm256_load_ps(sums[i]), v));
+        }
+        __asm__ volatile("" ::: "memory");   // keep the sums in memory, out of the register budget
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) _mm256_storeu_ps(out + FM_GROUP * i, _mm256_load_ps(sums[i]));
+}
+
 FM_DEFINE_DOTN(fm_dotg_q4_0x8_avx2, q4_0x8_n, block_q4_0x8)
+FM_DEFINE_DOTN(fm_dotg_q4_Kx8_avx2, q4_Kx8_n, block_q4_Kx8)

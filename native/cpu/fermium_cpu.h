@@ -25,10 +25,13 @@ void fm_quantize_act(int type, const float *x, int n, void *act);
 float fm_vec_dot(int isa, int type, int n, const void *w, const void *act);
 void fm_dequant_row(int type, const void *w, float *out, int n);
 
-// weights repacked for SIMD (quants.h): Q4_0 rows in groups of 8 (type FM_Q4_0X8, 258), the
-// same size as the source; -1 when rows is not a multiple of 8 or cols of 32
+// weights repacked for SIMD (quants.h): rows in groups of 8, the same size as the source, as
+// types of their own (0x100 | the GGUF type); -1 when rows is not a multiple of 8 or cols not of
+// the block
 #define FM_Q4_0X8 258
+#define FM_Q4_KX8 268
 int fm_repack_q4_0x8(const void *src, size_t rows, int cols, void *dst);
+int fm_repack_q4_Kx8(const void *src, size_t rows, int cols, void *dst);
 // one group of repacked rows . na (1..4) activations: out[i * group + r]; -1 for a GGUF type
 int fm_vec_dot_group(int isa, int type, int n, const void *w, const void *const *acts, int na, float *out);
 // a 64-bit checksum of `bytes` bytes, at about memory speed

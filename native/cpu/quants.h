@@ -35,6 +35,7 @@ typedef struct { float d; int16_t bsums[QK_K / 16]; int8_t qs[QK_K]; } block_a8_
 enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K = 13,
        FM_Q6_K = 14, FM_BF16 = 30 };
 #define FM_Q4_0X8 258
+#define FM_Q4_KX8 268
 
 // ---- Q4_0 repacked for SIMD (repack.c): groups of FM_GROUP rows, interleaved in 4-byte pieces
 // so that one 256-bit register holds 4 values of each of 8 rows, and the block scales of 8 rows
@@ -43,6 +44,8 @@ enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K =
 // (low nibbles) and 16+4k..16+4k+3 (high nibbles). The same bytes as the 8 rows' Q4_0 blocks.
 #define FM_GROUP 8
 typedef struct { fm_f16 d[FM_GROUP]; uint8_t qs[4][FM_GROUP][4]; } block_q4_0x8;   // 144 B
+typedef struct { fm_f16 d[FM_GROUP], dmin[FM_GROUP]; uint8_t scales[12][FM_GROUP];
+                 uint8_t qs[4][8][FM_GROUP][4]; } block_q4_Kx8;   // 1152 B
 
 // dot of one weight row (n values, n a multiple of the block) with one activation row
 typedef float (*fm_vec_dot_fn)(int n, const void *w, const void *a);
@@ -140,6 +143,8 @@ void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int n
 typedef void (*fm_vec_dot_g_fn)(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_0x8_generic(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_0x8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotg_q4_Kx8_generic(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotg_q4_Kx8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 
 FM_DECLARE_FLOAT_DOTS(generic)   // float activations; the SSSE3 row uses the F16 one
 float fm_dot_f32_ssse3(int n, const void *w, const void *a);

@@ -19,6 +19,24 @@ int fm_repack_q4_0x8(const void *src, size_t rows, int cols, void *dst) {
     return 0;
 }
 
+int fm_repack_q4_Kx8(const void *src, size_t rows, int cols, void *dst) {
+    if (rows % FM_GROUP || cols % QK_K) return -1;
+    const size_t nb = (size_t)cols / QK_K;
+    const block_q4_K *x = src;
+    block_q4_Kx8 *out = dst;
+    for (size_t g = 0; g < rows / FM_GROUP; g++)
+        for (size_t b = 0; b < nb; b++, out++)
+            for (int r = 0; r < FM_GROUP; r++) {
+                const block_q4_K *blk = x + (g * FM_GROUP + r) * nb + b;
+                out->d[r] = blk->d;
+                out->dmin[r] = blk->dmin;
+                for (int c = 0; c < 12; c++) out->scales[c][r] = blk->scales[c];
+                for (int j = 0; j < 4; j++)
+                    for (int k = 0; k < 8; k++) memcpy(out->qs[j][k][r], blk->qs + 32 * j + 4 * k, 4);
+            }
+    return 0;
+}
+
 // the reference: the same sums as fm_dot_q4_0_a8_generic, row by row
 void fm_dotg_q4_0x8_generic(int n, const void *w, const void *const *acts, int na, float *out) {
     const block_q4_0x8 *x = w;
@@ -36,6 +54,37 @@ void fm_dotg_q4_0x8_generic(int n, const void *w, const void *const *acts, int n
                         s += ((v & 0xF) - 8) * q[4 * k + t] + ((v >> 4) - 8) * q[QK32 / 2 + 4 * k + t];
                     }
                 sum += fm_f16_to_f32(x[b].d[r]) * dy[b] * (float)s;
+            }
+            out[i * FM_GROUP + r] = sum;
+        }
+}
+
+// the reference: the same sums as fm_dot_q4_K_a8_generic, row by row
+void fm_dotg_q4_Kx8_generic(int n, const void *w, const void *const *acts, int na, float *out) {
+    const block_q4_Kx8 *x = w;
+    for (int i = 0; i < na; i++)
+        for (int r = 0; r < FM_GROUP; r++) {
+            const block_a8_256 *y = acts[i];
+            float sum = 0.0f;
+            for (int b = 0; b < n / QK_K; b++) {
+                int si = 0, mins = 0;
+                uint8_t packed[12];
+                for (int c = 0; c < 12; c++) packed[c] = x[b].scales[c][r];
+                for (int j = 0; j < 4; j++) {
+                    int s1 = 0, s2 = 0;
+                    for (int k = 0; k < 8; k++)
+                        for (int e = 0; e < 4; e++) {
+                            const int q = x[b].qs[j][k][r][e], at = 64 * j + 4 * k + e;
+                            s1 += (q & 0xF) * y[b].qs[at];
+                            s2 += (q >> 4) * y[b].qs[at + 32];
+                        }
+                    uint8_t sc1, sc2, m1, m2;
+                    fm_scale_min_k4(2 * j, packed, &sc1, &m1);
+                    fm_scale_min_k4(2 * j + 1, packed, &sc2, &m2);
+                    si += sc1 * s1 + sc2 * s2;
+                    mins += m1 * (y[b].bsums[4 * j] + y[b].bsums[4 * j + 1]) + m2 * (y[b].bsums[4 * j + 2] + y[b].bsums[4 * j + 3]);
+                }
+                sum += fm_f16_to_f32(x[b].d[r]) * y[b].d * (float)si - fm_f16_to_f32(x[b].dmin[r]) * y[b].d * (float)mins;
             }
             out[i * FM_GROUP + r] = sum;
         }

@@ -57,7 +57,7 @@ class NativeEngine:
             cpu_lib.select_isa(isa)
         self.model = model
         self.isa = cpu_lib.active_isa()
-        # the Q4_0 matrices in the layout of the AVX2 kernels, from a cache file (repack.py);
+        # Q4_0 and Q4_K matrices in the layout of the AVX2 kernels, from a cache file (repack.py);
         # their pages in the model file are then never touched
         self.repacked = open_cache(model) if repack and self.isa in REPACK_ISAS else None
         skip = source_ranges(model, list(self.repacked.views)) if self.repacked else []
@@ -90,7 +90,8 @@ class NativeEngine:
                                    f"{t.qtype.name} block ({block})")
         rows, cols = (t.shape[-2], t.shape[-1]) if len(t.shape) > 1 else (1, t.shape[0])
         if self.repacked and name in self.repacked.views:
-            w.data, w.type = ffi.cast("void *", self.repacked.views[name].ctypes.data), lib.FM_Q4_0X8
+            w.data = ffi.cast("void *", self.repacked.views[name].ctypes.data)
+            w.type = cpu_lib.REPACKED[int(t.qtype)][0]
         else:
             w.data, w.type = ffi.cast("void *", t.raw.ctypes.data), int(t.qtype)
         w.rows, w.cols = rows, cols

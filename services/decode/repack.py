@@ -1,6 +1,8 @@
 """Weights repacked for the SIMD kernels, cached on disk beside the model: built once, then
-mapped read-only at each start. Today one layout: Q4_0 matrices in groups of 8 rows
-(FM_Q4_0X8, native/cpu/quants.h), which the AVX2 and AVX-512 kernels read about twice as fast.
+mapped read-only at each start. The layouts (native/cpu/quants.h) put 8 rows side by side, so
+that one register holds a few values of each and the block scales of 8 rows are applied at once:
+Q4_0 and Q4_K matrices (cpu_lib.REPACKED), which the AVX2 and AVX-512 kernels read 1.5 to 2
+times as fast.
 
 The file: a fixed prefix (magic, version, header length, data start, checksum of the data), a
 JSON header (the source file's size, modification time and tensor table; each tensor's offset
@@ -20,14 +22,12 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from common.model.gguf_file import GGUFModel, Tensor
 from native import cpu_lib
-from native.cpu_lib import lib
 
 MAGIC = b"FMREPACK"
-VERSION = 1
+VERSION = 1                         # bumped with any change to a repacked layout
 PREFIX = struct.Struct("<8sIIQQ")   # magic, version, header bytes, data start, data checksum
 PAGE = 4096
 SUFFIX = ".fermium-repack"
@@ -43,7 +43,7 @@ class StaleCache(Exception):
 
 
 def repackable(t: Tensor) -> bool:
-    return (t.qtype == GGMLQuantizationType.Q4_0 and len(t.shape) >= 2 and t.shape[-2] % 8 == 0
+    return (int(t.qtype) in cpu_lib.REPACKED and len(t.shape) >= 2 and t.shape[-2] % 8 == 0
             and t.name not in NOT_REPACKED)
 
 
@@ -138,8 +138,7 @@ def build(path: Path, model: GGUFModel, names: list[str],
                     t, (offset, nbytes) = model.tensor(name), tensors[name]
                     src = t.raw.reshape(-1, t.row_bytes)
                     dst = data[data_start + offset:data_start + offset + nbytes]
-                    if lib.fm_repack_q4_0x8(cpu_lib.ptr(src), src.shape[0], t.shape[-1], cpu_lib.ptr(dst)):
-                        raise ValueError(f"{name}: cannot be repacked ({t.shape})")
+                    cpu_lib.repack(t.qtype, src, t.shape[-1], dst)
                     done += nbytes
                     if progress:
                         progress(done, total)
