@@ -16,8 +16,7 @@ typedef struct {
 } isa_row;
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C)
-// gisa: the kernels of the repacked layouts (SSSE3 reads the GGUF layouts: in 128-bit registers
-// the repacked ones gain nothing for one sequence; the reference kernels keep them correct)
+// gisa: the kernels of the repacked layouts
 #define ROW(name, isa, fisa, hisa, gisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
     fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, fm_dot_bf16_##fisa }, batched, \
     { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa } }
@@ -29,7 +28,7 @@ typedef struct {
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
     ROW("generic", generic, generic, generic, generic, NO_DOTN),
-    ROW("ssse3", ssse3, ssse3, generic, generic, NO_DOTN),
+    ROW("ssse3", ssse3, ssse3, generic, ssse3, NO_DOTN),
     ROW("avx2", avx2, avx2, avx2, avx2, DOTN_AVX2),
     ROW("avx512", avx512, avx2, avx2, avx2, DOTN_AVX512),
 };
