@@ -30,7 +30,7 @@ static const isa_row ISA_ROWS[ISA_COUNT] = {
     ROW("generic", generic, generic, generic, generic, NO_DOTN),
     ROW("ssse3", ssse3, ssse3, generic, ssse3, NO_DOTN),
     ROW("avx2", avx2, avx2, avx2, avx2, DOTN_AVX2),
-    ROW("avx512", avx512, avx2, avx2, avx2, DOTN_AVX512),
+    ROW("avx512", avx512, avx2, avx2, avx512, DOTN_AVX512),
 };
 
 // GGML type -> traits; activation kind decides how x is quantized before the dot

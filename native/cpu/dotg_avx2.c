@@ -2,9 +2,10 @@
  * activation rows. A 256-bit register holds 4 values of each of the 8 rows; the 4 matching
  * activation bytes are broadcast, so `vpmaddubsw` leaves each row's products in its own lanes,
  * the int16 sums of a whole block stay in one register, and one FMA scales 8 rows at once.
- * Built with -mavx2 -mfma -mf16c; the AVX-512 row of the dispatch table uses it too. */
+ * Built with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include "quants.h"
+#include "simd128.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
@@ -53,26 +54,9 @@ INLINE void q4_0x8_n(int n, const block_q4_0x8 *x, const void *const *acts, cons
 }
 
 // Q4_K x8: the 6-bit scales and mins of 8 rows are unpacked together, from the byte planes of
-// the packed scales (quants.h). A sub-block's 8 pieces add up as int16 (below 16 * 15 * 127 =
+// the packed scales (q4k_scales8, simd128.h). A sub-block's 8 pieces add up as int16 (below 16 * 15 * 127 =
 // 30480 per lane) before `vpmaddwd` applies its 8 rows' scales; the mins go through the
 // activation sums of each 32 values, 2 sub-blocks per `vpmaddwd`.
-
-// sc[t]: scales 2t and 2t+1 of the 8 rows (8 bytes each); mn[t]: the same for the mins
-INLINE void unpack_scales8(const uint8_t planes[12][FM_GROUP], __m128i sc[4], __m128i mn[4]) {
-#define PLANES(c) _mm_loadu_si128((const __m128i *)planes[c])   // bytes c and c+1 of every row
-    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(0xF), top = _mm_set1_epi8(0x30);
-    const __m128i p01 = PLANES(0), p23 = PLANES(2), p45 = PLANES(4), p67 = PLANES(6), p89 = PLANES(8), pab = PLANES(10);
-#undef PLANES
-    sc[0] = _mm_and_si128(p01, m6);
-    sc[1] = _mm_and_si128(p23, m6);
-    mn[0] = _mm_and_si128(p45, m6);
-    mn[1] = _mm_and_si128(p67, m6);
-    // sub-blocks 4..7: low 4 bits from bytes 8..11, top 2 bits from bits 6..7 of bytes 0..7
-    sc[2] = _mm_or_si128(_mm_and_si128(p89, m4), _mm_and_si128(_mm_srli_epi16(p01, 2), top));
-    sc[3] = _mm_or_si128(_mm_and_si128(pab, m4), _mm_and_si128(_mm_srli_epi16(p23, 2), top));
-    mn[2] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p89, 4), m4), _mm_and_si128(_mm_srli_epi16(p45, 2), top));
-    mn[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(pab, 4), m4), _mm_and_si128(_mm_srli_epi16(p67, 2), top));
-}
 
 INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, const int na, float *out) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
@@ -84,7 +68,7 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) y[i] = (const block_a8_256 *)acts[i] + b;
         __m128i sc8[4], mn8[4];
-        unpack_scales8(blk->scales, sc8, mn8);
+        q4k_scales8(blk->scales, sc8, mn8);
         // per act: sum over sub-block pairs of mins . (bsum of 32, bsum of the next 32)
         int32_t pairs[FM_DOTN_MAX][4];
         __m256i si[FM_DOTN_MAX], mins[FM_DOTN_MAX];

@@ -8,6 +8,7 @@
  * only; must hold no AVX instruction. */
 #include <tmmintrin.h>
 #include "quants.h"
+#include "simd128.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define HALF 4   // rows per 128-bit register
@@ -64,25 +65,9 @@ INLINE void q4_0x8_half(int n, const block_q4_0x8 *x, const void *const *acts, c
         _mm_storeu_ps(out + FM_GROUP * i + HALF * half, _mm_sub_ps(acc[i], _mm_mul_ps(_mm_set1_ps(8.0f), off[i])));
 }
 
-// ---- Q4_K x8: the 8 rows' scales and mins unpack together from the byte planes (as in
-// dotg_avx2.c); each half takes its 4 rows' bytes. A sub-block's 8 pieces add up as int16
+// ---- Q4_K x8: the 8 rows' scales and mins unpack together from the byte planes
+// (q4k_scales8, simd128.h); each half takes its 4 rows' bytes. A sub-block's 8 pieces add up as int16
 // (below 16 * 15 * 127 = 30480 per lane) before `pmaddwd` applies the scales.
-
-// sc[t]: scales 2t and 2t+1 of the 8 rows (8 bytes each); mn[t]: the same for the mins
-INLINE void unpack_scales8(const uint8_t planes[12][FM_GROUP], __m128i sc[4], __m128i mn[4]) {
-#define PLANES(c) _mm_loadu_si128((const __m128i *)planes[c])   // bytes c and c+1 of every row
-    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(0xF), top = _mm_set1_epi8(0x30);
-    const __m128i p01 = PLANES(0), p23 = PLANES(2), p45 = PLANES(4), p67 = PLANES(6), p89 = PLANES(8), pab = PLANES(10);
-#undef PLANES
-    sc[0] = _mm_and_si128(p01, m6);
-    sc[1] = _mm_and_si128(p23, m6);
-    mn[0] = _mm_and_si128(p45, m6);
-    mn[1] = _mm_and_si128(p67, m6);
-    sc[2] = _mm_or_si128(_mm_and_si128(p89, m4), _mm_and_si128(_mm_srli_epi16(p01, 2), top));
-    sc[3] = _mm_or_si128(_mm_and_si128(pab, m4), _mm_and_si128(_mm_srli_epi16(p23, 2), top));
-    mn[2] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p89, 4), m4), _mm_and_si128(_mm_srli_epi16(p45, 2), top));
-    mn[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(pab, 4), m4), _mm_and_si128(_mm_srli_epi16(p67, 2), top));
-}
 
 // bytes at..at+3 of v as int16, each twice: [b0 b0 b1 b1 b2 b2 b3 b3]
 #define ROWS4_X2(v, at) \
@@ -99,7 +84,7 @@ INLINE void q4_Kx8_half(int n, const block_q4_Kx8 *x, const void *const *acts, c
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) y[i] = (const block_a8_256 *)acts[i] + b;
         __m128i sc8[4], mn8[4];
-        unpack_scales8(blk->scales, sc8, mn8);
+        q4k_scales8(blk->scales, sc8, mn8);
         int32_t pairs[FM_DOTN_MAX][4];
         __m128i si[FM_DOTN_MAX], mins[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")

@@ -145,6 +145,8 @@ void fm_dotg_q4_0x8_generic(int n, const void *w, const void *const *acts, int n
 void fm_dotg_q4_0x8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_Kx8_generic(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_Kx8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotg_q4_0x8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotg_q4_Kx8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_0x8_ssse3(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_Kx8_ssse3(int n, const void *w, const void *const *acts, int na, float *out);
 

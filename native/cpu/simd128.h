@@ -3,11 +3,30 @@
 #ifndef FERMIUM_SIMD128_H
 #define FERMIUM_SIMD128_H
 #include <tmmintrin.h>
+#include "quants.h"
 
 static inline __attribute__((always_inline)) float hsum128_ps(__m128 s) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
+}
+
+// the 6-bit scales and mins of a repacked Q4_K group (quants.h), from the byte planes of the
+// packed scales: sc[t] holds scales 2t and 2t+1 of the 8 rows (8 bytes each), mn[t] the mins
+static inline __attribute__((always_inline)) void q4k_scales8(const uint8_t planes[12][FM_GROUP], __m128i sc[4], __m128i mn[4]) {
+#define PLANES(c) _mm_loadu_si128((const __m128i *)planes[c])   // bytes c and c+1 of every row
+    const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(0xF), top = _mm_set1_epi8(0x30);
+    const __m128i p01 = PLANES(0), p23 = PLANES(2), p45 = PLANES(4), p67 = PLANES(6), p89 = PLANES(8), pab = PLANES(10);
+#undef PLANES
+    sc[0] = _mm_and_si128(p01, m6);
+    sc[1] = _mm_and_si128(p23, m6);
+    mn[0] = _mm_and_si128(p45, m6);
+    mn[1] = _mm_and_si128(p67, m6);
+    // sub-blocks 4..7: low 4 bits from bytes 8..11, top 2 bits from bits 6..7 of bytes 0..7
+    sc[2] = _mm_or_si128(_mm_and_si128(p89, m4), _mm_and_si128(_mm_srli_epi16(p01, 2), top));
+    sc[3] = _mm_or_si128(_mm_and_si128(pab, m4), _mm_and_si128(_mm_srli_epi16(p23, 2), top));
+    mn[2] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(p89, 4), m4), _mm_and_si128(_mm_srli_epi16(p45, 2), top));
+    mn[3] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(pab, 4), m4), _mm_and_si128(_mm_srli_epi16(p67, 2), top));
 }
 
 #endif

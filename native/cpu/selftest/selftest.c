@@ -2,7 +2,7 @@
  * against the generic sibling on random blocks, then a cache-resident speed figure per kernel.
  * Not part of the extension. Build from the repository root:
  *
- *   cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize}.c \
+ *   cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize,repack}.c \
  *      native/cpu/dot*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_selftest
  *
  * (build/native_cpu_isa holds the per-ISA objects that `pip install -e .` compiled.) */
@@ -117,6 +117,67 @@ int main(void) {
         printf("%-5s %s x%d activations: %s %.1e %.2f weight B/tick\n", TYPE_NAMES[t], fm_isa_name(fm_isa_best()),
                FM_DOTN_MAX, worst <= SIBLING_RTOL * 100 ? "ok" : "FAIL", worst, (double)row_bytes * ROWS / best);
         free(w);
+        free(act);
+    }
+    // repacked groups of 8 rows, every ISA: against the generic row kernel, and the speed of one
+    // and of FM_DOTN_MAX activations next to the GGUF-layout kernels of the same ISA
+    static const struct { int type, packed; int (*repack)(const void *, size_t, int, void *); const char *name; } GROUPED[] = {
+        { FM_Q4_0, FM_Q4_0X8, fm_repack_q4_0x8, "Q4_0" }, { FM_Q4_K, FM_Q4_KX8, fm_repack_q4_Kx8, "Q4_K" },
+    };
+    for (size_t t = 0; t < sizeof GROUPED / sizeof GROUPED[0]; t++) {
+        const int type = GROUPED[t].type;
+        const size_t row_bytes = (size_t)COLS / fm_type_block(type) * fm_type_block_bytes(type);
+        uint8_t *w = malloc(row_bytes * ROWS), *packed = malloc(row_bytes * ROWS), *act = malloc(fm_act_bytes(type, COLS) * FM_DOTN_MAX);
+        const void *acts[FM_DOTN_MAX];
+        fill_rows(type, w, row_bytes);
+        GROUPED[t].repack(w, ROWS, COLS, packed);
+        for (int i = 0; i < FM_DOTN_MAX; i++) {
+            acts[i] = act + fm_act_bytes(type, COLS) * i;
+            fm_quantize_act(type, x, COLS, act + fm_act_bytes(type, COLS) * i);
+        }
+        printf("%-5s x8", GROUPED[t].name);
+        for (int isa = 0; isa < 4; isa++) {
+            if (!fm_isa_supported(isa)) continue;
+            const fm_vec_dot_g_fn dotg = fm_dotg_for(isa, fm_kind_of(GROUPED[t].packed));
+            const fm_vec_dot_n_fn dotn = fm_dotn_for(isa, fm_kind_of(type));
+            float y[FM_DOTN_MAX * FM_GROUP];
+            double worst = 0.0;
+            for (int g = 0; g < ROWS / FM_GROUP; g++) {
+                dotg(COLS, packed + g * FM_GROUP * row_bytes, acts, FM_DOTN_MAX, y);
+                for (int i = 0; i < FM_DOTN_MAX; i++)
+                    for (int r = 0; r < FM_GROUP; r++) {
+                        const float ref = fm_vec_dot(0, type, COLS, w + (g * FM_GROUP + r) * row_bytes, acts[i]);
+                        const double rel = fabs((double)y[FM_GROUP * i + r] - ref) / (fabs(ref) + 1e-3);
+                        worst = rel > worst ? rel : worst;
+                    }
+            }
+            const int ok = worst <= SIBLING_RTOL * 100;
+            failures += !ok;
+            double ticks[4] = { 1e30, 1e30, 1e30, 1e30 };   // rows x1, groups x1, rows xN, groups xN
+            volatile float sink = 0.0f;
+            for (int rep = 0; rep < 50; rep++) {
+                unsigned long long t0 = __rdtsc();
+                for (int r = 0; r < ROWS; r++) sink += fm_vec_dot(isa, type, COLS, w + r * row_bytes, acts[0]);
+                unsigned long long t1 = __rdtsc();
+                for (int g = 0; g < ROWS / FM_GROUP; g++) { dotg(COLS, packed + g * FM_GROUP * row_bytes, acts, 1, y); sink += y[0]; }
+                unsigned long long t2 = __rdtsc();
+                for (int r = 0; r < ROWS; r++) {
+                    if (dotn) dotn(COLS, w + r * row_bytes, acts, FM_DOTN_MAX, y);
+                    else for (int i = 0; i < FM_DOTN_MAX; i++) y[i] = fm_vec_dot(isa, type, COLS, w + r * row_bytes, acts[i]);
+                    sink += y[0];
+                }
+                unsigned long long t3 = __rdtsc();
+                for (int g = 0; g < ROWS / FM_GROUP; g++) { dotg(COLS, packed + g * FM_GROUP * row_bytes, acts, FM_DOTN_MAX, y); sink += y[0]; }
+                const unsigned long long t4 = __rdtsc(), d[4] = { t1 - t0, t2 - t1, t3 - t2, t4 - t3 };
+                for (int k = 0; k < 4; k++) ticks[k] = d[k] < ticks[k] ? d[k] : ticks[k];
+            }
+            const double bytes = (double)row_bytes * ROWS;
+            printf("  %s %s %.1e x1 %.2f (rows %.2f) x%d %.2f (rows %.2f) B/tick", fm_isa_name(isa), ok ? "ok" : "FAIL", worst,
+                   bytes / ticks[1], bytes / ticks[0], FM_DOTN_MAX, bytes / ticks[3], bytes / ticks[2]);
+        }
+        printf("\n");
+        free(w);
+        free(packed);
         free(act);
     }
     printf(failures ? "FAILED: %d kernel(s)\n" : "all kernels agree with generic\n", failures);

@@ -1,0 +1,134 @@
+/* AVX-512 VNNI dot products of one group of 8 repacked rows (quants.h) with up to FM_DOTN_MAX
+ * activation rows. A 512-bit register holds two pieces: 4 values of each of the 8 rows, twice;
+ * one permute puts the matching 4 activation bytes of each piece in its half, and `vpdpbusd`
+ * sums each row's products straight into its own int32 lanes. The two halves of a row meet at
+ * the end. Built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni. */
+#include <immintrin.h>
+#include "quants.h"
+#include "simd128.h"
+#include "simd256.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define LOAD512(p) _mm512_loadu_si512((const void *)(p))
+
+// activation bytes a[0..3] in lanes 0..7, a[4..7] in lanes 8..15
+INLINE __m512i bcast_pair(const int8_t *a) {
+    const __m512i index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_epi32(index, _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)a)));
+}
+
+// lanes 0..7 + lanes 8..15: each row's two halves
+INLINE __m256i fold_halves(__m512i v) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+// the 8 rows' f16 scales, in both halves
+INLINE __m512 scales16(const fm_f16 *d) {
+    return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)d)));
+}
+
+// ---- Q4_0 x8: nibbles unsigned; the offset of 8 comes off through the activation block sums
+
+INLINE void q4_0x8_n(int n, const block_q4_0x8 *x, const void *const *acts, const int na, float *out) {
+    const int nb = n / QK32;
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512 acc[FM_DOTN_MAX];
+    __m256 off[FM_DOTN_MAX];
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) { acc[i] = _mm512_setzero_ps(); off[i] = _mm256_setzero_ps(); }
+    for (int b = 0; b < nb; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
+        __m512i s[FM_DOTN_MAX];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) s[i] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2")
+        for (int pp = 0; pp < 2; pp++) {   // pieces 2pp and 2pp+1
+            const __m512i w = LOAD512(x[b].qs[2 * pp]);
+            const __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < na; i++) {
+                const int8_t *a = (const int8_t *)acts[i] + QK32 * b + 8 * pp;
+                s[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s[i], lo, bcast_pair(a)), hi, bcast_pair(a + QK32 / 2));
+            }
+        }
+        const __m512 dw = scales16(x[b].d);
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), _mm512_mul_ps(dw, _mm512_set1_ps(fm_a32_d(acts[i], nb)[b])), acc[i]);
+            off[i] = _mm256_fmadd_ps(_mm512_castps512_ps256(dw), _mm256_set1_ps(fm_a32_s(acts[i], nb)[b]), off[i]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) {
+        const __m256 sum = _mm256_add_ps(_mm512_castps512_ps256(acc[i]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1)));
+        _mm256_storeu_ps(out + FM_GROUP * i, _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), off[i], sum));
+    }
+}
+
+// ---- Q4_K x8: a sub-block's products in int32 by `vpdpbusd`, then times its 8 rows' scales;
+// the mins through the activation sums of each 32 values, 2 sub-blocks per `vpmaddwd`
+
+INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, const int na, float *out) {
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    float sums[FM_DOTN_MAX][FM_GROUP] __attribute__((aligned(32))) = { { 0 } };
+    for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
+        const block_q4_Kx8 *blk = x + b;
+        const block_a8_256 *y[FM_DOTN_MAX];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) y[i] = (const block_a8_256 *)acts[i] + b;
+        __m128i sc8[4], mn8[4];
+        q4k_scales8(blk->scales, sc8, mn8);
+        __m512i si[FM_DOTN_MAX];
+        __m256i mins[FM_DOTN_MAX];
+        int32_t pairs[FM_DOTN_MAX][4];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {
+            _mm_storeu_si128((__m128i *)pairs[i], _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[i]->bsums),
+                                                                 _mm_loadu_si128((const __m128i *)(y[i]->bsums + 8))));
+            si[i] = _mm512_setzero_si512();
+            mins[i] = _mm256_setzero_si256();
+        }
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < 4; t++) {
+            const __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8[t], _mm_srli_si128(mn8[t], 8)));
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < na; i++) mins[i] = _mm256_add_epi32(mins[i], _mm256_madd_epi16(mp, _mm256_set1_epi32(pairs[i][t])));
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < 4; j++)
+            _Pragma("GCC unroll 2")
+            for (int nib = 0; nib < 2; nib++) {   // sub-block 2j + nib
+                __m512i p[FM_DOTN_MAX];
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < na; i++) p[i] = _mm512_setzero_si512();
+                _Pragma("GCC unroll 4")
+                for (int pp = 0; pp < 4; pp++) {
+                    const __m512i w = LOAD512(blk->qs[j][2 * pp]);
+                    const __m512i q = _mm512_and_si512(nib ? _mm512_srli_epi16(w, 4) : w, m4);
+                    _Pragma("GCC unroll 4")
+                    for (int i = 0; i < na; i++)
+                        p[i] = _mm512_dpbusd_epi32(p[i], q, bcast_pair(y[i]->qs + 64 * j + 32 * nib + 8 * pp));
+                }
+                // the 8 rows' scales of this sub-block, in both halves
+                const __m128i s8 = nib ? _mm_unpackhi_epi64(sc8[j], sc8[j]) : _mm_unpacklo_epi64(sc8[j], sc8[j]);
+                const __m512i sc = _mm512_cvtepu8_epi32(s8);
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < na; i++) si[i] = _mm512_add_epi32(si[i], _mm512_mullo_epi32(p[i], sc));
+            }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->dmin));
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {
+            const __m256 da = _mm256_set1_ps(y[i]->d);
+            const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(fold_halves(si[i])), _mm256_mul_ps(d, da),
+                                             _mm256_mul_ps(_mm256_cvtepi32_ps(mins[i]), _mm256_mul_ps(dmin, da)));
+            _mm256_store_ps(sums[i], _mm256_add_ps(_mm256_load_ps(sums[i]), v));
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) _mm256_storeu_ps(out + FM_GROUP * i, _mm256_load_ps(sums[i]));
+}
+
+FM_DEFINE_DOTN(fm_dotg_q4_0x8_avx512, q4_0x8_n, block_q4_0x8)
+FM_DEFINE_DOTN(fm_dotg_q4_Kx8_avx512, q4_Kx8_n, block_q4_Kx8)
