@@ -4,7 +4,9 @@
 # models, then run `fermium bench decode` for each type, ISA, thread count and batch.
 # Reports (JSON + text) go to $OUT (default /tmp/fermium-cpu). LAYERS sets the model depth
 # (default 4): on a host whose last-level cache holds a good part of the 0.56 GB that a
-# 4-layer model reads per token, more layers keep the figures honest. ISAS limits the ISAs.
+# 4-layer model reads per token, more layers keep the figures honest. ISAS limits the ISAs,
+# TYPES the model types (q4_0 q4_k_m). With PLAIN=1 each batch-1 AVX2/AVX-512 run and each
+# batch-4 run is repeated with --no-repack right after it (the GGUF layout, for the ratio).
 #   tools/cpu_suite.sh [WHEELS_DIR] [THREADS...]     (defaults: .whl, 2 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,7 @@ OUT=${OUT:-/tmp/fermium-cpu}
 SITE=${SITE:-/tmp/site}
 MODELS=${MODELS:-/tmp/fermium-models}
 LAYERS=${LAYERS:-4}
+TYPES=${TYPES:-q4_0 q4_k_m}
 mkdir -p "$OUT" "$MODELS"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELS"/*.whl
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -27,9 +30,9 @@ cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize
     build/native_cpu_isa/*.o -lm -o "$OUT/selftest.bin" && "$OUT/selftest.bin" > "$OUT/selftest.txt"
 tail -5 "$OUT/selftest.txt"; rm -f "$OUT/selftest.bin"
 if python3 -c "import pytest" 2> /dev/null; then
-    python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py > "$OUT/kernel_tests.txt" 2>&1; tail -1 "$OUT/kernel_tests.txt"
+    python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_repack.py > "$OUT/kernel_tests.txt" 2>&1; tail -1 "$OUT/kernel_tests.txt"
 fi
-for type in q4_0 q4_k_m; do   # written side by side
+for type in $TYPES; do   # written side by side
     model=$MODELS/syn-$type-L$LAYERS.gguf
     [[ -f $model ]] || python3 tools/make_synthetic_gguf.py "$model" --type $type --layers "$LAYERS" > /dev/null &
 done
@@ -40,12 +43,14 @@ bench() {   # name, then the bench arguments
     python3 -c "from fermium.cli import app; app()" bench decode "$@" --rounds 3 --tokens 12 --json > "$OUT/$name.json" 2> "$OUT/$name.err" &&
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], f\"{r['median_tok_s']:.2f} tok/s\", f\"{100*r['median_bw_ratio']:.1f}%\", f\"best {100*r['best']['bw_ratio']:.1f}%\", f\"batch gain {r['median_batch_gain']:.2f}x\" if 'median_batch_gain' in r else '')" "$OUT/$name.json" "$name" | tee -a "$OUT/summary.txt"
 }
-for type in q4_0 q4_k_m; do
+for type in $TYPES; do
     for t in $THREADS; do
         for isa in $ISAS; do
             bench "$type-$isa-t$t" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --isa "$isa"
+            [[ ${PLAIN:-} && $isa != ssse3 ]] && bench "$type-$isa-t$t-plain" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --isa "$isa" --no-repack
         done
         bench "$type-b4-t$t" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --batch 4
+        [[ ${PLAIN:-} ]] && bench "$type-b4-t$t-plain" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --batch 4 --no-repack
     done
 done
 # one archive instead of many small files, for hosts that hand back only a few
