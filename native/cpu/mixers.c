@@ -27,7 +27,7 @@ static void gdn_task(void *arg, int task, int thread) {
     // gated norm: rmsnorm(o) * w * silu(z)
     const float *z = c->e->p_z + (size_t)b * nv * dv + (size_t)p * dv;
     fm_rmsnorm(o, c->L->ssm_norm, o, dv, m->rms_eps);
-    for (int j = 0; j < dv; j++) o[j] *= fm_silu(z[j]);
+    fm_mul_silu(o, z, dv);
 }
 
 // one pool task per (sequence, head), timed as the mixer heads with the bytes they move
@@ -94,7 +94,7 @@ static void attn_task(void *arg, int task, int thread) {
     const size_t stride = (size_t)nkv * hd;
     fm_attend(qg, c->seqs[b].k[c->li] + (size_t)kvh * hd, c->seqs[b].v[c->li] + (size_t)kvh * hd, T,
               (int)stride, hd, 1.0f / sqrtf((float)hd), e->scores + (size_t)task * (e->scores_cap / ((size_t)e->cap * nh)), o);
-    for (int j = 0; j < hd; j++) o[j] *= fm_sigmoid(qg[hd + j]);
+    fm_mul_sigmoid(o, qg + hd, hd);
 }
 
 static void rope_table(fm_engine *e, int pos) {

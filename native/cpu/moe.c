@@ -67,7 +67,7 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
         for (int s = 0; s < (shared ? K1 : K); s++) {
             float *g = e->g + ((size_t)i * K1 + s) * FW;
             const float *u = e->u + ((size_t)i * K1 + s) * FW;
-            for (int j = 0; j < (s < K ? F : Fs); j++) g[j] = fm_silu(g[j]) * u[j];
+            fm_silu_mul(g, u, s < K ? F : Fs);
         }
     const void **dacts = eng_arena_alloc(e, sizeof(void *) * (size_t)n * K1);
     float **douts = eng_arena_alloc(e, sizeof(float *) * (size_t)n * K1);

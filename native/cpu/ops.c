@@ -1,8 +1,9 @@
 /* fp32 ops of one decode step. See ops.h. */
+// O3 for the vectorizer; no-trapping-math lets it turn the clamps of fm_expf into min/max.
+// Before the includes, so that the inline functions of ops.h are built the same way.
+#pragma GCC optimize("O3", "no-trapping-math")
 #include <string.h>
 #include "ops.h"
-
-#pragma GCC optimize("O3")
 
 static float sum_sq(const float *x, int n) {
     float s[8] = {0};
@@ -40,8 +41,21 @@ void fm_conv_update(float *state, const float *w, const float *x, float *out, in
         for (int j = 0; j < K - 1; j++) acc += wc[j] * s[j];
         for (int j = 0; j + 1 < K - 1; j++) s[j] = s[j + 1];
         if (K > 1) s[K - 2] = x[c];
-        out[c] = fm_silu(acc);
+        out[c] = acc;
     }
+    for (int c = 0; c < C; c++) out[c] = fm_silu(out[c]);   // apart: this loop vectorizes
+}
+
+void fm_silu_mul(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = fm_silu(g[i]) * u[i];
+}
+
+void fm_mul_silu(float *o, const float *z, int n) {
+    for (int i = 0; i < n; i++) o[i] *= fm_silu(z[i]);
+}
+
+void fm_mul_sigmoid(float *o, const float *g, int n) {
+    for (int i = 0; i < n; i++) o[i] *= fm_sigmoid(g[i]);
 }
 
 void fm_gdn_head(float *S, const float *q, const float *k, const float *v, float decay, float beta,

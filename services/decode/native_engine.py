@@ -24,6 +24,7 @@ KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(
 PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
 PROGRESS_BYTES = 2 << 30   # files this large report mapping progress
+REPACK_ENV = "FERMIUM_REPACK"   # "0": decode from the GGUF layout, no repack cache
 
 log = logging.getLogger("fermium.decode")
 
@@ -52,13 +53,15 @@ def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool
 
 class NativeEngine:
     def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None,
-                 prefault: bool = True, repack: bool = True):
+                 prefault: bool = True, repack: bool | None = None):
         if isa:
             cpu_lib.select_isa(isa)
         self.model = model
         self.isa = cpu_lib.active_isa()
         # Q4_0 and Q4_K matrices in the layout of the AVX2 kernels, from a cache file (repack.py);
         # their pages in the model file are then never touched
+        if repack is None:
+            repack = os.environ.get(REPACK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
         self.repacked = open_cache(model) if repack and self.isa in REPACK_ISAS else None
         skip = source_ranges(model, list(self.repacked.views)) if self.repacked else []
         self.prefaulted = prefault and prefault_weights(model, skip)

@@ -72,14 +72,14 @@ class RepackCache:
 
     def __init__(self, path: Path, model: GGUFModel, names: list[str]):
         self.path = path
+        if path.stat().st_size < PREFIX.size:
+            raise StaleCache("shorter than its prefix")
         with open(path, "rb") as f:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.views = self._verify(model, names)   # a refused file is unmapped when collected
 
     def _verify(self, model: GGUFModel, names: list[str]) -> dict[str, np.ndarray]:
         mm = self._mmap
-        if len(mm) < PREFIX.size:
-            raise StaleCache("shorter than its prefix")
         magic, version, header_len, data_start, checksum = PREFIX.unpack_from(mm)
         if magic != MAGIC:
             raise StaleCache("not a Fermium repack cache")
@@ -155,8 +155,9 @@ def build(path: Path, model: GGUFModel, names: list[str],
 
 def open_cache(model: GGUFModel, path: Path | None = None) -> RepackCache | None:
     """The model's repack cache, built first where missing, stale or corrupt. None when the
-    model has nothing to repack. Building reads the source tensors once; their pages are then
-    released from this process, which reads only the cache from there on."""
+    model has nothing to repack, or when the cache cannot be written (no room, no permission):
+    the engine then reads the GGUF layout. Building reads the source tensors once; their pages
+    are then released from this process, which reads only the cache from there on."""
     names = [n for n, t in model.tensors.items() if repackable(t)]
     if not names:
         return None
@@ -175,8 +176,15 @@ def open_cache(model: GGUFModel, path: Path | None = None) -> RepackCache | None
             last[0] = now
             log.info("repacking: %.1f of %.1f GiB (%.0f s)", done / 2**30, total / 2**30, now - t0)
 
-    build(path, model, names, progress)
-    model.file.release(source_ranges(model, names))
+    try:
+        build(path, model, names, progress)
+    except OSError as exc:
+        log.warning("could not write the repack cache %s (%s); decoding from the GGUF layout, "
+                    "%.1f GiB more would be needed", path, exc.strerror or exc,
+                    sum(model.tensor(n).nbytes for n in names) / 2**30)
+        return None
+    finally:
+        model.file.release(source_ranges(model, names))
     return RepackCache(path, model, names)
 
 
