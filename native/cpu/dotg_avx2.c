@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include "quants.h"
 #include "simd128.h"
+#include "simd256.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
@@ -54,9 +55,9 @@ INLINE void q4_0x8_n(int n, const block_q4_0x8 *x, const void *const *acts, cons
 }
 
 // Q4_K x8: the 6-bit scales and mins of 8 rows are unpacked together, from the byte planes of
-// the packed scales (q4k_scales8, simd128.h). A sub-block's 8 pieces add up as int16 (below 16 * 15 * 127 =
-// 30480 per lane) before `vpmaddwd` applies its 8 rows' scales; the mins go through the
-// activation sums of each 32 values, 2 sub-blocks per `vpmaddwd`.
+// the packed scales (q4k_scales8, simd128.h). A sub-block's 8 pieces add up as int16 (below
+// 16 * 15 * 127 = 30480 per lane) before `vpmaddwd` applies its 8 rows' scales; the mins go
+// through the activation sums of each 32 values, 2 sub-blocks per `vpmaddwd`.
 
 INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, const int na, float *out) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
@@ -69,21 +70,13 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
         for (int i = 0; i < na; i++) y[i] = (const block_a8_256 *)acts[i] + b;
         __m128i sc8[4], mn8[4];
         q4k_scales8(blk->scales, sc8, mn8);
-        // per act: sum over sub-block pairs of mins . (bsum of 32, bsum of the next 32)
-        int32_t pairs[FM_DOTN_MAX][4];
         __m256i si[FM_DOTN_MAX], mins[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) {
-            const __m128i s32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[i]->bsums),
-                                               _mm_loadu_si128((const __m128i *)(y[i]->bsums + 8)));
-            _mm_storeu_si128((__m128i *)pairs[i], s32);
-            si[i] = mins[i] = _mm256_setzero_si256();
-        }
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < 4; t++) {
-            const __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8[t], _mm_srli_si128(mn8[t], 8)));
-            _Pragma("GCC unroll 4")
-            for (int i = 0; i < na; i++) mins[i] = _mm256_add_epi32(mins[i], _mm256_madd_epi16(mp, bcast4((const int8_t *)&pairs[i][t])));
+            int32_t pairs[4];
+            a8_bsum_pairs(y[i]->bsums, pairs);
+            mins[i] = q4k_mins_dot8(mn8, pairs);
+            si[i] = _mm256_setzero_si256();
         }
         _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++)

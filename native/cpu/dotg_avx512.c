@@ -81,19 +81,12 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
         q4k_scales8(blk->scales, sc8, mn8);
         __m512i si[FM_DOTN_MAX];
         __m256i mins[FM_DOTN_MAX];
-        int32_t pairs[FM_DOTN_MAX][4];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) {
-            _mm_storeu_si128((__m128i *)pairs[i], _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[i]->bsums),
-                                                                 _mm_loadu_si128((const __m128i *)(y[i]->bsums + 8))));
+            int32_t pairs[4];
+            a8_bsum_pairs(y[i]->bsums, pairs);
+            mins[i] = q4k_mins_dot8(mn8, pairs);
             si[i] = _mm512_setzero_si512();
-            mins[i] = _mm256_setzero_si256();
-        }
-        _Pragma("GCC unroll 4")
-        for (int t = 0; t < 4; t++) {
-            const __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8[t], _mm_srli_si128(mn8[t], 8)));
-            _Pragma("GCC unroll 4")
-            for (int i = 0; i < na; i++) mins[i] = _mm256_add_epi32(mins[i], _mm256_madd_epi16(mp, _mm256_set1_epi32(pairs[i][t])));
         }
         _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++)

@@ -89,8 +89,7 @@ INLINE void q4_Kx8_half(int n, const block_q4_Kx8 *x, const void *const *acts, c
         __m128i si[FM_DOTN_MAX], mins[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) {
-            _mm_storeu_si128((__m128i *)pairs[i], _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[i]->bsums),
-                                                                 _mm_loadu_si128((const __m128i *)(y[i]->bsums + 8))));
+            a8_bsum_pairs(y[i]->bsums, pairs[i]);
             si[i] = mins[i] = _mm_setzero_si128();
         }
         _Pragma("GCC unroll 4")

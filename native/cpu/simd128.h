@@ -11,6 +11,13 @@ static inline __attribute__((always_inline)) float hsum128_ps(__m128 s) {
     return _mm_cvtss_f32(s);
 }
 
+// the activation sums of each 32 values of a 256-value block: sums 2t and 2t+1 as the int16
+// halves of pairs[t]
+static inline __attribute__((always_inline)) void a8_bsum_pairs(const int16_t *bsums, int32_t pairs[4]) {
+    _mm_storeu_si128((__m128i *)pairs, _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                                      _mm_loadu_si128((const __m128i *)(bsums + 8))));
+}
+
 // the 6-bit scales and mins of a repacked Q4_K group (quants.h), from the byte planes of the
 // packed scales: sc[t] holds scales 2t and 2t+1 of the 8 rows (8 bytes each), mn[t] the mins
 static inline __attribute__((always_inline)) void q4k_scales8(const uint8_t planes[12][FM_GROUP], __m128i sc[4], __m128i mn[4]) {

@@ -66,6 +66,17 @@ static inline __attribute__((always_inline)) __m256i q6_group(const uint8_t *ql,
     return _mm256_or_si256(_mm256_and_si256(lo4, _mm256_set1_epi8(0xF)), _mm256_and_si256(hi2, _mm256_set1_epi8(0x30)));
 }
 
+// sum over the sub-blocks j of a repacked Q4_K group of min_j . (activation sum of sub-block j),
+// one int32 per row; mn8 and pairs as q4k_scales8 and a8_bsum_pairs (simd128.h) give them
+static inline __attribute__((always_inline)) __m256i q4k_mins_dot8(const __m128i mn8[4], const int32_t pairs[4]) {
+    __m256i m = _mm256_setzero_si256();
+    for (int t = 0; t < 4; t++) {   // mins of sub-blocks 2t, 2t+1 as int16 pairs per row
+        const __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8[t], _mm_srli_si128(mn8[t], 8)));
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(mp, _mm256_set1_epi32(pairs[t])));
+    }
+    return m;
+}
+
 // 32 unsigned quants . 32 activations, times an int16 scale vector -> 8 int32
 static inline __attribute__((always_inline)) __m256i dot32_scaled(__m256i u, const int8_t *v, __m256i scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)v)), scale);

@@ -15,6 +15,7 @@ import numpy as np
 
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel, Tensor
+from common.progress import byte_progress
 from common.state import SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
@@ -39,15 +40,7 @@ def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool
         log.info("not mapping %s up front: %.1f GiB against %.1f GiB of RAM", model.path.name,
                  size / 2**30, ram / 2**30)
         return False
-    t0, last = time.monotonic(), [0.0]
-
-    def progress(done: int, total: int) -> None:
-        now = time.monotonic()
-        if total >= PROGRESS_BYTES and (now - last[0] >= 2.0 or done == total):
-            last[0] = now
-            log.info("mapping weights: %.1f of %.1f GiB (%.0f s)", done / 2**30, total / 2**30, now - t0)
-
-    model.file.prefault(progress, skip)
+    model.file.prefault(byte_progress(log, "mapping weights", PROGRESS_BYTES), skip)
     return True
 
 

@@ -17,13 +17,13 @@ import logging
 import mmap
 import os
 import struct
-import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from common.model.gguf_file import GGUFModel, Tensor
+from common.progress import byte_progress
 from native import cpu_lib
 
 MAGIC = b"FMREPACK"
@@ -168,16 +168,8 @@ def open_cache(model: GGUFModel, path: Path | None = None) -> RepackCache | None
         log.info("building the repack cache %s (%d tensors)", path, len(names))
     except StaleCache as why:
         log.warning("rebuilding the repack cache %s: %s", path, why)
-    t0, last = time.monotonic(), [0.0]
-
-    def progress(done: int, total: int) -> None:
-        now = time.monotonic()
-        if total >= PROGRESS_BYTES and (now - last[0] >= 2.0 or done == total):
-            last[0] = now
-            log.info("repacking: %.1f of %.1f GiB (%.0f s)", done / 2**30, total / 2**30, now - t0)
-
     try:
-        build(path, model, names, progress)
+        build(path, model, names, byte_progress(log, "repacking", PROGRESS_BYTES))
     except OSError as exc:
         log.warning("could not write the repack cache %s (%s); decoding from the GGUF layout, "
                     "%.1f GiB more would be needed", path, exc.strerror or exc,
