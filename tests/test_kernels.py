@@ -196,14 +196,18 @@ def test_repack_refuses_partial_groups_and_blocks(rng):
 
 
 def test_checksum_sees_every_byte(rng):
-    data = rng.integers(0, 256, 4099, dtype=np.uint8)
-    base = cpu_lib.checksum(data)
-    assert cpu_lib.checksum(data.copy()) == base
-    for i in (0, 31, 32, 4095, 4098):          # in the lanes and in the tail
-        changed = data.copy()
-        changed[i] ^= 1
-        assert cpu_lib.checksum(changed) != base, i
-    assert cpu_lib.checksum(data[:-1]) != base and cpu_lib.checksum(np.zeros(0, np.uint8)) != cpu_lib.checksum(np.zeros(1, np.uint8))
+    """Every length up to 80 bytes (whole chunks of 32, whole words, a tail), and a long one:
+    flipping any one bit of any byte changes the checksum; so does a byte more or less."""
+    for n in [*range(1, 81), 4099]:
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        base = cpu_lib.checksum(data)
+        assert cpu_lib.checksum(data.copy()) == base
+        for i in range(n) if n <= 80 else (0, 31, 32, 4095, 4098):
+            changed = data.copy()
+            changed[i] ^= 1 << (i % 8)
+            assert cpu_lib.checksum(changed) != base, (n, i)
+        assert cpu_lib.checksum(data[:-1]) != base
+        assert cpu_lib.checksum(np.append(data, np.uint8(0))) != base
 
 
 def test_activation_blocks_round_trip(rng):

@@ -90,23 +90,29 @@ void fm_dotg_q4_Kx8_generic(int n, const void *w, const void *const *acts, int n
         }
 }
 
-// four interleaved multiply-xor lanes over 8-byte words (about 10 B per cycle), then the tail
-// and the length mixed in: catches any changed, lost or added byte, not an attacker
+// four interleaved multiply-xor lanes over 8-byte words (about 10 B per cycle), then the last
+// bytes and the length mixed in: catches any changed, lost or added byte, not an attacker
+static inline uint64_t mix(uint64_t h, uint64_t w) {
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 29);
+}
+
 uint64_t fm_checksum(const void *data, size_t bytes) {
-    const uint64_t K = 0x9E3779B97F4A7C15ull;
-    uint64_t h[4] = { K, K ^ 1, K ^ 2, K ^ 3 }, w;
+    uint64_t h[4] = { 1, 2, 3, 4 }, w;
     const uint8_t *p = data;
     size_t i = 0;
     for (; i + 32 <= bytes; i += 32)
         for (int l = 0; l < 4; l++) {
             memcpy(&w, p + i + 8 * l, 8);
-            h[l] = (h[l] ^ w) * K;
-            h[l] ^= h[l] >> 29;
+            h[l] = mix(h[l], w);
         }
-    uint64_t tail = 0;
+    for (int l = 0; i + 8 <= bytes; i += 8, l++) {   // up to 3 more whole words
+        memcpy(&w, p + i, 8);
+        h[l] = mix(h[l], w);
+    }
+    uint64_t tail = 0;   // the last 0..7 bytes
     memcpy(&tail, p + i, bytes - i);
-    uint64_t out = (uint64_t)bytes * K;
-    for (int l = 0; l < 4; l++) out = (out ^ h[l]) * K, out ^= out >> 31;
-    out = (out ^ tail) * K;
-    return out ^ (out >> 29);
+    uint64_t out = mix(bytes, tail);
+    for (int l = 0; l < 4; l++) out = mix(out, h[l]);
+    return out;
 }

@@ -4,8 +4,8 @@ that one register holds a few values of each and the block scales of 8 rows are 
 Q4_0 and Q4_K matrices (cpu_lib.REPACKED), which the AVX2 and AVX-512 kernels read 1.5 to 2
 times as fast.
 
-The file: a fixed prefix (magic, version, header length, data start, checksum of the data), a
-JSON header (the source file's size, modification time and tensor table; each tensor's offset
+The file: a fixed prefix (magic, version, header length, data start, checksum of the data: of
+each tensor's checksum, in order), a JSON header (the source file's size, modification time and tensor table; each tensor's offset
 and size), zero padding to a page, then the tensors, each at a page-aligned offset. A cache that
 does not match in every part, or whose data fails the checksum, is rebuilt, never trusted.
 """
@@ -27,7 +27,7 @@ from common.progress import byte_progress
 from native import cpu_lib
 
 MAGIC = b"FMREPACK"
-VERSION = 1                         # bumped with any change to a repacked layout
+VERSION = 2                         # bumped with any change to the file or a repacked layout
 PREFIX = struct.Struct("<8sIIQQ")   # magic, version, header bytes, data start, data checksum
 PAGE = 4096
 SUFFIX = ".fermium-repack"
@@ -98,15 +98,16 @@ class RepackCache:
         if len(mm) != end:
             raise StaleCache(f"{len(mm)} bytes, expected {end}")
         data = np.frombuffer(mm, np.uint8)
-        if cpu_lib.checksum(data[data_start:]) != checksum:
-            raise StaleCache("its data fails the checksum")
-        views = {}
+        views, sums = {}, {}
         for name in names:
             offset, nbytes = tensors[name]
             t = model.tensor(name)
             if nbytes != t.nbytes:
                 raise StaleCache(f"{name}: {nbytes} bytes, the model's tensor has {t.nbytes}")
             views[name] = data[data_start + offset:data_start + offset + nbytes].reshape(t.raw.shape)
+            sums[name] = cpu_lib.checksum(views[name])
+        if data_checksum(sums, names) != checksum:
+            raise StaleCache("its data fails the checksum")
         return views
 
 
@@ -123,34 +124,40 @@ def layout(model: GGUFModel, names: list[str]) -> tuple[bytes, int, dict[str, li
 
 def build(path: Path, model: GGUFModel, names: list[str],
           progress: Callable[[int, int], None] | None = None) -> None:
-    """Write the cache to a temporary file beside `path`, then move it into place."""
+    """Write the cache to a temporary file beside `path`, then move it into place. One tensor
+    at a time: repacked into a buffer and written, its source pages released from this process
+    at once, so that the build holds one tensor's worth of memory beyond the model's own."""
     header, data_start, tensors = layout(model, names)
-    end = data_start + (max(o + b for o, b in tensors.values()) if tensors else 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     total, done = sum(b for _, b in tensors.values()), 0
+    sums = {}
     try:
-        with open(tmp, "w+b") as f:
-            f.truncate(end)
-            with mmap.mmap(f.fileno(), end) as mm:
-                data = np.frombuffer(mm, np.uint8)
-                for name in names:
-                    t, (offset, nbytes) = model.tensor(name), tensors[name]
-                    src = t.raw.reshape(-1, t.row_bytes)
-                    dst = data[data_start + offset:data_start + offset + nbytes]
-                    cpu_lib.repack(t.qtype, src, t.shape[-1], dst)
-                    done += nbytes
-                    if progress:
-                        progress(done, total)
-                checksum = cpu_lib.checksum(data[data_start:])
-                del data, dst, src
-                PREFIX.pack_into(mm, 0, MAGIC, VERSION, len(header), data_start, checksum)
-                mm[PREFIX.size:PREFIX.size + len(header)] = header
-                mm.flush()
+        with open(tmp, "wb") as f:
+            for name, source in zip(names, source_ranges(model, names)):
+                t, (offset, nbytes) = model.tensor(name), tensors[name]
+                packed = cpu_lib.repack(t.qtype, t.raw.reshape(-1, t.row_bytes), t.shape[-1])
+                model.file.release([source])
+                sums[name] = cpu_lib.checksum(packed)
+                f.seek(data_start + offset)
+                f.write(packed.data)
+                done += nbytes
+                if progress:
+                    progress(done, total)
+            f.truncate(data_start + max(o + b for o, b in tensors.values()))
+            f.seek(0)
+            f.write(PREFIX.pack(MAGIC, VERSION, len(header), data_start, data_checksum(sums, names)))
+            f.write(header)
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def data_checksum(sums: dict[str, int], names: list[str]) -> int:
+    """One checksum over the tensors' own, in the header's order."""
+    return cpu_lib.checksum(np.array([sums[n] for n in names], np.uint64))
 
 
 def open_cache(model: GGUFModel, path: Path | None = None) -> RepackCache | None:
@@ -175,8 +182,6 @@ def open_cache(model: GGUFModel, path: Path | None = None) -> RepackCache | None
                     "%.1f GiB more would be needed", path, exc.strerror or exc,
                     sum(model.tensor(n).nbytes for n in names) / 2**30)
         return None
-    finally:
-        model.file.release(source_ranges(model, names))
     return RepackCache(path, model, names)
 
 
