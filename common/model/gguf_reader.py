@@ -78,6 +78,12 @@ class _Cursor:
         return self.take(_SCALAR[vtype])
 
 
+def whole_pages(start: int, end: int) -> tuple[int, int]:
+    """The pages that lie wholly inside [start, end): (first page start, last page end); empty
+    when the end is not past the start."""
+    return -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+
+
 class FastGGUF:
     """Header parsed eagerly (fast), data left in the memory map."""
 
@@ -137,7 +143,7 @@ class FastGGUF:
         """Drop the whole pages of these byte ranges from this process (they stay in the page
         cache): weights that are read from elsewhere after a one-off pass over them."""
         for start, end in ranges:
-            lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+            lo, hi = whole_pages(start, end)
             if hi > lo:
                 self._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
@@ -149,7 +155,7 @@ class FastGGUF:
         """[0, file size) less the whole pages of each skipped range, as page-aligned spans."""
         spans, at = [], 0
         for start, end in sorted(skip):
-            lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+            lo, hi = whole_pages(start, end)
             if hi <= lo:
                 continue
             if lo > at:

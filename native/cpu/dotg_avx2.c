@@ -109,12 +109,7 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->d));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->dmin));
         _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) {
-            const __m256 da = _mm256_set1_ps(y[i]->d);
-            const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(si[i]), _mm256_mul_ps(d, da),
-                                             _mm256_mul_ps(_mm256_cvtepi32_ps(mins[i]), _mm256_mul_ps(dmin, da)));
-            _mm256_store_ps(sums[i], _mm256_add_ps(_mm256_load_ps(sums[i]), v));
-        }
+        for (int i = 0; i < na; i++) q4k_accumulate8(sums[i], si[i], mins[i], d, dmin, y[i]->d);
         __asm__ volatile("" ::: "memory");   // keep the sums in memory, out of the register budget
     }
     _Pragma("GCC unroll 4")

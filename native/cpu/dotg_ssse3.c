@@ -2,9 +2,9 @@
  * activation rows. A 128-bit register holds 4 values of each of 4 rows, so each group is two
  * halves (rows 0..3, then 4..7) read from the same runs; the 4 matching activation bytes are
  * broadcast, `pmaddubsw` leaves each row's products in its own lanes, and the int16 sums are
- * scaled for 4 rows at once. Against the GGUF-layout kernels: 1.5 to 1.7 times as fast for 4
- * activations, 0.75 times for one (the broadcasts cost a shuffle each in 128 bits), so the
- * engine repacks only for AVX2 and AVX-512 (services/decode/repack.py). Built with -mssse3
+ * scaled for 4 rows at once. Against the GGUF-layout kernels (selftest.c): 1.2 to 1.5 times as
+ * fast for 4 activations, 0.65 to 0.9 times for one (the broadcasts cost a shuffle each in 128
+ * bits), so the engine repacks only for AVX2 and AVX-512 (services/decode/repack.py). Built with -mssse3
  * only; must hold no AVX instruction. */
 #include <tmmintrin.h>
 #include "quants.h"
@@ -66,8 +66,8 @@ INLINE void q4_0x8_half(int n, const block_q4_0x8 *x, const void *const *acts, c
 }
 
 // ---- Q4_K x8: the 8 rows' scales and mins unpack together from the byte planes
-// (q4k_scales8, simd128.h); each half takes its 4 rows' bytes. A sub-block's 8 pieces add up as int16
-// (below 16 * 15 * 127 = 30480 per lane) before `pmaddwd` applies the scales.
+// (q4k_scales8, simd128.h); each half takes its 4 rows' bytes. A sub-block's 8 pieces add up as
+// int16 (below 16 * 15 * 127 = 30480 per lane) before `pmaddwd` applies the scales.
 
 // bytes at..at+3 of v as int16, each twice: [b0 b0 b1 b1 b2 b2 b3 b3]
 #define ROWS4_X2(v, at) \

@@ -44,6 +44,10 @@ enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K =
 // (low nibbles) and 16+4k..16+4k+3 (high nibbles). The same bytes as the 8 rows' Q4_0 blocks.
 #define FM_GROUP 8
 typedef struct { fm_f16 d[FM_GROUP]; uint8_t qs[4][FM_GROUP][4]; } block_q4_0x8;   // 144 B
+// Q4_K of 8 rows, one super-block: the rows' d and dmin; byte c (0..11) of the packed scales of
+// each row, by c then row (so one 16-byte load holds two bytes of all 8 rows); then for each
+// 32-byte chunk j of qs (values 64j.. in the low nibbles, 64j + 32.. in the high) and piece k of
+// 4 bytes, 8 rows x 4 bytes. The same bytes as the 8 rows' blocks.
 typedef struct { fm_f16 d[FM_GROUP], dmin[FM_GROUP]; uint8_t scales[12][FM_GROUP];
                  uint8_t qs[4][8][FM_GROUP][4]; } block_q4_Kx8;   // 1152 B
 

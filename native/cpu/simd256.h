@@ -77,6 +77,16 @@ static inline __attribute__((always_inline)) __m256i q4k_mins_dot8(const __m128i
     return m;
 }
 
+// sums += da * (d * si - dmin * mins), the 8 rows of a repacked Q4_K super-block against one
+// activation block (scale da): si the scaled quant sums, mins as q4k_mins_dot8 gives them
+static inline __attribute__((always_inline)) void q4k_accumulate8(float *sums, __m256i si, __m256i mins,
+                                                                  __m256 d, __m256 dmin, float da) {
+    const __m256 a = _mm256_set1_ps(da);
+    const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(d, a),
+                                     _mm256_mul_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, a)));
+    _mm256_store_ps(sums, _mm256_add_ps(_mm256_load_ps(sums), v));
+}
+
 // 32 unsigned quants . 32 activations, times an int16 scale vector -> 8 int32
 static inline __attribute__((always_inline)) __m256i dot32_scaled(__m256i u, const int8_t *v, __m256i scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)v)), scale);

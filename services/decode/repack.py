@@ -1,12 +1,13 @@
 """Weights repacked for the SIMD kernels, cached on disk beside the model: built once, then
 mapped read-only at each start. The layouts (native/cpu/quants.h) put 8 rows side by side, so
 that one register holds a few values of each and the block scales of 8 rows are applied at once:
-Q4_0 and Q4_K matrices (cpu_lib.REPACKED), which the AVX2 and AVX-512 kernels read 1.5 to 2
-times as fast.
+Q4_0 and Q4_K matrices (cpu_lib.REPACKED), which the AVX2 and AVX-512 kernels read 1.3 to 3
+times as fast (native/cpu/selftest/selftest.c).
 
 The file: a fixed prefix (magic, version, header length, data start, checksum of the data: of
-each tensor's checksum, in order), a JSON header (the source file's size, modification time and tensor table; each tensor's offset
-and size), zero padding to a page, then the tensors, each at a page-aligned offset. A cache that
+each tensor's checksum, in order), a JSON header (the source file's size, modification time and
+tensor table; each tensor's offset and size), zero padding to a page, then the tensors, each at
+a page-aligned offset. A cache that
 does not match in every part, or whose data fails the checksum, is rebuilt, never trusted.
 """
 from __future__ import annotations
@@ -94,7 +95,7 @@ class RepackCache:
         tensors = header.get("tensors", {})
         if sorted(tensors) != sorted(names):
             raise StaleCache("holds other tensors than this build repacks")
-        end = data_start + max((o + b for o, b in tensors.values()), default=0)
+        end = data_end(data_start, tensors)
         if len(mm) != end:
             raise StaleCache(f"{len(mm)} bytes, expected {end}")
         data = np.frombuffer(mm, np.uint8)
@@ -122,6 +123,11 @@ def layout(model: GGUFModel, names: list[str]) -> tuple[bytes, int, dict[str, li
     return header, (PREFIX.size + len(header) + PAGE - 1) // PAGE * PAGE, tensors
 
 
+def data_end(data_start: int, tensors: dict[str, list[int]]) -> int:
+    """The file's length: the end of its last tensor."""
+    return data_start + max((o + b for o, b in tensors.values()), default=0)
+
+
 def build(path: Path, model: GGUFModel, names: list[str],
           progress: Callable[[int, int], None] | None = None) -> None:
     """Write the cache to a temporary file beside `path`, then move it into place. One tensor
@@ -144,7 +150,7 @@ def build(path: Path, model: GGUFModel, names: list[str],
                 done += nbytes
                 if progress:
                     progress(done, total)
-            f.truncate(data_start + max(o + b for o, b in tensors.values()))
+            f.truncate(data_end(data_start, tensors))
             f.seek(0)
             f.write(PREFIX.pack(MAGIC, VERSION, len(header), data_start, data_checksum(sums, names)))
             f.write(header)
