@@ -67,8 +67,8 @@ def decode_command(
     context: int = typer.Option(16, min=0, help="Tokens of context each sequence holds before timing."),
     bw_mib: int = typer.Option(1024, min=64, help="Buffer for the bandwidth measurement, MiB."),
     prefault: bool = typer.Option(True, help="Map every page of the model before timing (as serving does)."),
-    repack: bool = typer.Option(True, help="Read Q4_0 and Q4_K matrices from the repack cache beside the "
-                                           "model (built on first use), as serving does on AVX2 and AVX-512."),
+    repack: bool = typer.Option(True, help="Read the matrices this ISA reads faster repacked from the cache "
+                                           "beside the model (built on first use), as serving does."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     show_phases: bool = typer.Option(False, "--phases", help="Also print where a step's time goes."),
 ):

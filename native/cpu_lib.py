@@ -109,19 +109,27 @@ def vec_dot_group(isa: str, qtype: int, w_group: np.ndarray, acts: list[np.ndarr
     return out
 
 
-# GGUF type -> (its repacked type, the repack function): rows in groups of 8, the same bytes
-REPACKED = {2: (lib.FM_Q4_0X8, lib.fm_repack_q4_0x8), 12: (lib.FM_Q4_KX8, lib.fm_repack_q4_Kx8)}
+# GGUF type -> (its repacked type, the repack function): the same bytes, reordered (quants.h);
+# Q4_0 and Q4_K in groups of 8 rows, Q6_K row by row
+REPACKED = {2: (lib.FM_Q4_0X8, lib.fm_repack_q4_0x8), 12: (lib.FM_Q4_KX8, lib.fm_repack_q4_Kx8),
+            14: (lib.FM_Q6_KP, lib.fm_repack_q6_Kp)}
+
+
+def repack_group(qtype: int) -> int:
+    """Rows interleaved in the repacked layout of a GGUF type in REPACKED (1: row by row)."""
+    return lib.fm_type_group(REPACKED[int(qtype)][0])
 
 
 def repack(qtype: int, w: np.ndarray, cols: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Rows (rows, row_bytes) of a type in REPACKED, rows a multiple of 8 -> the same bytes in
-    its repacked layout (into `out` when given)."""
+    """Rows (rows, row_bytes) of a type in REPACKED, in whole groups (repack_group) -> the same
+    bytes in its repacked layout (into `out` when given)."""
     if int(qtype) not in REPACKED:
         raise ValueError(f"no repacked layout for GGML type {int(qtype)}")
     w = np.ascontiguousarray(w)
     out = np.empty_like(w) if out is None else out
-    if out.nbytes != w.nbytes or REPACKED[int(qtype)][1](ptr(w), w.shape[0], cols, ptr(out)):
-        raise ValueError(f"a repack needs rows in groups of 8 and whole blocks: {w.shape[0]} x {cols}")
+    group = repack_group(qtype)
+    if out.nbytes != w.nbytes or w.shape[0] % group or REPACKED[int(qtype)][1](ptr(w), w.shape[0], cols, ptr(out)):
+        raise ValueError(f"a repack needs rows in groups of {group} and whole blocks: {w.shape[0]} x {cols}")
     return out
 
 

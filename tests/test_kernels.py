@@ -151,11 +151,12 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
 
 
 REPACKED_TYPES = [T(t) for t in cpu_lib.REPACKED]
+GROUPED_TYPES = [t for t in REPACKED_TYPES if cpu_lib.repack_group(t) > 1]
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("na", [1, 2, 3, 4])
-@pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", GROUPED_TYPES, ids=lambda t: t.name)
 def test_repacked_groups_match_generic_rows(isa, na, qtype, rng):
     """A group of 8 repacked rows gives each row's generic dot, for every activation."""
     w = random_rows(qtype, 16, N, rng)
@@ -169,6 +170,22 @@ def test_repacked_groups_match_generic_rows(isa, na, qtype, rng):
             expect = np.array([cpu_lib.vec_dot("generic", qtype, w[r], act, N) for r in range(8 * g, 8 * g + 8)])
             scale = np.abs(dequantize(w[8 * g:8 * g + 8], qtype)) @ np.abs(xs[i])
             assert np.all(np.abs(got[i] - expect) <= SIBLING_RTOL * scale), (isa, na, g, i)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_repacked_q6_k_rows_match_generic_rows(isa, rng):
+    """Q6_K repacked row by row, against activations in its order: each row's generic dot,
+    over the whole range of quants and scales (random bytes, both signs of every scale)."""
+    qp = cpu_lib.REPACKED[T.Q6_K][0]
+    w = random_rows(T.Q6_K, 24, N, rng)
+    packed = cpu_lib.repack(T.Q6_K, w, N)
+    assert packed.shape == w.shape and not np.array_equal(packed, w)
+    for x in (rng.standard_normal(N) * 3).astype(np.float32), np.linspace(-1, 1, N, dtype=np.float32):
+        act, pact = cpu_lib.quantize_act(T.Q6_K, x), cpu_lib.quantize_act(qp, x)
+        scale = np.abs(dequantize(w, T.Q6_K)) @ np.abs(x)
+        got = np.array([cpu_lib.vec_dot(isa, qp, packed[r], pact, N) for r in range(len(w))])
+        expect = np.array([cpu_lib.vec_dot("generic", T.Q6_K, w[r], act, N) for r in range(len(w))])
+        assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale), isa
 
 
 @pytest.mark.parametrize("threads", [1, 3])

@@ -77,13 +77,22 @@ def touch_model(cache_path: Path) -> None:
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
 
 
+def corrupt_header(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(repack.PREFIX.size + 20)
+        byte = f.read(1)
+        f.seek(repack.PREFIX.size + 20)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
 def truncate(path: Path) -> None:
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size - 4096)
 
 
 @pytest.mark.parametrize("damage, reason", [
-    (corrupt_data, "checksum"),
+    (corrupt_data, "fails its checksum"),
+    (corrupt_header, "header fails the checksum"),
     (bump_version, "cache version"),
     (touch_model, "another version of the model"),
     (truncate, "bytes, expected"),
@@ -141,13 +150,25 @@ def test_prefault_leaves_the_pages_of_repacked_tensors_alone(model_path):
     assert covered + skipped == model_path.stat().st_size
 
 
-@pytest.mark.skipif(not set(repack.REPACK_ISAS) & set(cpu_lib.supported_isas()), reason="no AVX2 here")
-def test_engine_decodes_the_same_from_the_cache(model_path):
-    """The same logits as from the GGUF layout, token after token, up to float order; and a
-    batch as each of its sequences alone."""
-    plain = NativeEngine(GGUFModel(model_path), threads=2, repack=False)
-    packed = NativeEngine(GGUFModel(model_path), threads=2, repack=True)
-    assert packed.repacked is not None and plain.repacked is None
+def test_a_cache_without_the_tensors_wanted_now_is_rebuilt_with_them_added(model_path, monkeypatch, caplog):
+    """An ISA that repacks fewer types (SSSE3: Q6_K only) reuses a fuller cache; one that
+    repacks more rebuilds it with everything, once."""
+    model = GGUFModel(model_path)
+    q6 = repack.open_cache(model, (14,))
+    assert q6.views and all(model.tensor(n).qtype == 14 for n in q6.views)
+    with caplog.at_level(logging.INFO, logger="fermium.decode"):
+        full = repack.open_cache(GGUFModel(model_path))
+    assert any("lacks" in r.getMessage() for r in caplog.records)
+    assert sorted(full.views) == sorted(repackable_names(model))
+    monkeypatch.setattr(repack, "build", lambda *a, **k: pytest.fail("rebuilt a cache that holds them"))
+    for types in ((14,), (2, 12), tuple(cpu_lib.REPACKED)):
+        again = repack.open_cache(GGUFModel(model_path), types)
+        assert sorted(again.views) == sorted(n for n in full.views if model.tensor(n).qtype in types)
+
+
+def assert_decodes_the_same(plain: NativeEngine, packed: NativeEngine) -> None:
+    """The same logits token after token, up to float order; and a batch as each of its
+    sequences alone."""
     errors, agree = [], []
     for first in (1, 200, 300, 400):
         a, b, token = plain.new_state(), packed.new_state(), first
@@ -170,7 +191,21 @@ def test_engine_decodes_the_same_from_the_cache(model_path):
     assert np.median(errors) <= FLOAT_ORDER_REL_TOL and max(errors) <= NEAR_TIE_REL_TOL, errors
 
 
-@pytest.mark.skipif(not set(repack.REPACK_ISAS) & set(cpu_lib.supported_isas()), reason="no AVX2 here")
+@pytest.mark.parametrize("isa", [i for i in repack.REPACK_TYPES if i in cpu_lib.supported_isas()])
+def test_engine_decodes_the_same_from_the_cache(model_path, isa):
+    """Each ISA reads the types of REPACK_TYPES from the cache, the rest from the GGUF file."""
+    prev = cpu_lib.active_isa()
+    try:
+        plain = NativeEngine(GGUFModel(model_path), threads=2, isa=isa, repack=False)
+        packed = NativeEngine(GGUFModel(model_path), threads=2, isa=isa, repack=True)
+        assert packed.repacked is not None and plain.repacked is None
+        assert {int(packed.model.tensor(n).qtype) for n in packed.repacked.views} <= set(repack.REPACK_TYPES[isa])
+        assert_decodes_the_same(plain, packed)
+    finally:
+        cpu_lib.select_isa(prev)
+
+
+@pytest.mark.skipif("avx2" not in cpu_lib.supported_isas(), reason="no AVX2 here")
 def test_the_environment_can_turn_the_repack_off(model_path, monkeypatch):
     monkeypatch.setenv("FERMIUM_REPACK", "0")
     assert NativeEngine(GGUFModel(model_path), threads=1).repacked is None
@@ -179,10 +214,9 @@ def test_the_environment_can_turn_the_repack_off(model_path, monkeypatch):
     assert NativeEngine(GGUFModel(model_path), threads=1).repacked is not None
 
 
-def test_engine_on_ssse3_reads_the_gguf_layout(model_path):
+def test_the_generic_kernels_read_the_gguf_layout(model_path):
     prev = cpu_lib.active_isa()
     try:
-        eng = NativeEngine(GGUFModel(model_path), threads=1, isa="ssse3")
-        assert eng.repacked is None
+        assert NativeEngine(GGUFModel(model_path), threads=1, isa="generic").repacked is None
     finally:
         cpu_lib.select_isa(prev)

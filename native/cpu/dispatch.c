@@ -16,21 +16,22 @@ typedef struct {
 } isa_row;
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C)
-// gisa: the kernels of the repacked layouts
-#define ROW(name, isa, fisa, hisa, gisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, \
-    fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, fm_dot_bf16_##fisa }, batched, \
+// gisa: the kernels of the repacked group layouts; pisa: the Q6_Kp one
+#define ROW(name, isa, fisa, hisa, gisa, pisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, \
+    fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, \
+    fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##pisa }, batched, \
     { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa } }
 #define NO_DOTN { 0 }
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
-                    [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2 }
+                    [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx2 }
 #define DOTN_AVX512 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx512, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx512, \
-                      [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512 }
+                      [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx2 }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
-    ROW("generic", generic, generic, generic, generic, NO_DOTN),
-    ROW("ssse3", ssse3, ssse3, generic, ssse3, NO_DOTN),
-    ROW("avx2", avx2, avx2, avx2, avx2, DOTN_AVX2),
-    ROW("avx512", avx512, avx2, avx2, avx512, DOTN_AVX512),
+    ROW("generic", generic, generic, generic, generic, generic, NO_DOTN),
+    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, NO_DOTN),
+    ROW("avx2", avx2, avx2, avx2, avx2, avx2, DOTN_AVX2),
+    ROW("avx512", avx512, avx2, avx2, avx512, avx2, DOTN_AVX512),
 };
 
 // GGML type -> traits; activation kind decides how x is quantized before the dot
@@ -45,6 +46,7 @@ const fm_type_traits FM_TYPES[KIND_COUNT] = {
     [KIND_BF16] = { FM_BF16, 1, 2, ACT_F32, 1 },
     [KIND_Q4_0X8] = { FM_Q4_0X8, QK32, sizeof(block_q4_0), ACT_A8_32, FM_GROUP },   // bytes per row and block
     [KIND_Q4_KX8] = { FM_Q4_KX8, QK_K, sizeof(block_q4_K), ACT_A8_256, FM_GROUP },
+    [KIND_Q6_KP] = { FM_Q6_KP, QK_K, sizeof(block_q6_Kp), ACT_A8_256P, 1 },
 };
 
 int fm_kind_of(int type) {

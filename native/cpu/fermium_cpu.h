@@ -32,6 +32,9 @@ void fm_dequant_row(int type, const void *w, float *out, int n);
 #define FM_Q4_KX8 268
 int fm_repack_q4_0x8(const void *src, size_t rows, int cols, void *dst);
 int fm_repack_q4_Kx8(const void *src, size_t rows, int cols, void *dst);
+// Q6_K repacked row by row (quants.h), the same size; -1 when cols is not a multiple of 256
+#define FM_Q6_KP 270
+int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst);
 // one group of repacked rows . na (1..4) activations: out[i * group + r]; -1 for a GGUF type
 int fm_vec_dot_group(int isa, int type, int n, const void *w, const void *const *acts, int na, float *out);
 // a 64-bit checksum of `bytes` bytes, at about memory speed

@@ -5,8 +5,8 @@
 #include "quants.h"
 #include "fermium_cpu.h"
 
-enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16, KIND_BF16, KIND_Q4_0X8, KIND_Q4_KX8, KIND_COUNT };
-enum { ACT_A8_32, ACT_A8_256, ACT_F32 };
+enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16, KIND_BF16, KIND_Q4_0X8, KIND_Q4_KX8, KIND_Q6_KP, KIND_COUNT };
+enum { ACT_A8_32, ACT_A8_256, ACT_A8_256P, ACT_F32 };   // ACT_A8_256P: quants in Q6_Kp order
 
 // group: rows interleaved in the stored layout (FM_GROUP for the repacked ones, else 1)
 typedef struct { int type, block, block_bytes, act, group; } fm_type_traits;

@@ -46,10 +46,21 @@ static void quantize_a8_256(const float *x, int n, block_a8_256 *y) {
     }
 }
 
+// as quantize_a8_256, the quants of each block then reordered for Q6_Kp (quants.h)
+static void quantize_a8_256p(const float *x, int n, block_a8_256 *y) {
+    quantize_a8_256(x, n, y);
+    for (int b = 0; b < n / QK_K; b++) {
+        int8_t natural[QK_K];
+        memcpy(natural, y[b].qs, QK_K);
+        for (int p = 0; p < QK_K; p++) y[b].qs[p] = natural[fm_q6kp_value(p)];
+    }
+}
+
 size_t fm_act_bytes(int type, int n) {
     switch (FM_TYPES[fm_kind_of(type)].act) {
     case ACT_A8_32: return FM_A32_BYTES(n / QK32);
-    case ACT_A8_256: return (size_t)(n / QK_K) * sizeof(block_a8_256);
+    case ACT_A8_256:
+    case ACT_A8_256P: return (size_t)(n / QK_K) * sizeof(block_a8_256);
     default: return (size_t)n * sizeof(float);
     }
 }
@@ -58,6 +69,7 @@ void fm_quantize_act(int type, const float *x, int n, void *act) {
     switch (FM_TYPES[fm_kind_of(type)].act) {
     case ACT_A8_32: quantize_a8_32(x, n, act); break;
     case ACT_A8_256: quantize_a8_256(x, n, act); break;
+    case ACT_A8_256P: quantize_a8_256p(x, n, act); break;
     default: memcpy(act, x, (size_t)n * sizeof(float));
     }
 }

@@ -37,6 +37,52 @@ int fm_repack_q4_Kx8(const void *src, size_t rows, int cols, void *dst) {
     return 0;
 }
 
+// the 6-bit quant (0..63) of value v of a Q6_K block (ggml's layout: ql holds the low nibbles
+// of values l and l+32 of each half, low then high nibble for l+64 and l+96; qh the top bits)
+static int q6_quant(const block_q6_K *b, int v) {
+    const int h = v / 128, l = v % 128 % 32, g = v % 128 / 32;
+    const uint8_t lo = b->ql[64 * h + l + 32 * (g & 1)];
+    return ((g < 2 ? lo : lo >> 4) & 0xF) | ((b->qh[32 * h + l] >> (2 * g)) & 3) << 4;
+}
+
+int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst) {
+    if (cols % QK_K) return -1;
+    const block_q6_K *x = src;
+    block_q6_Kp *out = dst;
+    for (size_t b = 0; b < rows * (size_t)(cols / QK_K); b++, x++, out++) {
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 32; j++) {   // byte j of each plane: position j of registers A..D
+                int q[4];
+                for (int r = 0; r < 4; r++) q[r] = q6_quant(x, fm_q6kp_value(128 * h + 32 * r + j));
+                out->planes[h][0][j] = (uint8_t)(q[0] | (q[2] >> 4) << 6);
+                out->planes[h][1][j] = (uint8_t)(q[1] | (q[3] >> 4) << 6);
+                out->planes[h][2][j] = (uint8_t)((q[2] & 0xF) | (q[3] & 0xF) << 4);
+            }
+        memcpy(out->scales, x->scales, sizeof out->scales);
+        out->d = x->d;
+    }
+    return 0;
+}
+
+// the reference: the same sums as fm_dot_q6_K_a8_generic, on activations in ACT_A8_256P order
+float fm_dot_q6_Kp_a8_generic(int n, const void *w, const void *a) {
+    const block_q6_Kp *x = w;
+    const block_a8_256 *y = a;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int si = 0;
+        for (int p = 0; p < QK_K; p++) {
+            const uint8_t *pl = x[b].planes[p / 128][0];
+            const int r = p / 32 % 4, j = p % 32;
+            const int q = r == 0 ? pl[j] & 63 : r == 1 ? pl[32 + j] & 63
+                        : r == 2 ? (pl[64 + j] & 0xF) | (pl[j] >> 6) << 4 : (pl[64 + j] >> 4) | (pl[32 + j] >> 6) << 4;
+            si += x[b].scales[fm_q6kp_value(p) / 16] * (q - 32) * y[b].qs[p];
+        }
+        sum += fm_f16_to_f32(x[b].d) * y[b].d * (float)si;
+    }
+    return sum;
+}
+
 // the reference: the same sums as fm_dot_q4_0_a8_generic, row by row
 void fm_dotg_q4_0x8_generic(int n, const void *w, const void *const *acts, int na, float *out) {
     const block_q4_0x8 *x = w;

@@ -19,7 +19,7 @@ from common.progress import byte_progress
 from common.state import SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
-from services.decode.repack import REPACK_ISAS, open_cache, source_ranges
+from services.decode.repack import REPACK_TYPES, open_cache, source_ranges
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
 PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head")
@@ -51,11 +51,11 @@ class NativeEngine:
             cpu_lib.select_isa(isa)
         self.model = model
         self.isa = cpu_lib.active_isa()
-        # Q4_0 and Q4_K matrices in the layout of the AVX2 kernels, from a cache file (repack.py);
+        # the matrices whose repacked layout this ISA reads faster, from a cache file (repack.py);
         # their pages in the model file are then never touched
         if repack is None:
             repack = os.environ.get(REPACK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-        self.repacked = open_cache(model) if repack and self.isa in REPACK_ISAS else None
+        self.repacked = open_cache(model, REPACK_TYPES[self.isa]) if repack and self.isa in REPACK_TYPES else None
         skip = source_ranges(model, list(self.repacked.views)) if self.repacked else []
         self.prefaulted = prefault and prefault_weights(model, skip)
         self.cfg = model.config

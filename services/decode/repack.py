@@ -1,14 +1,16 @@
 """Weights repacked for the SIMD kernels, cached on disk beside the model: built once, then
-mapped read-only at each start. The layouts (native/cpu/quants.h) put 8 rows side by side, so
-that one register holds a few values of each and the block scales of 8 rows are applied at once:
-Q4_0 and Q4_K matrices (cpu_lib.REPACKED), which the AVX2 and AVX-512 kernels read 1.3 to 3
-times as fast (native/cpu/selftest/selftest.c).
+mapped read-only at each start. The layouts (native/cpu/quants.h) hold the same bytes, reordered:
+Q4_0 and Q4_K matrices with 8 rows side by side, so that one register holds a few values of each
+and the block scales of 8 rows are applied at once; Q6_K row by row, its quants rearranged to
+unpack in fewer operations. REPACK_TYPES says which layouts each ISA reads faster than the GGUF
+one (native/cpu/selftest/selftest.c measures them).
 
-The file: a fixed prefix (magic, version, header length, data start, checksum of the data: of
-each tensor's checksum, in order), a JSON header (the source file's size, modification time and
-tensor table; each tensor's offset and size), zero padding to a page, then the tensors, each at
-a page-aligned offset. A cache that
-does not match in every part, or whose data fails the checksum, is rebuilt, never trusted.
+The file: a fixed prefix (magic, version, header length, data start, checksum of the header), a
+JSON header (the source file's size, modification time and tensor table; each tensor's offset,
+size and checksum), zero padding to a page, then the tensors, each at a page-aligned offset. A
+start checks the tensors it uses. A cache that does not match in every part, or whose data fails
+a checksum, is rebuilt, never trusted; one that lacks tensors that this ISA reads repacked is
+rebuilt with them added.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -28,11 +30,14 @@ from common.progress import byte_progress
 from native import cpu_lib
 
 MAGIC = b"FMREPACK"
-VERSION = 2                         # bumped with any change to the file or a repacked layout
-PREFIX = struct.Struct("<8sIIQQ")   # magic, version, header bytes, data start, data checksum
+VERSION = 3                         # bumped with any change to the file or a repacked layout
+PREFIX = struct.Struct("<8sIIQQ")   # magic, version, header bytes, data start, header checksum
 PAGE = 4096
 SUFFIX = ".fermium-repack"
-REPACK_ISAS = ("avx2", "avx512")    # the ISAs whose kernels read the repacked layout fast
+# GGUF types (cpu_lib.REPACKED) whose repacked layout each ISA reads faster. SSSE3 keeps Q4_0
+# and Q4_K in the GGUF layout: in 128-bit registers the group kernels' broadcasts cost a shuffle
+# each, and they run 0.65-0.9x the row kernels for one activation.
+REPACK_TYPES = {"ssse3": (14,), "avx2": (2, 12, 14), "avx512": (2, 12, 14)}
 NOT_REPACKED = ("token_embd.weight",)   # looked up a row at a time, in the GGUF layout
 PROGRESS_BYTES = 1 << 30
 
@@ -43,9 +48,18 @@ class StaleCache(Exception):
     """Why a cache file cannot be used as it is."""
 
 
-def repackable(t: Tensor) -> bool:
-    return (int(t.qtype) in cpu_lib.REPACKED and len(t.shape) >= 2 and t.shape[-2] % 8 == 0
-            and t.name not in NOT_REPACKED)
+class MissingTensors(StaleCache):
+    """A sound cache without some tensors that are wanted now; `held` names those it has."""
+
+    def __init__(self, missing: list[str], held: list[str]):
+        super().__init__(f"lacks {len(missing)} tensors that this ISA reads repacked")
+        self.held = held
+
+
+def repackable(t: Tensor, types: Iterable[int] = tuple(cpu_lib.REPACKED)) -> bool:
+    q = int(t.qtype)
+    return (q in types and q in cpu_lib.REPACKED and len(t.shape) >= 2
+            and t.shape[-2] % cpu_lib.repack_group(q) == 0 and t.name not in NOT_REPACKED)
 
 
 def source_id(model: GGUFModel) -> dict:
@@ -69,7 +83,7 @@ def default_path(model: GGUFModel) -> Path:
 
 
 class RepackCache:
-    """A verified cache file, mapped read-only: the repacked bytes of each tensor it holds."""
+    """A verified cache file, mapped read-only: the repacked bytes of the tensors asked for."""
 
     def __init__(self, path: Path, model: GGUFModel, names: list[str]):
         self.path = path
@@ -86,46 +100,54 @@ class RepackCache:
             raise StaleCache("not a Fermium repack cache")
         if version != VERSION:
             raise StaleCache(f"cache version {version}, this build writes {VERSION}")
+        raw = mm[PREFIX.size:PREFIX.size + header_len]
+        if len(raw) != header_len or cpu_lib.checksum(np.frombuffer(raw, np.uint8)) != checksum:
+            raise StaleCache("its header fails the checksum")
         try:
-            header = json.loads(mm[PREFIX.size:PREFIX.size + header_len])
-        except ValueError as exc:
-            raise StaleCache(f"unreadable header ({exc})") from None
+            header = json.loads(raw)
+            tensors = {k: (int(o), int(b), int(c)) for k, (o, b, c) in header["tensors"].items()}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StaleCache(f"unreadable header ({exc!r})") from None
         if header.get("source") != source_id(model):
             raise StaleCache("built from another version of the model file")
-        tensors = header.get("tensors", {})
-        if sorted(tensors) != sorted(names):
-            raise StaleCache("holds other tensors than this build repacks")
         end = data_end(data_start, tensors)
         if len(mm) != end:
             raise StaleCache(f"{len(mm)} bytes, expected {end}")
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise MissingTensors(missing, [n for n in tensors if n in model.tensors])
         data = np.frombuffer(mm, np.uint8)
-        views, sums = {}, {}
+        views = {}
         for name in names:
-            offset, nbytes = tensors[name]
+            offset, nbytes, tensor_sum = tensors[name]
             t = model.tensor(name)
             if nbytes != t.nbytes:
                 raise StaleCache(f"{name}: {nbytes} bytes, the model's tensor has {t.nbytes}")
             views[name] = data[data_start + offset:data_start + offset + nbytes].reshape(t.raw.shape)
-            sums[name] = cpu_lib.checksum(views[name])
-        if data_checksum(sums, names) != checksum:
-            raise StaleCache("its data fails the checksum")
+            if cpu_lib.checksum(views[name]) != tensor_sum:
+                raise StaleCache(f"{name} fails its checksum")
         return views
 
 
-def layout(model: GGUFModel, names: list[str]) -> tuple[bytes, int, dict[str, list[int]]]:
-    """The header, the data start, and each tensor's [offset from the data start, bytes]."""
+def layout(model: GGUFModel, names: list[str]) -> tuple[int, dict[str, list[int]]]:
+    """The data start and each tensor's [offset from the data start, bytes]."""
     tensors, offset = {}, 0
     for name in names:
         nbytes = model.tensor(name).nbytes
         tensors[name] = [offset, nbytes]
         offset += (nbytes + PAGE - 1) // PAGE * PAGE
-    header = json.dumps({"source": source_id(model), "tensors": tensors}, sort_keys=True).encode()
-    return header, (PREFIX.size + len(header) + PAGE - 1) // PAGE * PAGE, tensors
+    # the header's room: its JSON with every checksum at its widest (20 digits)
+    room = len(header_bytes(model, {n: [o, b, 10**19] for n, (o, b) in tensors.items()}))
+    return (PREFIX.size + room + PAGE - 1) // PAGE * PAGE, tensors
 
 
-def data_end(data_start: int, tensors: dict[str, list[int]]) -> int:
+def header_bytes(model: GGUFModel, tensors: dict[str, list[int]]) -> bytes:
+    return json.dumps({"source": source_id(model), "tensors": tensors}, sort_keys=True).encode()
+
+
+def data_end(data_start: int, tensors: dict) -> int:
     """The file's length: the end of its last tensor."""
-    return data_start + max((o + b for o, b in tensors.values()), default=0)
+    return data_start + max((t[0] + t[1] for t in tensors.values()), default=0)
 
 
 def build(path: Path, model: GGUFModel, names: list[str],
@@ -133,26 +155,27 @@ def build(path: Path, model: GGUFModel, names: list[str],
     """Write the cache to a temporary file beside `path`, then move it into place. One tensor
     at a time: repacked into a buffer and written, its source pages released from this process
     at once, so that the build holds one tensor's worth of memory beyond the model's own."""
-    header, data_start, tensors = layout(model, names)
+    data_start, tensors = layout(model, names)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     total, done = sum(b for _, b in tensors.values()), 0
-    sums = {}
     try:
         with open(tmp, "wb") as f:
             for name, source in zip(names, source_ranges(model, names)):
                 t, (offset, nbytes) = model.tensor(name), tensors[name]
                 packed = cpu_lib.repack(t.qtype, t.raw.reshape(-1, t.row_bytes), t.shape[-1])
                 model.file.release([source])
-                sums[name] = cpu_lib.checksum(packed)
+                tensors[name].append(cpu_lib.checksum(packed))
                 f.seek(data_start + offset)
                 f.write(packed.data)
                 done += nbytes
                 if progress:
                     progress(done, total)
             f.truncate(data_end(data_start, tensors))
+            header = header_bytes(model, tensors)
             f.seek(0)
-            f.write(PREFIX.pack(MAGIC, VERSION, len(header), data_start, data_checksum(sums, names)))
+            f.write(PREFIX.pack(MAGIC, VERSION, len(header), data_start,
+                                cpu_lib.checksum(np.frombuffer(header, np.uint8))))
             f.write(header)
             f.flush()
             os.fsync(f.fileno())
@@ -161,32 +184,34 @@ def build(path: Path, model: GGUFModel, names: list[str],
         tmp.unlink(missing_ok=True)
 
 
-def data_checksum(sums: dict[str, int], names: list[str]) -> int:
-    """One checksum over the tensors' own, in the header's order."""
-    return cpu_lib.checksum(np.array([sums[n] for n in names], np.uint64))
-
-
-def open_cache(model: GGUFModel, path: Path | None = None) -> RepackCache | None:
-    """The model's repack cache, built first where missing, stale or corrupt. None when the
-    model has nothing to repack, or when the cache cannot be written (no room, no permission):
-    the engine then reads the GGUF layout. Building reads the source tensors once; their pages
-    are then released from this process, which reads only the cache from there on."""
-    names = [n for n, t in model.tensors.items() if repackable(t)]
+def open_cache(model: GGUFModel, types: Iterable[int] = tuple(cpu_lib.REPACKED),
+               path: Path | None = None) -> RepackCache | None:
+    """The repacked views of the model's tensors of these GGUF types, from its cache file; the
+    cache is built first where missing, stale or corrupt, and rebuilt with the tensors it lacks
+    added to those it holds. None when there is nothing to repack, or when the cache cannot be
+    written (no room, no permission): the engine then reads the GGUF layout. Building reads the
+    source tensors once; their pages are then released from this process."""
+    names = [n for n, t in model.tensors.items() if repackable(t, types)]
     if not names:
         return None
     path = path or default_path(model)
+    build_names = names
     try:
         return RepackCache(path, model, names)
     except FileNotFoundError:
         log.info("building the repack cache %s (%d tensors)", path, len(names))
+    except MissingTensors as why:
+        wanted = set(names) | {n for n in why.held if repackable(model.tensor(n))}
+        build_names = [n for n in model.tensors if n in wanted]
+        log.info("rebuilding the repack cache %s: it %s", path, why)
     except StaleCache as why:
         log.warning("rebuilding the repack cache %s: %s", path, why)
     try:
-        build(path, model, names, byte_progress(log, "repacking", PROGRESS_BYTES))
+        build(path, model, build_names, byte_progress(log, "repacking", PROGRESS_BYTES))
     except OSError as exc:
         log.warning("could not write the repack cache %s (%s); decoding from the GGUF layout, "
                     "%.1f GiB more would be needed", path, exc.strerror or exc,
-                    sum(model.tensor(n).nbytes for n in names) / 2**30)
+                    sum(model.tensor(n).nbytes for n in build_names) / 2**30)
         return None
     return RepackCache(path, model, names)
 

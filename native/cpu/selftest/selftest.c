@@ -180,6 +180,72 @@ int main(void) {
         free(packed);
         free(act);
     }
+    // Q6_K repacked row by row (Q6_Kp), every ISA: against the generic Q6_K row kernel on the
+    // same rows, and the speed of one and of FM_DOTN_MAX activations next to the GGUF layout
+    {
+        const size_t row_bytes = (size_t)COLS / QK_K * sizeof(block_q6_K), ab = fm_act_bytes(FM_Q6_K, COLS);
+        uint8_t *w = malloc(row_bytes * ROWS), *packed = malloc(row_bytes * ROWS);
+        uint8_t *act = malloc(ab * FM_DOTN_MAX), *pact = malloc(ab * FM_DOTN_MAX);
+        const void *acts[FM_DOTN_MAX], *pacts[FM_DOTN_MAX];
+        fill_rows(FM_Q6_K, w, row_bytes);
+        fm_repack_q6_Kp(w, ROWS, COLS, packed);
+        for (int i = 0; i < FM_DOTN_MAX; i++) {
+            for (int c = 0; c < COLS; c++) x[c] = ((int)(next() % 2001) - 1000) / 500.0f;
+            acts[i] = act + ab * i;
+            pacts[i] = pact + ab * i;
+            fm_quantize_act(FM_Q6_K, x, COLS, act + ab * i);
+            fm_quantize_act(FM_Q6_KP, x, COLS, pact + ab * i);
+        }
+        printf("Q6_Kp");
+        for (int isa = 0; isa < 4; isa++) {
+            if (!fm_isa_supported(isa)) continue;
+            const fm_vec_dot_n_fn dotn = fm_dotn_for(isa, fm_kind_of(FM_Q6_K)), dotp = fm_dotn_for(isa, fm_kind_of(FM_Q6_KP));
+            float y[FM_DOTN_MAX];
+            double worst = 0.0;
+            for (int r = 0; r < ROWS; r++)
+                for (int i = 0; i < FM_DOTN_MAX; i++) {
+                    const float ref = fm_vec_dot(0, FM_Q6_K, COLS, w + r * row_bytes, acts[i]);
+                    const float got = fm_vec_dot(isa, FM_Q6_KP, COLS, packed + r * row_bytes, pacts[i]);
+                    double rel = fabs((double)got - ref) / (fabs(ref) + 1e-3);
+                    if (dotp) {
+                        dotp(COLS, packed + r * row_bytes, pacts, FM_DOTN_MAX, y);
+                        const double relb = fabs((double)y[i] - ref) / (fabs(ref) + 1e-3);
+                        rel = relb > rel ? relb : rel;
+                    }
+                    worst = rel > worst ? rel : worst;
+                }
+            const int ok = worst <= SIBLING_RTOL * 100;
+            failures += !ok;
+            double ticks[4] = { 1e30, 1e30, 1e30, 1e30 };   // GGUF x1, Q6_Kp x1, GGUF xN, Q6_Kp xN
+            volatile float sink = 0.0f;
+            for (int rep = 0; rep < 50; rep++) {
+                unsigned long long t[5];
+                for (int k = 0; k < 4; k++) {
+                    const uint8_t *base = k % 2 ? packed : w;
+                    const int type = k % 2 ? FM_Q6_KP : FM_Q6_K;
+                    const void *const *a = k % 2 ? pacts : acts;
+                    const fm_vec_dot_n_fn batched = k % 2 ? dotp : dotn;
+                    t[k] = __rdtsc();
+                    for (int r = 0; r < ROWS; r++) {
+                        if (k < 2) { sink += fm_vec_dot(isa, type, COLS, base + r * row_bytes, a[0]); continue; }
+                        if (batched) batched(COLS, base + r * row_bytes, a, FM_DOTN_MAX, y);
+                        else for (int i = 0; i < FM_DOTN_MAX; i++) y[i] = fm_vec_dot(isa, type, COLS, base + r * row_bytes, a[i]);
+                        sink += y[0];
+                    }
+                }
+                t[4] = __rdtsc();
+                for (int k = 0; k < 4; k++) ticks[k] = (double)(t[k + 1] - t[k]) < ticks[k] ? (double)(t[k + 1] - t[k]) : ticks[k];
+            }
+            const double bytes = (double)row_bytes * ROWS;
+            printf("  %s %s %.1e x1 %.2f (Q6_K %.2f) x%d %.2f (Q6_K %.2f) B/tick", fm_isa_name(isa), ok ? "ok" : "FAIL", worst,
+                   bytes / ticks[1], bytes / ticks[0], FM_DOTN_MAX, bytes / ticks[3], bytes / ticks[2]);
+        }
+        printf("\n");
+        free(w);
+        free(packed);
+        free(act);
+        free(pact);
+    }
     printf(failures ? "FAILED: %d kernel(s)\n" : "all kernels agree with generic\n", failures);
     return failures != 0;
 }
