@@ -5,8 +5,8 @@
 # Reports (JSON + text) go to $OUT (default /tmp/fermium-cpu). LAYERS sets the model depth
 # (default 4): on a host whose last-level cache holds a good part of the 0.56 GB that a
 # 4-layer model reads per token, more layers keep the figures honest. ISAS limits the ISAs,
-# TYPES the model types (q4_0 q4_k_m). With PLAIN=1 each batch-1 AVX2/AVX-512 run and each
-# batch-4 run is repeated with --no-repack right after it (the GGUF layout, for the ratio).
+# TYPES the model types (q4_0 q4_k_m). With PLAIN=1 each run is repeated with --no-repack
+# right after it (the GGUF layout, for the ratio).
 #   tools/cpu_suite.sh [WHEELS_DIR] [THREADS...]     (defaults: .whl, 2 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +47,7 @@ for type in $TYPES; do
     for t in $THREADS; do
         for isa in $ISAS; do
             bench "$type-$isa-t$t" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --isa "$isa"
-            [[ ${PLAIN:-} && $isa != ssse3 ]] && bench "$type-$isa-t$t-plain" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --isa "$isa" --no-repack
+            [[ ${PLAIN:-} ]] && bench "$type-$isa-t$t-plain" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --isa "$isa" --no-repack
         done
         bench "$type-b4-t$t" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --batch 4
         [[ ${PLAIN:-} ]] && bench "$type-b4-t$t-plain" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --batch 4 --no-repack
