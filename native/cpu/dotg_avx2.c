@@ -70,14 +70,9 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
         for (int i = 0; i < na; i++) y[i] = (const block_a8_256 *)acts[i] + b;
         __m128i sc8[4], mn8[4];
         q4k_scales8(blk->scales, sc8, mn8);
-        __m256i si[FM_DOTN_MAX], mins[FM_DOTN_MAX];
+        __m256i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) {
-            int32_t pairs[4];
-            a8_bsum_pairs(y[i]->bsums, pairs);
-            mins[i] = q4k_mins_dot8(mn8, pairs);
-            si[i] = _mm256_setzero_si256();
-        }
+        for (int i = 0; i < na; i++) si[i] = _mm256_setzero_si256();
         _Pragma("GCC unroll 1")   // unrolled, the accumulators spill: 4 activations ran 1.3x slower
         for (int j = 0; j < 4; j++)
             _Pragma("GCC unroll 2")
@@ -109,7 +104,11 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->d));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->dmin));
         _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) q4k_accumulate8(sums[i], si[i], mins[i], d, dmin, y[i]->d);
+        for (int i = 0; i < na; i++) {   // the mins last: held through the loop, they took 4 registers
+            int32_t pairs[4];
+            a8_bsum_pairs(y[i]->bsums, pairs);
+            q4k_accumulate8(sums[i], si[i], q4k_mins_dot8(mn8, pairs), d, dmin, y[i]->d);
+        }
         __asm__ volatile("" ::: "memory");   // keep the sums in memory, out of the register budget
     }
     _Pragma("GCC unroll 4")
