@@ -101,8 +101,7 @@ INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const in
         }
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++)
-            _mm256_store_ps(sums[i], _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[i]),
-                                                     _mm256_set1_ps(d * ((const block_a8_256 *)acts[i])[b].d), _mm256_load_ps(sums[i])));
+            accumulate8(sums[i], si[i], d * ((const block_a8_256 *)acts[i])[b].d);
         __asm__ volatile("" ::: "memory");
     }
     _Pragma("GCC unroll 4")
@@ -137,8 +136,7 @@ INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const in
         const float d = _cvtsh_ss(x[b].d);
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++)
-            _mm256_store_ps(sums[i], _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[i]),
-                                                     _mm256_set1_ps(d * ((const block_a8_256 *)acts[i])[b].d), _mm256_load_ps(sums[i])));
+            accumulate8(sums[i], si[i], d * ((const block_a8_256 *)acts[i])[b].d);
         __asm__ volatile("" ::: "memory");   // keep the sums in memory, out of the register budget
     }
     _Pragma("GCC unroll 4")

@@ -57,8 +57,7 @@ INLINE void q6_Kp_n(int n, const block_q6_Kp *x, const void *const *acts, const 
         const float d = _cvtsh_ss(x[b].d);
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++)
-            _mm256_store_ps(sums[i], _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[i]),
-                                                     _mm256_set1_ps(d * ((const block_a8_256 *)acts[i])[b].d), _mm256_load_ps(sums[i])));
+            accumulate8(sums[i], si[i], d * ((const block_a8_256 *)acts[i])[b].d);
         __asm__ volatile("" ::: "memory");   // keep the sums in memory, out of the register budget
     }
     _Pragma("GCC unroll 4")

@@ -87,6 +87,11 @@ static inline __attribute__((always_inline)) void q4k_accumulate8(float *sums, _
     _mm256_store_ps(sums, _mm256_add_ps(_mm256_load_ps(sums), v));
 }
 
+// sums += scale * si: a super-block's integer sums (8 int32 partial sums) into the float ones
+static inline __attribute__((always_inline)) void accumulate8(float *sums, __m256i si, float scale) {
+    _mm256_store_ps(sums, _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(scale), _mm256_load_ps(sums)));
+}
+
 // 32 unsigned quants . 32 activations, times an int16 scale vector -> 8 int32
 static inline __attribute__((always_inline)) __m256i dot32_scaled(__m256i u, const int8_t *v, __m256i scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)v)), scale);
