@@ -163,6 +163,9 @@ def up_command(
     """Start router, prefill and decode on loopback; Ctrl-C stops them all."""
     from fermium.stack import Stack, stream_chat
     signal.signal(signal.SIGTERM, _interrupt)   # stopped by a service manager: same clean stop as Ctrl-C
+    # Ctrl-C stops it even when started from a shell that ignores SIGINT (a background job
+    # inherits it ignored, and Python then installs no handler of its own)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     roles = ("router", "prefill", "decode")
     ports = {name: metrics_port + i for i, name in enumerate(roles)} if metrics_port else {}
     quiet = {name: ["--log-level", log_level] for name in roles}

@@ -128,8 +128,10 @@ def test_client_disconnect_cancels_down_to_decode(stack):
 def test_fermium_up_chat_and_ctrl_c(stack):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    # started with SIGINT ignored, as a background job of a shell is: Ctrl-C must still stop it
     up = subprocess.Popen([sys.executable, "-m", "fermium", "up", "--model", stack.model, "--port", str(port),
-                           "--engine", "reference"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                           "--engine", "reference"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         assert "Fermium is up at" in up.stdout.readline()       # the banner is the first line
         chat = subprocess.run([sys.executable, "-m", "fermium", "chat", "Hello", "--url", url, "--max-tokens", "6"],
