@@ -82,7 +82,7 @@ float fm_dot_q6_K_a8_avx2(int n, const void *w, const void *a) {
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         __m256i si = q6_offset(s8, y[b].bsums);
         for (int h = 0; h < 2; h++, ql += 64, qh += 32, v += 128) {
-            const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
+            const __m256i sc = q6_half_scales(s8, h);
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++)
                 si = _mm256_add_epi32(si, dot32_scaled(q6_group(ql, qh, g), v + 32 * g, pick(sc, 8 + g)));

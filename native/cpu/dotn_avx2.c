@@ -121,7 +121,7 @@ INLINE void q6_K_n(int n, const block_q6_K *x, const void *const *acts, const in
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[b].ql + 64 * h, *qh = x[b].qh + 32 * h;
-            const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
+            const __m256i sc = q6_half_scales(s8, h);
             _Pragma("GCC unroll 4")
             for (int g = 0; g < 4; g++) {
                 const __m256i u = q6_group(ql, qh, g);

@@ -31,7 +31,7 @@ INLINE void q6_Kp_n(int n, const block_q6_Kp *x, const void *const *acts, const 
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++) {
             const uint8_t *pl = x[b].planes[h][0];
-            const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
+            const __m256i sc = q6_half_scales(s8, h);
             const __m256i X = LOAD(pl), Y = LOAD(pl + 32), Z = LOAD(pl + 64);
             const __m256i A = _mm256_and_si256(X, m6), B = _mm256_and_si256(Y, m6);
             const __m256i sab = _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)PAIRS[0]));

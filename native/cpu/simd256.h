@@ -55,6 +55,11 @@ static inline __attribute__((always_inline)) __m256i q6_offset(__m128i scales8, 
     return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 5));
 }
 
+// the 8 int16 scales of half h (0, 1) of a Q6_K super-block, in both 128-bit lanes
+static inline __attribute__((always_inline)) __m256i q6_half_scales(__m128i scales8, int h) {
+    return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(scales8, 8) : scales8));
+}
+
 // the 32 6-bit quants of Q6_K group g (0..3) of one 128-value half: the low (g < 2) or high
 // nibbles of ql[32 * (g & 1)..], with bits 2g, 2g+1 of qh[0..32] on top
 static inline __attribute__((always_inline)) __m256i q6_group(const uint8_t *ql, const uint8_t *qh, int g) {
