@@ -106,11 +106,8 @@ float fm_dot_q6_K_a8_ssse3(int n, const void *w, const void *a) {
         fm_prefetch_ahead(x + b, sizeof *x);
         const uint8_t *ql = x[b].ql, *qh = x[b].qh;
         const int8_t *v = y[b].qs;
-        const __m128i s8 = LOAD(x[b].scales);
-        const __m128i s16[2] = { _mm_srai_epi16(_mm_unpacklo_epi8(s8, s8), 8), _mm_srai_epi16(_mm_unpackhi_epi8(s8, s8), 8) };
-        // the stored quants are offset by +32: start from -32 * sum_g scale[g] * bsum[g]
-        __m128i si = _mm_add_epi32(_mm_madd_epi16(s16[0], LOAD(y[b].bsums)), _mm_madd_epi16(s16[1], LOAD(y[b].bsums + 8)));
-        si = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(si, 5));
+        __m128i s16[2];
+        __m128i si = q6_scales_offset(x[b].scales, y[b].bsums, s16);
         for (int h = 0; h < 2; h++, ql += 64, qh += 32, v += 128) {
             const __m128i l0 = LOAD(ql), l1 = LOAD(ql + 16), l2 = LOAD(ql + 32), l3 = LOAD(ql + 48);
             const __m128i h0 = LOAD(qh), h1 = LOAD(qh + 16), sc = s16[h];

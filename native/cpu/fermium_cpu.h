@@ -35,7 +35,8 @@ int fm_repack_q4_Kx8(const void *src, size_t rows, int cols, void *dst);
 // Q6_K repacked row by row (quants.h), the same size; -1 when cols is not a multiple of 256
 #define FM_Q6_KP 270
 int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst);
-// one group of repacked rows . na (1..4) activations: out[i * group + r]; -1 for a GGUF type
+// one group of repacked rows . na (1..4) activations: out[i * group + r]; -1 for a type
+// stored row by row (group 1)
 int fm_vec_dot_group(int isa, int type, int n, const void *w, const void *const *acts, int na, float *out);
 // a 64-bit checksum of `bytes` bytes, at about memory speed
 uint64_t fm_checksum(const void *data, size_t bytes);

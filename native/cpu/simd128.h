@@ -18,6 +18,18 @@ static inline __attribute__((always_inline)) void a8_bsum_pairs(const int16_t *b
                                                       _mm_loadu_si128((const __m128i *)(bsums + 8))));
 }
 
+// a Q6_K super-block's 16 scales as int16 (s16[0]: scales 0..7, s16[1]: 8..15), and the start
+// of its integer sum: the stored quants are offset by +32, so -32 * sum_g scale[g] * bsum[g]
+// (4 int32 partial sums)
+static inline __attribute__((always_inline)) __m128i q6_scales_offset(const int8_t *scales, const int16_t *bsums, __m128i s16[2]) {
+    const __m128i s8 = _mm_loadu_si128((const __m128i *)scales);
+    s16[0] = _mm_srai_epi16(_mm_unpacklo_epi8(s8, s8), 8);
+    s16[1] = _mm_srai_epi16(_mm_unpackhi_epi8(s8, s8), 8);
+    const __m128i c = _mm_add_epi32(_mm_madd_epi16(s16[0], _mm_loadu_si128((const __m128i *)bsums)),
+                                    _mm_madd_epi16(s16[1], _mm_loadu_si128((const __m128i *)(bsums + 8))));
+    return _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(c, 5));
+}
+
 // the 6-bit scales and mins of a repacked Q4_K group (quants.h), from the byte planes of the
 // packed scales: sc[t] holds scales 2t and 2t+1 of the 8 rows (8 bytes each), mn[t] the mins
 static inline __attribute__((always_inline)) void q4k_scales8(const uint8_t planes[12][FM_GROUP], __m128i sc[4], __m128i mn[4]) {

@@ -72,8 +72,10 @@ static inline __attribute__((always_inline)) __m256i q6_group(const uint8_t *ql,
 }
 
 // sum over the sub-blocks j of a repacked Q4_K group of min_j . (activation sum of sub-block j),
-// one int32 per row; mn8 and pairs as q4k_scales8 and a8_bsum_pairs (simd128.h) give them
-static inline __attribute__((always_inline)) __m256i q4k_mins_dot8(const __m128i mn8[4], const int32_t pairs[4]) {
+// one int32 per row; mn8 as q4k_scales8 (simd128.h) gives them, bsums those of the activation block
+static inline __attribute__((always_inline)) __m256i q4k_mins_dot8(const __m128i mn8[4], const int16_t *bsums) {
+    int32_t pairs[4];
+    a8_bsum_pairs(bsums, pairs);
     __m256i m = _mm256_setzero_si256();
     for (int t = 0; t < 4; t++) {   // mins of sub-blocks 2t, 2t+1 as int16 pairs per row
         const __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8[t], _mm_srli_si128(mn8[t], 8)));

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
+from gguf import GGMLQuantizationType as Q
 
 from common.model.gguf_file import GGUFModel, Tensor
 from common.progress import byte_progress
@@ -39,7 +40,7 @@ SUFFIX = ".fermium-repack"
 #   broadcasts cost a shuffle each, and they run 0.65-0.9x the row kernels for one activation;
 # - AVX-512 keeps Q6_K: its VNNI kernel for 4 activations reads 1.3x what the AVX2 Q6_Kp one
 #   does (3.95 against 3.03 B/tick on a Xeon), for one activation 0.94x.
-REPACK_TYPES = {"ssse3": (14,), "avx2": (2, 12, 14), "avx512": (2, 12)}
+REPACK_TYPES = {"ssse3": (Q.Q6_K,), "avx2": (Q.Q4_0, Q.Q4_K, Q.Q6_K), "avx512": (Q.Q4_0, Q.Q4_K)}
 NOT_REPACKED = ("token_embd.weight",)   # looked up a row at a time, in the GGUF layout
 PROGRESS_BYTES = 1 << 30
 
