@@ -29,6 +29,7 @@ float fm_dot_q4_K_a8_avx2(int n, const void *w, const void *a) {
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m256i si = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++, q += 32, v += 64) {
             const __m256i qq = LOAD(q);
             si = _mm256_add_epi32(si, dot32_scaled(_mm256_and_si256(qq, m4), v, pick(sc, 2 * j)));
@@ -55,6 +56,7 @@ float fm_dot_q5_K_a8_avx2(int n, const void *w, const void *a) {
         const int8_t *v = y[b].qs;
         __m256i hb = LOAD(x[b].qh);
         __m256i si = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++, q += 32, v += 64) {
             const __m256i qq = LOAD(q);
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(qq, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
@@ -81,6 +83,7 @@ float fm_dot_q6_K_a8_avx2(int n, const void *w, const void *a) {
         const int8_t *v = y[b].qs;
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         __m256i si = q6_offset(s8, y[b].bsums);
+        _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++, ql += 64, qh += 32, v += 128) {
             const __m256i sc = q6_half_scales(s8, h);
 #pragma GCC unroll 4

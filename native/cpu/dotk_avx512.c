@@ -28,6 +28,7 @@ float fm_dot_q4_K_a8_avx512(int n, const void *w, const void *a) {
         __m128i md;
         const __m512i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         __m512i si = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
             const __m512i u = join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
@@ -51,6 +52,7 @@ float fm_dot_q5_K_a8_avx512(int n, const void *w, const void *a) {
         const __m512i sc = k4_scales(x[b].scales, y[b].bsums, &md);
         __m256i hb = _mm256_loadu_si256((const __m256i *)x[b].qh);
         __m512i si = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), bit4));
@@ -75,6 +77,7 @@ float fm_dot_q6_K_a8_avx512(int n, const void *w, const void *a) {
         const int8_t *v = y[b].qs;
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         __m512i si = _mm512_zextsi256_si512(q6_offset(s8, y[b].bsums));
+        _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++, ql += 64, qh += 32, v += 128) {
             const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
             si = step512(si, q6_quants(ql, qh, 0), v, pick512(sc, 4));

@@ -47,6 +47,7 @@ float fm_dot_q4_K_a8_ssse3(int n, const void *w, const void *a) {
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m128i si = _mm_setzero_si128();
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++, q += 32, v += 64) {
             const __m128i q0 = LOAD(q), q1 = LOAD(q + 16);
             si = _mm_add_epi32(si, dot32_scaled(_mm_and_si128(q0, m4), _mm_and_si128(q1, m4), v, bcast16(sc, 2 * j)));
@@ -72,6 +73,7 @@ float fm_dot_q5_K_a8_ssse3(int n, const void *w, const void *a) {
         const int8_t *v = y[b].qs;
         __m128i h0 = LOAD(x[b].qh), h1 = LOAD(x[b].qh + 16);
         __m128i si = _mm_setzero_si128();
+        _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++, q += 32, v += 64) {
             const __m128i q0 = LOAD(q), q1 = LOAD(q + 16);
             // bit 2j of qh -> bit 4 of the low quant; bit 2j+1 -> bit 4 of the high quant
@@ -108,6 +110,7 @@ float fm_dot_q6_K_a8_ssse3(int n, const void *w, const void *a) {
         const int8_t *v = y[b].qs;
         __m128i s16[2];
         __m128i si = q6_scales_offset(x[b].scales, y[b].bsums, s16);
+        _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++, ql += 64, qh += 32, v += 128) {
             const __m128i l0 = LOAD(ql), l1 = LOAD(ql + 16), l2 = LOAD(ql + 32), l3 = LOAD(ql + 48);
             const __m128i h0 = LOAD(qh), h1 = LOAD(qh + 16), sc = s16[h];

@@ -26,7 +26,9 @@ float fm_dot_q6_Kp_a8_ssse3(int n, const void *w, const void *a) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i s16[2];
         __m128i si = q6_scales_offset(x[b].scales, y[b].bsums, s16);
+        _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++)
+            _Pragma("GCC unroll 2")
             for (int l = 0; l < 2; l++) {   // lane l of registers A..D: 64 values, 4 sub-blocks
                 const uint8_t *pl = x[b].planes[h][0] + 16 * l;
                 const int8_t *v = y[b].qs + 128 * h + 16 * l;   // A, B, C, D 32 bytes apart

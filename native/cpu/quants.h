@@ -125,6 +125,7 @@ static inline void fm_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t
 #define FM_PREFETCH_AHEAD 4096
 static inline __attribute__((always_inline)) void fm_prefetch_ahead(const void *at, size_t bytes) {
     const char *p = (const char *)at + FM_PREFETCH_AHEAD;
+    _Pragma("GCC unroll 16")   // bytes is a block size, known where this inlines; -O2 left a loop
     for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
