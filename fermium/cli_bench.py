@@ -52,7 +52,7 @@ def _phase_table(rounds: list[dict]) -> list[str]:
         lines.append(f"{name:16s} {1e3 * sec:8.2f} {nbytes / 1e9:8.3f} {nbytes / sec / 1e9 if sec else 0:6.2f} "
                      f"{100 * sec / step_s:5.1f}%")
     lines.append(f"{'the rest':16s} {1e3 * rest:8.2f} {'':8s} {'':6s} {100 * rest / step_s:5.1f}%  "
-                 "(serial: norms, conv, gates, routing, quantization)")
+                 "(serial: norms, matvec input quantization, embedding)")
     return lines
 
 

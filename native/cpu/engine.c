@@ -132,6 +132,10 @@ double eng_seconds(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+void eng_phase_since(fm_engine *e, int phase, double t0) {
+    e->phase_s[phase] += eng_seconds() - t0;
+}
+
 void eng_run_jobs(fm_engine *e, int phase) {
     double bytes = 0.0;   // the step's weight bytes: these runs' and the embedding rows
     for (int i = 0; i < e->n_jobs; i++) bytes += (double)e->jobs[i].rows * (double)e->jobs[i].row_bytes;
@@ -143,6 +147,8 @@ void eng_run_jobs(fm_engine *e, int phase) {
     e->n_jobs = 0;
     e->memo.rows = NULL;   // the next phase's inputs are new
 }
+
+int fm_engine_phase_count(void) { return PH_COUNT; }
 
 void fm_engine_phases(const fm_engine *e, double *out) {
     for (int i = 0; i < PH_COUNT; i++) {

@@ -8,9 +8,13 @@
 
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 
-// the phases of a step, timed separately (fm_engine_phases): the matvecs, and the mixer heads
-// as pool tasks; the rest of the step is serial: norms, conv, gates, routing, quantization
-enum { PH_MIX_IN, PH_HEADS, PH_MIX_OUT, PH_ROUTER, PH_EXPERT_UP, PH_EXPERT_DOWN, PH_HEAD, PH_COUNT };
+// the phases of a step, timed separately (fm_engine_phases): the matvecs, the mixer heads as
+// pool tasks, and two serial stretches on the calling thread: the mixers' (conv, q/k norms,
+// gates, RoPE, KV append) and the MoE's (routing, SiLU, the down inputs' quantization, the
+// weighted sum of the experts). The rest of the step is serial too: norms, the quantization
+// of the matvec inputs, the embedding row.
+enum { PH_MIX_IN, PH_HEADS, PH_MIX_OUT, PH_ROUTER, PH_EXPERT_UP, PH_EXPERT_DOWN, PH_HEAD,
+       PH_MIX_SERIAL, PH_MOE_SERIAL, PH_COUNT };
 
 // the last rows eng_quant_rows prepared: asked again for the same rows in the same activation
 // format within a phase (qkv and z, gate and up), it hands them back instead of redoing them
@@ -54,6 +58,8 @@ int eng_add_job(fm_engine *e, const fm_weight *w, int mat, int n, const void **a
 int eng_dense(fm_engine *e, const fm_weight *w, const float *x, int n, float *y);
 void eng_run_jobs(fm_engine *e, int phase);   // phase: PH_*, for the timing
 double eng_seconds(void);                     // a monotonic clock
+// adds the time since t0 (eng_seconds) to a phase
+void eng_phase_since(fm_engine *e, int phase, double t0);
 void eng_add_rows(float *x, const float *y, int n, int H);
 // every phase starts from the norm of the residual: it also recycles the arena
 void eng_norm_rows(fm_engine *e, const float *w, int n);

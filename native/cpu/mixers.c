@@ -50,6 +50,7 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
         err |= eng_dense(e, &L->ba, e->xn, n, e->p_alpha);
     if (err) return -1;
     eng_run_jobs(e, PH_MIX_IN);
+    const double t0 = eng_seconds();
     for (int b = 0; b < n; b++) {
         float *co = e->conv_out + (size_t)b * C;
         fm_conv_update(seqs[b].conv[li], L->conv_w, e->p_qkv + (size_t)b * C, co, C, m->conv_kernel);
@@ -72,6 +73,7 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
             beta[p] = fm_sigmoid(bt);
         }
     }
+    eng_phase_since(e, PH_MIX_SERIAL, t0);
     layer_ctx c = { e, L, seqs, li };
     run_heads(e, gdn_task, &c, n * nv, 2.0 * sizeof(float) * n * nv * dk * dv);   // each state read and written
     if (eng_dense(e, &L->ssm_out, e->core, n, e->attn_out)) return -1;
@@ -113,6 +115,7 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
     if (eng_dense(e, &L->q, e->xn, n, e->p_qkv) | eng_dense(e, &L->k, e->xn, n, e->p_k) | eng_dense(e, &L->v, e->xn, n, e->p_v))
         return -1;
     eng_run_jobs(e, PH_MIX_IN);
+    const double t0 = eng_seconds();
     int max_t = 0;
     for (int b = 0; b < n; b++) {
         rope_table(e, seqs[b].pos);
@@ -136,6 +139,7 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
         e->scores_cap -= e->scores_cap % ((size_t)e->cap * nh);
         if (!(e->scores = malloc(sizeof(float) * e->scores_cap))) { e->scores_cap = 0; return -1; }
     }
+    eng_phase_since(e, PH_MIX_SERIAL, t0);
     layer_ctx c = { e, L, seqs, fi };
     double kv_bytes = 0.0;   // the keys and values each sequence attends over
     for (int b = 0; b < n; b++) kv_bytes += 2.0 * sizeof(float) * (seqs[b].pos + 1) * nkv * hd;

@@ -13,6 +13,7 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
     eng_norm_rows(e, L->post_norm, n);
     if (eng_dense(e, &L->router, e->xn, n, e->router)) return -1;
     eng_run_jobs(e, PH_ROUTER);
+    double t0 = eng_seconds();
     for (int b = 0; b < n; b++) {
         fm_route(e->router + (size_t)b * E, E, K, e->probs, e->ids + (size_t)b * K1, e->wts + (size_t)b * K1);
         float s = 1.0f;
@@ -24,6 +25,7 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
         }
         e->sg[b] = s;
     }
+    eng_phase_since(e, PH_MOE_SERIAL, t0);
     // phase 1: gate and up of every routed expert (its tokens together) and the shared expert
     const void **ag = eng_quant_rows(e, L->gate_exps.type, e->xn, n, H, H);
     const void **au = eng_quant_rows(e, L->up_exps.type, e->xn, n, H, H);
@@ -63,6 +65,7 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
     }
     eng_run_jobs(e, PH_EXPERT_UP);
     // phase 2: down projections of silu(g) * u
+    t0 = eng_seconds();
     for (int i = 0; i < n; i++)
         for (int s = 0; s < (shared ? K1 : K); s++) {
             float *g = e->g + ((size_t)i * K1 + s) * FW;
@@ -85,10 +88,12 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
         }
         if (eng_add_job(e, &L->down_exps, x, cnt, dacts + first[x], douts + first[x])) return -1;
     }
+    eng_phase_since(e, PH_MOE_SERIAL, t0);
     if (shared && eng_add_job(e, &L->sh_down, 0, n, eng_quant_rows(e, L->sh_down.type, e->g + (size_t)K * FW, n, Fs, (size_t)K1 * FW),
                           eng_out_rows(e, e->down + (size_t)K * H, n, (size_t)K1 * H)))
         return -1;
     eng_run_jobs(e, PH_EXPERT_DOWN);
+    t0 = eng_seconds();
     for (int i = 0; i < n; i++) {
         float *x = e->x + (size_t)i * H;
         for (int s = 0; s < K; s++) {
@@ -100,5 +105,6 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
             for (int j = 0; j < H; j++) x[j] += e->sg[i] * d[j];
         }
     }
+    eng_phase_since(e, PH_MOE_SERIAL, t0);
     return 0;
 }

@@ -22,7 +22,8 @@ from native.cpu_lib import ffi, lib
 from services.decode.repack import REPACK_TYPES, open_cache, source_ranges
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
-PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head")
+PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head",
+          "mixer serial", "MoE serial")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
 PROGRESS_BYTES = 2 << 30   # files this large report mapping progress
 REPACK_ENV = "FERMIUM_REPACK"   # "0": decode from the GGUF layout, no repack cache
@@ -209,8 +210,10 @@ class NativeEngine:
 
     def last_phases(self) -> dict[str, tuple[float, float]]:
         """The last decode step's phases as {name: (seconds, bytes)}: the matvecs (weight bytes)
-        and the mixer heads (state and cache bytes); and "step", the whole C step. What the
-        phases leave is the serial work: norms, conv, gates, routing, quantization."""
+        and the mixer heads (state and cache bytes); the serial stretches of the mixers (conv,
+        q/k norms, gates, RoPE) and of the MoE (routing, SiLU, the experts' sum); and "step",
+        the whole C step. What the phases leave is serial too: norms, input quantization."""
+        assert lib.fm_engine_phase_count() == len(PHASES), "PHASES out of step with engine_impl.h"
         p = ffi.new("double[]", 2 * len(PHASES) + 1)
         lib.fm_engine_phases(self._engine, p)
         out = {name: (p[2 * i], p[2 * i + 1]) for i, name in enumerate(PHASES)}
