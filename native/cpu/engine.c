@@ -20,7 +20,7 @@ void *eng_arena_alloc(fm_engine *e, size_t bytes) {
 
 static void free_scratch(fm_engine *e) {
     float **fs[] = { &e->x, &e->xn, &e->p_qkv, &e->p_z, &e->p_alpha, &e->p_beta, &e->p_k, &e->p_v,
-                     &e->conv_out, &e->core, &e->attn_out, &e->gates, &e->router, &e->probs, &e->rope,
+                     &e->conv_out, &e->core, &e->attn_out, &e->router, &e->probs, &e->rope,
                      &e->wts, &e->sg, &e->g, &e->u, &e->down };
     for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) { free(*fs[i]); *fs[i] = NULL; }
     free(e->ids); free(e->arena); free(e->jobs);
@@ -41,7 +41,7 @@ static int reserve(fm_engine *e, int n) {
         { &e->x, cap * H }, { &e->xn, cap * H }, { &e->p_qkv, cap * MAX(C, QG) }, { &e->p_z, cap * MAX(Z, KV) },
         { &e->p_alpha, cap * nv2 }, { &e->p_beta, cap * nv2 }, { &e->p_k, cap * KV }, { &e->p_v, cap * KV },
         { &e->conv_out, cap * C }, { &e->core, cap * MAX(Z, AO) }, { &e->attn_out, cap * H },
-        { &e->gates, 2 * cap * nv2 }, { &e->router, cap * m->n_experts }, { &e->probs, m->n_experts },
+        { &e->router, cap * m->n_experts }, { &e->probs, m->n_experts },
         { &e->rope, (size_t)MAX(m->rope_dim, 2) }, { &e->wts, cap * K1 }, { &e->sg, cap },
         { &e->g, cap * K1 * F }, { &e->u, cap * K1 * F }, { &e->down, cap * K1 * H },
     };

@@ -8,13 +8,13 @@
 
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 
-// the phases of a step, timed separately (fm_engine_phases): the matvecs, the mixer heads as
-// pool tasks, and two serial stretches on the calling thread: the mixers' (conv, q/k norms,
-// gates, RoPE, KV append) and the MoE's (routing, SiLU, the down inputs' quantization, the
-// weighted sum of the experts). The rest of the step is serial too: norms, the quantization
-// of the matvec inputs, the embedding row.
+// the phases of a step, timed separately (fm_engine_phases): the matvecs, the mixer heads, and
+// the stretches around them: the mixers' (conv update and q/k norms as pool tasks; for attention
+// the q/k norms, RoPE and the KV append) and the MoE's (routing; SiLU and the down inputs'
+// quantization, then the weighted sum of the experts, as pool tasks). The rest of the step is
+// serial: norms, the quantization of the matvec inputs, the embedding row.
 enum { PH_MIX_IN, PH_HEADS, PH_MIX_OUT, PH_ROUTER, PH_EXPERT_UP, PH_EXPERT_DOWN, PH_HEAD,
-       PH_MIX_SERIAL, PH_MOE_SERIAL, PH_COUNT };
+       PH_MIX_PREP, PH_MOE_PREP, PH_COUNT };
 
 // the last rows eng_quant_rows prepared: asked again for the same rows in the same activation
 // format within a phase (qkv and z, gate and up), it hands them back instead of redoing them
@@ -33,7 +33,7 @@ struct fm_engine {
     // scratch, each (cap, ...)
     float *x, *xn;                // (cap, H)
     float *p_qkv, *p_z, *p_alpha, *p_beta, *p_k, *p_v;
-    float *conv_out, *core, *attn_out, *gates;   // gates: (cap, nv) decay then (cap, nv) beta
+    float *conv_out, *core, *attn_out;
     float *router, *probs, *rope;
     int *ids;
     float *wts, *sg, *g, *u, *down;   // g, u: (cap*(K+1), maxF); down: (cap*(K+1), H)

@@ -11,6 +11,48 @@
 
 typedef struct { fm_engine *e; const fm_layer *L; const fm_seq *seqs; int li; } layer_ctx;
 
+#define CONV_TASKS 4   // per sequence: the conv update's channels, in whole heads
+
+// the first conv channel of head unit u: nk query heads, nk key heads (dk channels), then nv
+// value heads (dv channels)
+static size_t unit_channel(const fm_model *m, int u) {
+    const int nk = m->n_k_heads;
+    return u < 2 * nk ? (size_t)u * m->head_k_dim : 2 * (size_t)nk * m->head_k_dim + (size_t)(u - 2 * nk) * m->head_v_dim;
+}
+
+// conv update and SiLU of a run of whole heads of one sequence, then the query and key heads'
+// L2 norms (the query's with the 1/sqrt(dk) scale)
+static void conv_task(void *arg, int task, int thread) {
+    (void)thread;
+    const layer_ctx *c = arg;
+    const fm_model *m = c->e->m;
+    const int nk = m->n_k_heads, dk = m->head_k_dim, K = m->conv_kernel, units = 2 * nk + m->n_v_heads;
+    const int b = task / CONV_TASKS, part = task % CONV_TASKS;
+    const int u0 = units * part / CONV_TASKS, u1 = units * (part + 1) / CONV_TASKS;
+    const size_t C = unit_channel(m, units), c0 = unit_channel(m, u0), c1 = unit_channel(m, u1);
+    float *co = c->e->conv_out + (size_t)b * C;
+    fm_conv_update(c->seqs[b].conv[c->li] + c0 * (K - 1), c->L->conv_w + c0 * K, c->e->p_qkv + (size_t)b * C + c0,
+                   co + c0, (int)(c1 - c0), K);
+    for (int u = u0; u < u1 && u < 2 * nk; u++)
+        fm_l2norm_scale(co + (size_t)u * dk, dk, 1e-6f, u < nk ? 1.0f / sqrtf((float)dk) : 1.0f);
+}
+
+// the decay and the beta of value head p of sequence b
+static void gdn_gates(const fm_engine *e, const fm_layer *L, int b, int p, float *decay, float *beta) {
+    const int nv = e->m->n_v_heads, r = nv / e->m->n_k_heads;
+    float a, bt;
+    if (L->alpha.data) {
+        a = e->p_alpha[(size_t)b * nv + p];
+        bt = e->p_beta[(size_t)b * nv + p];
+    } else {  // per key head: r beta rows then r alpha rows
+        const float *ba = e->p_alpha + (size_t)b * 2 * nv + (size_t)(p / r) * 2 * r;
+        bt = ba[p % r];
+        a = ba[r + p % r];
+    }
+    *decay = expf(L->ssm_a[p] * fm_softplus(a + L->dt_bias[p]));
+    *beta = fm_sigmoid(bt);
+}
+
 static void gdn_task(void *arg, int task, int thread) {
     (void)thread;
     const layer_ctx *c = arg;
@@ -21,9 +63,10 @@ static void gdn_task(void *arg, int task, int thread) {
     const size_t C = 2 * (size_t)nk * dk + (size_t)nv * dv;
     const float *co = c->e->conv_out + (size_t)b * C;
     float *o = c->e->core + (size_t)b * nv * dv + (size_t)p * dv;
-    const float *gates = c->e->gates + (size_t)b * 2 * nv;
+    float decay, beta;
+    gdn_gates(c->e, c->L, b, p, &decay, &beta);
     fm_gdn_head(c->seqs[b].ssm[c->li] + (size_t)p * dk * dv, co + (size_t)kh * dk, co + (size_t)(nk + kh) * dk,
-                co + 2 * (size_t)nk * dk + (size_t)p * dv, gates[p], gates[nv + p], o, dk, dv);
+                co + 2 * (size_t)nk * dk + (size_t)p * dv, decay, beta, o, dk, dv);
     // gated norm: rmsnorm(o) * w * silu(z)
     const float *z = c->e->p_z + (size_t)b * nv * dv + (size_t)p * dv;
     fm_rmsnorm(o, c->L->ssm_norm, o, dv, m->rms_eps);
@@ -40,8 +83,7 @@ static void run_heads(fm_engine *e, fm_task_fn fn, layer_ctx *c, int tasks, doub
 
 int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_seq *seqs) {
     const fm_model *m = e->m;
-    const int nv = m->n_v_heads, nk = m->n_k_heads, dk = m->head_k_dim, dv = m->head_v_dim;
-    const int C = 2 * nk * dk + nv * dv, r = nv / nk;
+    const int nv = m->n_v_heads, dk = m->head_k_dim, dv = m->head_v_dim;
     eng_norm_rows(e, L->attn_norm, n);
     int err = eng_dense(e, &L->qkv, e->xn, n, e->p_qkv) | eng_dense(e, &L->z, e->xn, n, e->p_z);
     if (L->alpha.data)
@@ -51,30 +93,9 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
     if (err) return -1;
     eng_run_jobs(e, PH_MIX_IN);
     const double t0 = eng_seconds();
-    for (int b = 0; b < n; b++) {
-        float *co = e->conv_out + (size_t)b * C;
-        fm_conv_update(seqs[b].conv[li], L->conv_w, e->p_qkv + (size_t)b * C, co, C, m->conv_kernel);
-        for (int h = 0; h < nk; h++) {
-            fm_l2norm_scale(co + (size_t)h * dk, dk, 1e-6f, 1.0f / sqrtf((float)dk));
-            fm_l2norm_scale(co + (size_t)(nk + h) * dk, dk, 1e-6f, 1.0f);
-        }
-        float *decay = e->gates + (size_t)b * 2 * nv, *beta = decay + nv;
-        for (int p = 0; p < nv; p++) {
-            float a, bt;
-            if (L->alpha.data) {
-                a = e->p_alpha[(size_t)b * nv + p];
-                bt = e->p_beta[(size_t)b * nv + p];
-            } else {  // per key head: r beta rows then r alpha rows
-                const float *ba = e->p_alpha + (size_t)b * 2 * nv + (size_t)(p / r) * 2 * r;
-                bt = ba[p % r];
-                a = ba[r + p % r];
-            }
-            decay[p] = expf(L->ssm_a[p] * fm_softplus(a + L->dt_bias[p]));
-            beta[p] = fm_sigmoid(bt);
-        }
-    }
-    eng_phase_since(e, PH_MIX_SERIAL, t0);
     layer_ctx c = { e, L, seqs, li };
+    fm_pool_run(e->pool, conv_task, &c, n * CONV_TASKS);
+    eng_phase_since(e, PH_MIX_PREP, t0);
     run_heads(e, gdn_task, &c, n * nv, 2.0 * sizeof(float) * n * nv * dk * dv);   // each state read and written
     if (eng_dense(e, &L->ssm_out, e->core, n, e->attn_out)) return -1;
     eng_run_jobs(e, PH_MIX_OUT);
@@ -139,7 +160,7 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
         e->scores_cap -= e->scores_cap % ((size_t)e->cap * nh);
         if (!(e->scores = malloc(sizeof(float) * e->scores_cap))) { e->scores_cap = 0; return -1; }
     }
-    eng_phase_since(e, PH_MIX_SERIAL, t0);
+    eng_phase_since(e, PH_MIX_PREP, t0);
     layer_ctx c = { e, L, seqs, fi };
     double kv_bytes = 0.0;   // the keys and values each sequence attends over
     for (int b = 0; b < n; b++) kv_bytes += 2.0 * sizeof(float) * (seqs[b].pos + 1) * nkv * hd;

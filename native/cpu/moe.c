@@ -5,6 +5,44 @@
 #include "engine_impl.h"
 #include "ops.h"
 
+typedef struct {
+    fm_engine *e;
+    int n, F, Fs, FW, shared, down_type;
+    const int *order;      // (n * K,) routed slots q = token * (K+1) + s, grouped by expert
+    uint8_t *dbuf;         // the routed slots' down inputs, quantized, in that order
+    size_t dab;
+} moe_ctx;
+
+// silu(g) * u of one slot, and for a routed slot its down input quantized: tasks 0..nK-1 the
+// routed slots in expert order, then one per token for the shared expert
+static void act_task(void *arg, int task, int thread) {
+    (void)thread;
+    const moe_ctx *c = arg;
+    const fm_engine *e = c->e;
+    const int K = e->m->n_experts_used, K1 = K + 1, nk = c->n * K;
+    const int q = task < nk ? c->order[task] : (task - nk) * K1 + K;
+    float *g = e->g + (size_t)q * c->FW;
+    fm_silu_mul(g, e->u + (size_t)q * c->FW, task < nk ? c->F : c->Fs);
+    if (task < nk) fm_quantize_act(c->down_type, g, c->F, c->dbuf + c->dab * task);
+}
+
+#define SUM_TASKS 4   // per token: the hidden width in parts
+
+// x += the routing-weighted expert outputs and the gated shared expert's, over one part of x
+static void sum_task(void *arg, int task, int thread) {
+    (void)thread;
+    const moe_ctx *c = arg;
+    const fm_engine *e = c->e;
+    const int H = e->m->hidden, K = e->m->n_experts_used, K1 = K + 1;
+    const int i = task / SUM_TASKS, part = task % SUM_TASKS;
+    const int j0 = H * part / SUM_TASKS, j1 = H * (part + 1) / SUM_TASKS;
+    float *x = e->x + (size_t)i * H;
+    for (int s = 0; s < (c->shared ? K1 : K); s++) {
+        const float w = s < K ? e->wts[(size_t)i * K1 + s] : e->sg[i], *d = e->down + ((size_t)i * K1 + s) * H;
+        for (int j = j0; j < j1; j++) x[j] += w * d[j];
+    }
+}
+
 int eng_moe(fm_engine *e, const fm_layer *L, int n) {
     const fm_model *m = e->m;
     const int H = m->hidden, E = m->n_experts, K = m->n_experts_used, K1 = K + 1;
@@ -25,7 +63,7 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
         }
         e->sg[b] = s;
     }
-    eng_phase_since(e, PH_MOE_SERIAL, t0);
+    eng_phase_since(e, PH_MOE_PREP, t0);
     // phase 1: gate and up of every routed expert (its tokens together) and the shared expert
     const void **ag = eng_quant_rows(e, L->gate_exps.type, e->xn, n, H, H);
     const void **au = eng_quant_rows(e, L->up_exps.type, e->xn, n, H, H);
@@ -66,45 +104,29 @@ int eng_moe(fm_engine *e, const fm_layer *L, int n) {
     eng_run_jobs(e, PH_EXPERT_UP);
     // phase 2: down projections of silu(g) * u
     t0 = eng_seconds();
-    for (int i = 0; i < n; i++)
-        for (int s = 0; s < (shared ? K1 : K); s++) {
-            float *g = e->g + ((size_t)i * K1 + s) * FW;
-            const float *u = e->u + ((size_t)i * K1 + s) * FW;
-            fm_silu_mul(g, u, s < K ? F : Fs);
-        }
+    const size_t dab = fm_act_bytes(L->down_exps.type, F);
     const void **dacts = eng_arena_alloc(e, sizeof(void *) * (size_t)n * K1);
     float **douts = eng_arena_alloc(e, sizeof(float *) * (size_t)n * K1);
-    const size_t dab = fm_act_bytes(L->down_exps.type, F);
     uint8_t *dbuf = eng_arena_alloc(e, dab * (size_t)n * K);
     if (!dacts || !douts || !dbuf) return -1;
+    moe_ctx c = { e, n, F, Fs, FW, shared, L->down_exps.type, order, dbuf, dab };
+    fm_pool_run(e->pool, act_task, &c, n * K + (shared ? n : 0));
     for (int x = 0; x < E; x++) {
         const int cnt = first[x + 1] - first[x];
         if (!cnt) continue;
         for (int j = first[x]; j < first[x + 1]; j++) {
-            const int q = order[j];
-            fm_quantize_act(L->down_exps.type, e->g + (size_t)q * FW, F, dbuf + dab * j);
             dacts[j] = dbuf + dab * j;
-            douts[j] = e->down + (size_t)q * H;
+            douts[j] = e->down + (size_t)order[j] * H;
         }
         if (eng_add_job(e, &L->down_exps, x, cnt, dacts + first[x], douts + first[x])) return -1;
     }
-    eng_phase_since(e, PH_MOE_SERIAL, t0);
+    eng_phase_since(e, PH_MOE_PREP, t0);
     if (shared && eng_add_job(e, &L->sh_down, 0, n, eng_quant_rows(e, L->sh_down.type, e->g + (size_t)K * FW, n, Fs, (size_t)K1 * FW),
                           eng_out_rows(e, e->down + (size_t)K * H, n, (size_t)K1 * H)))
         return -1;
     eng_run_jobs(e, PH_EXPERT_DOWN);
     t0 = eng_seconds();
-    for (int i = 0; i < n; i++) {
-        float *x = e->x + (size_t)i * H;
-        for (int s = 0; s < K; s++) {
-            const float w = e->wts[(size_t)i * K1 + s], *d = e->down + ((size_t)i * K1 + s) * H;
-            for (int j = 0; j < H; j++) x[j] += w * d[j];
-        }
-        if (shared) {
-            const float *d = e->down + ((size_t)i * K1 + K) * H;
-            for (int j = 0; j < H; j++) x[j] += e->sg[i] * d[j];
-        }
-    }
-    eng_phase_since(e, PH_MOE_SERIAL, t0);
+    fm_pool_run(e->pool, sum_task, &c, n * SUM_TASKS);
+    eng_phase_since(e, PH_MOE_PREP, t0);
     return 0;
 }

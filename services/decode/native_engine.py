@@ -23,7 +23,7 @@ from services.decode.repack import REPACK_TYPES, open_cache, source_ranges
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
 PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head",
-          "mixer serial", "MoE serial")
+          "mixer prep", "MoE prep/sum")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
 PROGRESS_BYTES = 2 << 30   # files this large report mapping progress
 REPACK_ENV = "FERMIUM_REPACK"   # "0": decode from the GGUF layout, no repack cache
@@ -210,9 +210,9 @@ class NativeEngine:
 
     def last_phases(self) -> dict[str, tuple[float, float]]:
         """The last decode step's phases as {name: (seconds, bytes)}: the matvecs (weight bytes)
-        and the mixer heads (state and cache bytes); the serial stretches of the mixers (conv,
-        q/k norms, gates, RoPE) and of the MoE (routing, SiLU, the experts' sum); and "step",
-        the whole C step. What the phases leave is serial too: norms, input quantization."""
+        and the mixer heads (state and cache bytes); the stretches around them in the mixers (conv,
+        q/k norms, RoPE) and the MoE (routing, SiLU, the experts' sum); and "step", the whole C
+        step. What the phases leave is serial: norms, input quantization."""
         assert lib.fm_engine_phase_count() == len(PHASES), "PHASES out of step with engine_impl.h"
         p = ffi.new("double[]", 2 * len(PHASES) + 1)
         lib.fm_engine_phases(self._engine, p)
