@@ -4,8 +4,9 @@ revision REV against the working tree's, alternating the two REPS times on the s
     python tools/ab_decode.py REV [--reps N] -- BENCH_ARGS...
     e.g. python tools/ab_decode.py HEAD~1 --reps 4 -- --model /tmp/syn-q4_k_m.gguf --threads 2 --isa ssse3
 
-REV is checked out into a temporary worktree and its native extension built there; each run is
-a fresh process with that tree first on the path. Prints each run's median tok/s, share of the
+REV is checked out into a temporary worktree and its native extension built there; the working
+tree runs with its extension as last built (`pip install -e .`). Each run is a fresh process with
+its tree first on the path. Prints each run's median tok/s, share of the
 measured bandwidth and batch gain, then the working tree's tok/s over REV's, run by run.
 """
 from __future__ import annotations
