@@ -18,13 +18,18 @@ static inline __m128 half4(__m128i h) {
     return _mm_castsi128_ps(_mm_or_si128(v, sign));
 }
 
-// the scales of weight blocks b..b+3, whose first two bytes are an f16 and stride bytes apart
-static inline __m128 scales4(const uint8_t *first, size_t stride) {
+// the f16 scales of weight blocks b..b+3 (their first two bytes, stride bytes apart), each in
+// the low 16 bits of a 32-bit lane
+static inline __m128i f16x4(const uint8_t *first, size_t stride) {
     __m128i h = _mm_cvtsi32_si128(*(const uint16_t *)first);
     h = _mm_insert_epi16(h, *(const uint16_t *)(first + stride), 2);
     h = _mm_insert_epi16(h, *(const uint16_t *)(first + 2 * stride), 4);
-    h = _mm_insert_epi16(h, *(const uint16_t *)(first + 3 * stride), 6);
-    return half4(h);
+    return _mm_insert_epi16(h, *(const uint16_t *)(first + 3 * stride), 6);
+}
+
+// those scales as f32
+static inline __m128 scales4(const uint8_t *first, size_t stride) {
+    return half4(f16x4(first, stride));
 }
 
 #define LANE(v, k) _mm_shuffle_ps((v), (v), _MM_SHUFFLE(k, k, k, k))
@@ -78,12 +83,7 @@ float fm_dot_q4_0_a8_ssse3(int n, const void *w, const void *a) {
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
         fm_prefetch_ahead(x + b, 4 * sizeof *x);
-        const uint8_t *first = (const uint8_t *)&x[b].d;
-        __m128i h = _mm_cvtsi32_si128(*(const uint16_t *)first);
-        h = _mm_insert_epi16(h, *(const uint16_t *)(first + sizeof *x), 2);
-        h = _mm_insert_epi16(h, *(const uint16_t *)(first + 2 * sizeof *x), 4);
-        h = _mm_insert_epi16(h, *(const uint16_t *)(first + 3 * sizeof *x), 6);
-        const __m128 dw = half4_mul(h);
+        const __m128 dw = half4_mul(f16x4((const uint8_t *)&x[b].d, sizeof *x));
         off = _mm_add_ps(off, _mm_mul_ps(dw, _mm_loadu_ps(sy + b)));
         const __m128i p01 = _mm_hadd_epi16(dot_u4_i16(x[b].qs, q + QK32 * b), dot_u4_i16(x[b + 1].qs, q + QK32 * (b + 1)));
         const __m128i p23 = _mm_hadd_epi16(dot_u4_i16(x[b + 2].qs, q + QK32 * (b + 2)), dot_u4_i16(x[b + 3].qs, q + QK32 * (b + 3)));

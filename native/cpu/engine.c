@@ -143,7 +143,7 @@ void eng_run_jobs(fm_engine *e, int phase) {
     e->bytes += bytes;
     const double t0 = eng_seconds();
     fm_mv_run(e->pool, e->jobs, e->n_jobs);
-    e->phase_s[phase] += eng_seconds() - t0;
+    eng_phase_since(e, phase, t0);
     e->n_jobs = 0;
     e->memo.rows = NULL;   // the next phase's inputs are new
 }

@@ -59,8 +59,8 @@ int fm_decode(fm_engine *engine, int n, const int *tokens, const fm_seq *seqs, f
 double fm_engine_bytes(const fm_engine *engine);   // weight bytes read by the last fm_decode
 // the last fm_decode's phases: (seconds, bytes) for the matvecs of the mixer inputs, the mixer
 // heads (DeltaNet recurrence and attention; bytes of state and cache read and written), the
-// matvecs of the mixer output, router, expert gate/up, expert down, LM head, then the mixers'
-// and the MoE's serial stretches (no bytes); then the whole step's seconds
+// matvecs of the mixer output, router, expert gate/up, expert down, LM head, then the work
+// around the mixer heads and around the MoE matvecs (no bytes); then the whole step's seconds
 // (2 * fm_engine_phase_count() + 1 doubles)
 void fm_engine_phases(const fm_engine *engine, double *out);
 int fm_engine_phase_count(void);

@@ -77,7 +77,7 @@ static void gdn_task(void *arg, int task, int thread) {
 static void run_heads(fm_engine *e, fm_task_fn fn, layer_ctx *c, int tasks, double bytes) {
     const double t0 = eng_seconds();
     fm_pool_run(e->pool, fn, c, tasks);
-    e->phase_s[PH_HEADS] += eng_seconds() - t0;
+    eng_phase_since(e, PH_HEADS, t0);
     e->phase_bytes[PH_HEADS] += bytes;
 }
 

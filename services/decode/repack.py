@@ -37,7 +37,8 @@ PAGE = 4096
 SUFFIX = ".fermium-repack"
 # GGUF types (cpu_lib.REPACKED) whose repacked layout each ISA reads faster (selftest.c):
 # - SSSE3 keeps Q4_0 and Q4_K in the GGUF layout: in 128-bit registers the group kernels'
-#   broadcasts cost a shuffle each, and they run 0.65-0.9x the row kernels for one activation;
+#   broadcasts cost a shuffle each, and a whole Q4_K_M model decodes at 0.87x with Q4_K
+#   repacked (native/cpu/dotg_ssse3.c);
 # - AVX-512 keeps Q6_K: its VNNI kernel for 4 activations reads 1.3x what the AVX2 Q6_Kp one
 #   does (3.95 against 3.03 B/tick on a Xeon), for one activation 0.94x.
 REPACK_TYPES = {"ssse3": (Q.Q6_K,), "avx2": (Q.Q4_0, Q.Q4_K, Q.Q6_K), "avx512": (Q.Q4_0, Q.Q4_K)}
