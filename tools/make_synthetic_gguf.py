@@ -186,7 +186,12 @@ def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", 
         writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{arch}.rope.freq_base", 1e7)
+    if arch == "qwen35moe":   # multimodal RoPE sections, as converted checkpoints carry them (text: one position)
+        third = round(w.rope_dim / 2 * 11 / 32)
+        writer.add_array(f"{arch}.rope.dimension_sections", [third, third, w.rope_dim // 2 - 2 * third, 0])
     writer.add_string("general.name", f"synthetic-{recipe}-{layers}l")
+    writer.add_uint32(f"{arch}.vocab_size", w.vocab)   # no tokenizer: llama.cpp then sizes its vocabulary by this
+    writer.add_string("tokenizer.ggml.model", "none")
 
     plan = []
     for name, shape, kind in tensor_plan(w, layers, interval, arch):
