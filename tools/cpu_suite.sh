@@ -6,7 +6,10 @@
 # (default 4): on a host whose last-level cache holds a good part of the 0.56 GB that a
 # 4-layer model reads per token, more layers keep the figures honest. ISAS limits the ISAs,
 # TYPES the model types (q4_0 q4_k_m). With PLAIN=1 each run is repeated with --no-repack
-# right after it (the GGUF layout, for the ratio).
+# right after it (the GGUF layout, for the ratio). MATRIX=0 skips that matrix. LLAMA_CPP_DIR, a
+# llama.cpp source tree (tools/fetch_llama_cpp.sh), adds tools/vs_llama_cpp.py for each type and
+# thread count: its native build against ours at batch 1 and 4, and its SSSE3-only build against
+# --isa ssse3 (both built once under $LLAMA_BUILD, default /tmp/llama-cpp-build).
 #   tools/cpu_suite.sh [WHEELS_DIR] [THREADS...]     (defaults: .whl, 2 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +35,18 @@ tail -5 "$OUT/selftest.txt"; rm -f "$OUT/selftest.bin"
 if python3 -c "import pytest" 2> /dev/null; then
     python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_repack.py > "$OUT/kernel_tests.txt" 2>&1; tail -1 "$OUT/kernel_tests.txt"
 fi
+LLAMA_BUILD=${LLAMA_BUILD:-/tmp/llama-cpp-build}
+build_llama_cpp() {   # build dir, then cmake options; both builds run beside the model writing
+    [[ -x $1/bin/llama-batched-bench ]] && return
+    cmake -S "$LLAMA_CPP_DIR" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF "${@:2}" > "$1.log" 2>&1 &&
+        cmake --build "$1" --target llama-batched-bench -j "$(( $(nproc) / 2 ))" >> "$1.log" 2>&1 || tail -5 "$1.log"
+}
+if [[ ${LLAMA_CPP_DIR:-} ]]; then
+    build_llama_cpp "$LLAMA_BUILD/native" -DGGML_NATIVE=ON &
+    build_llama_cpp "$LLAMA_BUILD/ssse3" -DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_AVX512=OFF \
+        -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF -DGGML_SSE42=ON &
+fi
 for type in $TYPES; do   # written side by side
     model=$MODELS/syn-$type-L$LAYERS.gguf
     [[ -f $model ]] || python3 tools/make_synthetic_gguf.py "$model" --type $type --layers "$LAYERS" > /dev/null &
@@ -45,6 +60,7 @@ bench() {   # name, then the bench arguments
 }
 for type in $TYPES; do
     for t in $THREADS; do
+        [[ ${MATRIX:-1} == 0 ]] && continue
         for isa in $ISAS; do
             bench "$type-$isa-t$t" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --isa "$isa"
             [[ ${PLAIN:-} ]] && bench "$type-$isa-t$t-plain" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --isa "$isa" --no-repack
@@ -53,5 +69,15 @@ for type in $TYPES; do
         [[ ${PLAIN:-} ]] && bench "$type-b4-t$t-plain" --model "$MODELS/syn-$type-L$LAYERS.gguf" --threads "$t" --batch 4 --no-repack
     done
 done
+for type in ${LLAMA_CPP_DIR:+$TYPES}; do
+    for t in $THREADS; do
+        model=$MODELS/syn-$type-L$LAYERS.gguf
+        python3 tools/vs_llama_cpp.py --batched-bench "$LLAMA_BUILD/native/bin/llama-batched-bench" --model "$model" \
+            --threads "$t" --batch 4 --reps 2 | tee -a "$OUT/summary.txt"
+        python3 tools/vs_llama_cpp.py --batched-bench "$LLAMA_BUILD/ssse3/bin/llama-batched-bench" --model "$model" \
+            --threads "$t" --isa ssse3 --reps 2 | tee -a "$OUT/summary.txt"
+    done
+done
 # one archive instead of many small files, for hosts that hand back only a few
-tar czf "$OUT/reports.tgz" -C "$OUT" $(cd "$OUT" && ls *.json *.err) && (cd "$OUT" && rm -f ./*.json ./*.err)
+reports=$(cd "$OUT" && ls ./*.json ./*.err 2> /dev/null)
+[[ $reports ]] && tar czf "$OUT/reports.tgz" -C "$OUT" $reports && (cd "$OUT" && rm -f ./*.json ./*.err)
