@@ -36,6 +36,7 @@ if python3 -c "import pytest" 2> /dev/null; then
     python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_repack.py > "$OUT/kernel_tests.txt" 2>&1; tail -1 "$OUT/kernel_tests.txt"
 fi
 LLAMA_BUILD=${LLAMA_BUILD:-/tmp/llama-cpp-build}
+mkdir -p "$LLAMA_BUILD"
 build_llama_cpp() {   # build dir, then cmake options; both builds run beside the model writing
     [[ -x $1/bin/llama-batched-bench ]] && return
     cmake -S "$LLAMA_CPP_DIR" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
