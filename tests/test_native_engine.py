@@ -121,6 +121,56 @@ def test_continues_a_reference_prefill_through_kv_growth(files):
         assert x.shape == y.shape and np.abs(x - y).max() <= 1e-4
 
 
+@pytest.mark.parametrize("name", ["q4_0", "q4_k_m", "next-f32"])
+def test_chunked_prefill_equals_token_by_token(files, name):
+    """A prompt through fm_prefill in chunks (each weight read once per chunk, the recurrences
+    token by token) gives the logits and state of decoding it one token at a time: chunk
+    borders anywhere, the KV buffers regrowing inside a chunk (past KV_GROW)."""
+    eng = NativeEngine(GGUFModel(files[name]), threads=2)
+    ids = prompt(300, seed=3)
+    one, chunked = eng.new_state(), eng.new_state()
+    expect = np.stack([eng.decode([t], [one])[0] for t in ids])
+    got = eng.prefill(ids[:290], chunked, chunk=64, all_logits=True)
+    last = eng.prefill(ids[290:], chunked, chunk=3)
+    scale = np.abs(expect).max()
+    assert got.shape == (290, TINY.vocab) and last.shape == (TINY.vocab,)
+    assert np.abs(got - expect[:290]).max() <= BATCH_REL_TOL * scale
+    assert np.abs(last - expect[-1]).max() <= BATCH_REL_TOL * scale
+    assert chunked.pos == one.pos == 300
+    for x, y in zip(chunked.arrays(), one.arrays()):
+        assert x.shape == y.shape and np.abs(x - y).max() <= BATCH_REL_TOL * max(np.abs(y).max(), 1.0)
+
+
+def test_prefill_rejects_bad_input_and_keeps_the_state(files):
+    eng = NativeEngine(GGUFModel(files["q4_0"]), threads=2)
+    state = eng.new_state()
+    eng.prefill(prompt(5), state)
+    before = state.copy()
+    for ids, kw in (([], {}), ([1, TINY.vocab], {}), ([-1, 2], {}), ([1, 2], {"chunk": 0})):
+        with pytest.raises(ValueError):
+            eng.prefill(ids, state, **kw)
+    assert state.pos == 5
+    for x, y in zip(state.arrays(), before.arrays()):
+        assert np.array_equal(x, y)
+
+
+def test_cpu_prefill_backend_runs_the_native_engine(files):
+    """The prefill service's cpu backend: the native engine where it loads, the reference
+    engine on request; either one's logits as its own prefill gives them."""
+    from services.prefill.backends import create_backend
+    model = GGUFModel(files["q4_k_m"])
+    native = create_backend("cpu", model)
+    assert native.engine_name == "native"
+    got = native.prefill(prompt(), native.engine.new_state())
+    eng = NativeEngine(model, threads=2)
+    assert np.array_equal(got, eng.prefill(prompt(), eng.new_state(), chunk=native.chunk))
+    assert native.stats()["weight_bytes"] > 0 and native.stats()["tokens"] == PROMPT
+    ref = create_backend("cpu", model, engine="reference")
+    assert ref.engine_name == "reference"
+    expect = ReferenceEngine(model).prefill(prompt(), ReferenceEngine(model).new_state())
+    assert np.allclose(ref.prefill(prompt(), ref.engine.new_state()), expect, rtol=1e-5, atol=1e-5 * np.abs(expect).max())
+
+
 def rss_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -169,9 +169,10 @@ void eng_norm_rows(fm_engine *e, const float *w, int n) {
         fm_rmsnorm(e->x + (size_t)b * e->m->hidden, w, e->xn + (size_t)b * e->m->hidden, e->m->hidden, e->m->rms_eps);
 }
 
-// ---- one decode step
+// ---- one step: a decode step (n sequences, one token each) or a prefill chunk (n tokens of one
+// sequence, in order); the logits of the last logit_rows rows
 
-int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float *logits) {
+static int step(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, int logit_rows, float *logits) {
     const fm_model *m = e->m;
     if (reserve(e, n) != 0) return -1;
     const double t0 = eng_seconds();
@@ -187,9 +188,32 @@ int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float 
         int err = L->is_full ? eng_full_layer(e, L, e->full_index[i], n, seqs) : eng_linear_layer(e, L, e->lin_index[i], n, seqs);
         if (err || eng_moe(e, L, n)) return -1;
     }
-    eng_norm_rows(e, m->out_norm, n);
-    if (eng_dense(e, &m->output, e->xn, n, logits)) return -1;
-    eng_run_jobs(e, PH_HEAD);
+    if (logit_rows > 0) {   // the final norm and the LM head for those rows alone
+        const size_t skip = (size_t)(n - logit_rows) * m->hidden;
+        memmove(e->x, e->x + skip, sizeof(float) * (size_t)logit_rows * m->hidden);
+        eng_norm_rows(e, m->out_norm, logit_rows);
+        if (eng_dense(e, &m->output, e->xn, logit_rows, logits)) return -1;
+        eng_run_jobs(e, PH_HEAD);
+    }
     e->step_s = eng_seconds() - t0;
     return 0;
+}
+
+int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float *logits) {
+    return step(e, n, tokens, seqs, n, logits);
+}
+
+int fm_prefill(fm_engine *e, int n, const int *tokens, const fm_seq *seq, int logit_rows, float *logits) {
+    if (n < 1 || logit_rows < 0 || logit_rows > n) return -1;
+    fm_seq *rows = malloc(sizeof(fm_seq) * (size_t)n);   // row b: the same buffers at position pos + b
+    if (!rows) return -1;
+    for (int b = 0; b < n; b++) {
+        rows[b] = *seq;
+        rows[b].pos = seq->pos + b;
+    }
+    e->chain = 1;
+    const int err = step(e, n, tokens, rows, logit_rows, logits);
+    e->chain = 0;
+    free(rows);
+    return err;
 }

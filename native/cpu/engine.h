@@ -56,7 +56,11 @@ fm_engine *fm_engine_new(const fm_model *model, fm_pool *pool);
 void fm_engine_free(fm_engine *engine);
 // logits: (n, vocab); returns 0, or -1 when out of memory
 int fm_decode(fm_engine *engine, int n, const int *tokens, const fm_seq *seqs, float *logits);
-double fm_engine_bytes(const fm_engine *engine);   // weight bytes read by the last fm_decode
+// prefill: n tokens of one sequence, in order, from position seq->pos (its KV buffers have rows
+// up to pos + n - 1); logits: (logit_rows, vocab), those of the last logit_rows tokens (0..n).
+// Each weight is read once for all n tokens. Returns 0, or -1 (bad arguments, out of memory)
+int fm_prefill(fm_engine *engine, int n, const int *tokens, const fm_seq *seq, int logit_rows, float *logits);
+double fm_engine_bytes(const fm_engine *engine);   // weight bytes read by the last step
 // the last fm_decode's phases: (seconds, bytes) for the matvecs of the mixer inputs, the mixer
 // heads (DeltaNet recurrence and attention; bytes of state and cache read and written), the
 // matvecs of the mixer output, router, expert gate/up, expert down, LM head, then the work

@@ -29,6 +29,7 @@ struct fm_engine {
     const fm_model *m;
     fm_pool *pool;
     int cap;                      // batch capacity of the scratch below
+    int chain;                    // 1 in a prefill: the rows are one sequence's tokens, in order
     int *lin_index, *full_index;  // (n_layers,) position among linear / full layers, or -1
     // scratch, each (cap, ...)
     float *x, *xn;                // (cap, H)

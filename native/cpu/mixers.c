@@ -9,9 +9,12 @@
 
 // ---- Gated DeltaNet layer
 
-typedef struct { fm_engine *e; const fm_layer *L; const fm_seq *seqs; int li; } layer_ctx;
+typedef struct { fm_engine *e; const fm_layer *L; const fm_seq *seqs; int li, n; } layer_ctx;
 
-#define CONV_TASKS 4   // per sequence: the conv update's channels, in whole heads
+// the conv update's channels split into runs of whole heads: per sequence in a decode step; in a
+// prefill, where the rows take turns through each run, more runs to share among the threads
+#define CONV_TASKS 4
+#define CONV_TASKS_CHAIN 16
 
 // the first conv channel of head unit u: nk query heads, nk key heads (dk channels), then nv
 // value heads (dv channels)
@@ -20,21 +23,29 @@ static size_t unit_channel(const fm_model *m, int u) {
     return u < 2 * nk ? (size_t)u * m->head_k_dim : 2 * (size_t)nk * m->head_k_dim + (size_t)(u - 2 * nk) * m->head_v_dim;
 }
 
-// conv update and SiLU of a run of whole heads of one sequence, then the query and key heads'
-// L2 norms (the query's with the 1/sqrt(dk) scale)
-static void conv_task(void *arg, int task, int thread) {
-    (void)thread;
-    const layer_ctx *c = arg;
+// conv update and SiLU of run `part` (of `parts`) of whole heads of row b, then the query and
+// key heads' L2 norms (the query's with the 1/sqrt(dk) scale)
+static void conv_run(const layer_ctx *c, int b, int part, int parts) {
     const fm_model *m = c->e->m;
     const int nk = m->n_k_heads, dk = m->head_k_dim, K = m->conv_kernel, units = 2 * nk + m->n_v_heads;
-    const int b = task / CONV_TASKS, part = task % CONV_TASKS;
-    const int u0 = units * part / CONV_TASKS, u1 = units * (part + 1) / CONV_TASKS;
+    const int u0 = units * part / parts, u1 = units * (part + 1) / parts;
     const size_t C = unit_channel(m, units), c0 = unit_channel(m, u0), c1 = unit_channel(m, u1);
     float *co = c->e->conv_out + (size_t)b * C;
     fm_conv_update(c->seqs[b].conv[c->li] + c0 * (K - 1), c->L->conv_w + c0 * K, c->e->p_qkv + (size_t)b * C + c0,
                    co + c0, (int)(c1 - c0), K);
     for (int u = u0; u < u1 && u < 2 * nk; u++)
         fm_l2norm_scale(co + (size_t)u * dk, dk, 1e-6f, u < nk ? 1.0f / sqrtf((float)dk) : 1.0f);
+}
+
+static void conv_task(void *arg, int task, int thread) {   // decode: (sequence, run)
+    (void)thread;
+    conv_run(arg, task / CONV_TASKS, task % CONV_TASKS, CONV_TASKS);
+}
+
+static void conv_chain_task(void *arg, int part, int thread) {   // prefill: one run, rows in order
+    (void)thread;
+    const layer_ctx *c = arg;
+    for (int b = 0; b < c->n; b++) conv_run(c, b, part, CONV_TASKS_CHAIN);
 }
 
 // the decay and the beta of value head p of sequence b
@@ -53,12 +64,10 @@ static void gdn_gates(const fm_engine *e, const fm_layer *L, int b, int p, float
     *beta = fm_sigmoid(bt);
 }
 
-static void gdn_task(void *arg, int task, int thread) {
-    (void)thread;
-    const layer_ctx *c = arg;
+// the delta rule and gated norm of value head p of row b
+static void gdn_run(const layer_ctx *c, int b, int p) {
     const fm_model *m = c->e->m;
     const int nv = m->n_v_heads, dk = m->head_k_dim, dv = m->head_v_dim, nk = m->n_k_heads;
-    const int b = task / nv, p = task % nv;
     const int kh = m->v_tiled ? p % nk : p / (nv / nk);
     const size_t C = 2 * (size_t)nk * dk + (size_t)nv * dv;
     const float *co = c->e->conv_out + (size_t)b * C;
@@ -71,6 +80,18 @@ static void gdn_task(void *arg, int task, int thread) {
     const float *z = c->e->p_z + (size_t)b * nv * dv + (size_t)p * dv;
     fm_rmsnorm(o, c->L->ssm_norm, o, dv, m->rms_eps);
     fm_mul_silu(o, z, dv);
+}
+
+static void gdn_task(void *arg, int task, int thread) {   // decode: (sequence, head)
+    (void)thread;
+    const layer_ctx *c = arg;
+    gdn_run(c, task / c->e->m->n_v_heads, task % c->e->m->n_v_heads);
+}
+
+static void gdn_chain_task(void *arg, int p, int thread) {   // prefill: one head, rows in order
+    (void)thread;
+    const layer_ctx *c = arg;
+    for (int b = 0; b < c->n; b++) gdn_run(c, b, p);
 }
 
 // one pool task per (sequence, head), timed as the mixer heads with the bytes they move
@@ -93,10 +114,13 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
     if (err) return -1;
     eng_run_jobs(e, PH_MIX_IN);
     const double t0 = eng_seconds();
-    layer_ctx c = { e, L, seqs, li };
-    fm_pool_run(e->pool, conv_task, &c, n * CONV_TASKS);
+    layer_ctx c = { e, L, seqs, li, n };
+    if (e->chain) fm_pool_run(e->pool, conv_chain_task, &c, CONV_TASKS_CHAIN);
+    else fm_pool_run(e->pool, conv_task, &c, n * CONV_TASKS);
     eng_phase_since(e, PH_MIX_PREP, t0);
-    run_heads(e, gdn_task, &c, n * nv, 2.0 * sizeof(float) * n * nv * dk * dv);   // each state read and written
+    const double state_bytes = 2.0 * sizeof(float) * nv * dk * dv;   // each state read and written
+    if (e->chain) run_heads(e, gdn_chain_task, &c, nv, state_bytes);   // a head's state stays in cache
+    else run_heads(e, gdn_task, &c, n * nv, n * state_bytes);
     if (eng_dense(e, &L->ssm_out, e->core, n, e->attn_out)) return -1;
     eng_run_jobs(e, PH_MIX_OUT);
     eng_add_rows(e->x, e->attn_out, n, m->hidden);
@@ -161,7 +185,7 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
         if (!(e->scores = malloc(sizeof(float) * e->scores_cap))) { e->scores_cap = 0; return -1; }
     }
     eng_phase_since(e, PH_MIX_PREP, t0);
-    layer_ctx c = { e, L, seqs, fi };
+    layer_ctx c = { e, L, seqs, fi, n };
     double kv_bytes = 0.0;   // the keys and values each sequence attends over
     for (int b = 0; b < n; b++) kv_bytes += 2.0 * sizeof(float) * (seqs[b].pos + 1) * nkv * hd;
     run_heads(e, attn_task, &c, n * nh, kv_bytes);

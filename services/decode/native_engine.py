@@ -22,6 +22,7 @@ from native.cpu_lib import ffi, lib
 from services.decode.repack import REPACK_TYPES, open_cache, source_ranges
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
+PREFILL_CHUNK = 128   # prompt tokens per native prefill step: each weight is read once for them all
 PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head",
           "mixer prep", "MoE prep/sum")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
@@ -156,24 +157,24 @@ class NativeEngine:
             return a
         return np.array(a, np.float32, order="C")
 
-    def _kv_room(self, a: np.ndarray, pos: int) -> np.ndarray:
-        """A buffer whose first pos rows are `a` and that has a row for position pos."""
+    def _kv_room(self, a: np.ndarray, pos: int, rows: int) -> np.ndarray:
+        """A buffer whose first pos rows are `a` and that has rows for positions pos..pos+rows-1."""
         if a.shape[0] != pos:
             raise ValueError(f"KV cache holds {a.shape[0]} positions but the state is at {pos}")
         base = a.base
         if (isinstance(base, np.ndarray) and base.ndim == 3 and base.shape[1:] == a.shape[1:]
-                and base.shape[0] > pos and base.dtype == np.float32 and base.flags.c_contiguous
+                and base.shape[0] >= pos + rows and base.dtype == np.float32 and base.flags.c_contiguous
                 and base.flags.writeable and base.ctypes.data == a.ctypes.data):
             return base
-        buf = np.empty((pos + max(KV_GROW, pos), *a.shape[1:]), np.float32)
+        buf = np.empty((pos + max(KV_GROW, pos, rows), *a.shape[1:]), np.float32)
         buf[:pos] = a
         return buf
 
-    def _seq(self, s: SequenceState, seq, keep: list) -> list[np.ndarray]:
+    def _seq(self, s: SequenceState, seq, keep: list, rows: int = 1) -> list[np.ndarray]:
         s.conv = [self._writable(a) for a in s.conv]
         s.ssm = [self._writable(a) for a in s.ssm]
-        kbufs = [self._kv_room(a, s.pos) for a in s.k]
-        vbufs = [self._kv_room(a, s.pos) for a in s.v]
+        kbufs = [self._kv_room(a, s.pos, rows) for a in s.k]
+        vbufs = [self._kv_room(a, s.pos, rows) for a in s.v]
         lists = [ffi.new("float *[]", [ffi.cast("float *", a.ctypes.data) for a in arrays] or 1)
                  for arrays in (s.conv, s.ssm, kbufs, vbufs)]
         keep += lists
@@ -220,10 +221,33 @@ class NativeEngine:
         out["step"] = (p[2 * len(PHASES)], self.last_bytes)
         return out
 
-    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = 64,
+    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = PREFILL_CHUNK,
                 all_logits: bool = False) -> np.ndarray:
-        """Token by token through the decode step (`chunk` is accepted for the common signature)."""
-        if len(tokens) == 0:
+        """The prompt through the engine `chunk` tokens at a time (fm_prefill): every weight is
+        read once per chunk, the recurrences run token by token. Advances the state in place.
+        Returns the last token's logits (vocab,), or every token's (T, vocab)."""
+        ids = np.asarray(tokens, np.int64)
+        if ids.size == 0:
             raise ValueError("prefill needs at least one token")
-        rows = [self.decode([t], [state])[0] for t in tokens]
-        return np.stack(rows) if all_logits else rows[-1]
+        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+        if chunk < 1:
+            raise ValueError(f"chunk must be at least 1, got {chunk}")
+        out = np.empty((ids.size if all_logits else 1, self.cfg.vocab_size), np.float32)
+        self.last_bytes = 0.0   # the weight bytes of all chunks
+        for start in range(0, ids.size, chunk):
+            part = ids[start:start + chunk]
+            n = part.size
+            logit_rows = n if all_logits else (1 if start + n == ids.size else 0)
+            dest = out[start:start + n] if all_logits else out
+            keep: list = []
+            seq = ffi.new("fm_seq *")
+            kbufs, vbufs = self._seq(state, seq, keep, rows=n)
+            tok = ffi.new("int[]", [int(t) for t in part])
+            if lib.fm_prefill(self._engine, n, tok, seq, logit_rows, ffi.cast("float *", dest.ctypes.data)) != 0:
+                raise MemoryError("native prefill ran out of scratch memory")
+            self.last_bytes += lib.fm_engine_bytes(self._engine)
+            state.pos += n
+            state.k = [buf[:state.pos] for buf in kbufs]
+            state.v = [buf[:state.pos] for buf in vbufs]
+        return out if all_logits else out[0]

@@ -1,14 +1,16 @@
-"""The `cpu` prefill backend: the reference engine's chunked prefill (numpy/BLAS over weights
-dequantized layer by layer), for machines without a usable GPU."""
+"""The `cpu` prefill backend, for machines without a usable GPU: the native engine's chunked
+prefill (native/cpu: each weight read once per chunk of prompt tokens, by the decode kernels),
+or, where the native kernels do not load, the reference engine's (numpy/BLAS over weights
+dequantized layer by layer)."""
 from __future__ import annotations
 
 import time
 
 import numpy as np
 
-from common.engine.reference import ReferenceEngine
 from common.model.gguf_file import GGUFModel
 from common.state import SequenceState
+from services.decode.engines import load_engine
 
 from . import register_backend
 
@@ -17,8 +19,8 @@ from . import register_backend
 class CPUBackend:
     name = "cpu"
 
-    def __init__(self, model: GGUFModel, *, chunk: int = 64):
-        self.engine = ReferenceEngine(model)
+    def __init__(self, model: GGUFModel, *, chunk: int = 64, engine: str = "auto"):
+        self.engine_name, self.engine = load_engine(engine, model)
         self.chunk = chunk
         # every call reads each trunk weight once (embedding rows and MTP blocks aside)
         trunk = tuple(f"blk.{i}." for i in range(model.config.n_layers))
@@ -29,13 +31,14 @@ class CPUBackend:
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
-        return True, "numpy"
+        return True, "native engine, or numpy where it does not load"
 
     def prefill(self, tokens: list[int], state: SequenceState, *, all_logits: bool = False) -> np.ndarray:
         t0 = time.perf_counter()
         logits = self.engine.prefill(tokens, state, chunk=self.chunk, all_logits=all_logits)
         self._stats["compute_seconds"] += time.perf_counter() - t0
-        self._stats["weight_bytes"] += self._bytes_per_call
+        # the native engine counts what it read (per chunk: the dense weights, the routed experts)
+        self._stats["weight_bytes"] += self.engine.last_bytes if self.engine_name == "native" else self._bytes_per_call
         self._stats["calls"] += 1
         self._stats["tokens"] += len(tokens)
         return logits
