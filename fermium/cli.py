@@ -25,3 +25,4 @@ from fermium.cli_bench import bench_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
 from fermium import cli_bench_prefill  # noqa: E402,F401  (registers `fermium bench prefill`)
+from fermium import cli_bench_cpu_prefill  # noqa: E402,F401  (registers `fermium bench cpu-prefill`)

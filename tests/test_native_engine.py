@@ -245,6 +245,21 @@ def test_demo_model_matches_reference_and_greedy_tokens():
     assert np.median(err) <= QUANT_MEDIAN_REL_TOL and err.max() <= QUANT_MAX_REL_TOL, err
 
 
+def test_bench_cpu_prefill_reports_prompt_rate(files):
+    import json
+
+    from typer.testing import CliRunner
+
+    from fermium.cli import app
+    out = CliRunner().invoke(app, ["bench", "cpu-prefill", "--model", str(files["q4_0"]), "--threads", "2",
+                                   "--prompt", "40", "--chunk", "16", "--rounds", "2", "--baseline-tokens", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert report["prompt"] == 40 and report["chunk"] == 16 and len(report["prompt_tok_s"]) == 2
+    assert report["median_prompt_tok_s"] > 0 and 0 < report["weights_gb_per_chunk"] < 0.1
+    assert report["speedup"] == report["median_prompt_tok_s"] / report["token_by_token_tok_s"]
+
+
 def test_bench_decode_reports_bandwidth_share(files):
     import json
 

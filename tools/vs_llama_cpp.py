@@ -2,7 +2,7 @@
 times, as ratios run by run.
 
     python tools/vs_llama_cpp.py --batched-bench PATH --model M.gguf [--threads T] [--batch B]
-                                 [--isa X] [--reps N] [--tokens N]
+                                 [--isa X] [--reps N] [--tokens N] [--prompt P]
     e.g. python tools/vs_llama_cpp.py --batched-bench ~/llama.cpp/build/bin/llama-batched-bench \\
              --model /tmp/syn-q4_k_m.gguf --threads 2 --batch 4
 
@@ -16,6 +16,10 @@ Each run of llama.cpp decodes TOKENS tokens after a 16-token prompt, one sequenc
 each run of Fermium is `fermium bench decode` with the same threads and batch. Both read the same
 weights per token, so llama.cpp's share of the memory bandwidth is its tok/s times Fermium's GB
 per step over the bandwidth that Fermium's run measured.
+
+With --prompt P, the prompt is compared instead: llama.cpp's prompt processing of P tokens
+(llama-batched-bench -npp P) against `fermium bench cpu-prefill --prompt P`, the prefill
+service's cpu backend.
 """
 from __future__ import annotations
 
@@ -41,6 +45,40 @@ def llama_cpp(binary: Path, model: Path, threads: int, batch: int, tokens: int) 
     if out.returncode != 0 or len(rows) != len(sizes):
         sys.exit(f"llama.cpp failed ({shlex.join(cmd)}):\n{out.stderr[-2000:]}")
     return {int(r["pl"]): float(r["speed_tg"]) for r in rows}
+
+
+def llama_cpp_prompt(binary: Path, model: Path, threads: int, prompt: int) -> float:
+    """llama.cpp's prompt tok/s for one sequence of `prompt` tokens."""
+    cmd = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads), "-c", str(prompt + 8),
+           "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", "1", "-npl", "1", "--output-format", "jsonl"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    rows = [json.loads(line) for line in (out.stdout + out.stderr).splitlines() if line.startswith('{"n_kv_max"')]
+    if out.returncode != 0 or len(rows) != 1:
+        sys.exit(f"llama.cpp failed ({shlex.join(cmd)}):\n{out.stderr[-2000:]}")
+    return float(rows[0]["speed_pp"])
+
+
+def fermium_prompt(model: Path, threads: int, isa: str | None, prompt: int) -> float:
+    cmd = [sys.executable, "-m", "fermium", "bench", "cpu-prefill", "--model", str(model), "--threads", str(threads),
+           "--prompt", str(prompt), "--rounds", "3", "--baseline-tokens", "0", "--json", *(["--isa", isa] if isa else [])]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0 or "{" not in out.stdout:
+        sys.exit(f"fermium bench cpu-prefill failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout[out.stdout.index("{"):])["median_prompt_tok_s"]
+
+
+def compare_prompts(a: argparse.Namespace) -> None:
+    lc, fm = [], []
+    for r in range(a.reps):   # alternate which side goes first
+        for side in (("lc", "fm") if r % 2 == 0 else ("fm", "lc")):
+            if side == "lc":
+                lc.append(llama_cpp_prompt(a.batched_bench, a.model, a.threads, a.prompt))
+            else:
+                fm.append(fermium_prompt(a.model, a.threads, a.isa, a.prompt))
+    print("$ python tools/vs_llama_cpp.py " + " ".join(shlex.quote(x) for x in sys.argv[1:]))
+    print(f"model {a.model.name}  threads {a.threads}  prompt {a.prompt}")
+    print("prompt tok/s: llama.cpp " + " ".join(f"{x:7.1f}" for x in lc) + "   Fermium " + " ".join(f"{x:7.1f}" for x in fm)
+          + f"   Fermium / llama.cpp, run by run: {statistics.median(f / l for f, l in zip(fm, lc)):.2f}x")
 
 
 def fermium(model: Path, threads: int, batch: int, isa: str | None, tokens: int) -> dict:
@@ -69,10 +107,14 @@ def main() -> None:
     parser.add_argument("--isa", help="force Fermium's kernels (generic, ssse3, avx2, avx512)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=16, help="decode steps per run")
+    parser.add_argument("--prompt", type=int, default=0, help="compare the prefill of a prompt this long instead")
     a = parser.parse_args()
     for path in (a.batched_bench, a.model):
         if not path.is_file():
             parser.error(f"{path}: no such file")
+    if a.prompt:
+        compare_prompts(a)
+        return
     runs: list[tuple[dict[int, float], dict]] = []
     for r in range(a.reps):   # alternate which side goes first
         if r % 2 == 0:

@@ -1,0 +1,69 @@
+"""`fermium bench cpu-prefill`: the prompt through the native engine on the CPU, as the prefill
+service's cpu backend runs it, against the same prompt decoded one token at a time."""
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from fermium.cli_bench import bench_app
+
+
+def _prompt(vocab: int, n: int) -> list[int]:
+    return [(i * 7919 + 13) % vocab for i in range(n)]
+
+
+@bench_app.command("cpu-prefill")
+def cpu_prefill_command(
+    model: Path = typer.Option(..., exists=True, dir_okay=False, help="GGUF model file."),
+    prompt: int = typer.Option(256, min=1, help="Prompt tokens."),
+    chunk: int = typer.Option(64, min=1, help="Prompt tokens per native step (the cpu backend's chunk)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Threads (default: one per physical core)."),
+    isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2 or avx512 (default: the best)."),
+    rounds: int = typer.Option(3, min=1, help="Timed prefills."),
+    baseline_tokens: int = typer.Option(16, min=0, help="Tokens decoded one at a time for the baseline (0: none)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """Prompt tok/s of the chunked native prefill, and its ratio to token-by-token decoding."""
+    from common.model.gguf_file import GGUFModel
+    from native import cpu_lib
+    from services.decode.native_engine import NativeEngine
+
+    command = "fermium " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        engine = NativeEngine(GGUFModel(model), threads=threads, isa=isa)
+    except cpu_lib.IsaError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--isa") from exc
+    ids = _prompt(engine.cfg.vocab_size, prompt)
+    engine.prefill(ids[:min(prompt, chunk)], engine.new_state(), chunk=chunk)   # warms pages and pool
+    rates = []
+    for _ in range(rounds):
+        state = engine.new_state()
+        t0 = time.perf_counter()
+        engine.prefill(ids, state, chunk=chunk)
+        rates.append(prompt / (time.perf_counter() - t0))
+    report = {"command": command, "model": str(model), "isa": engine.isa, "threads": engine.threads,
+              "prompt": prompt, "chunk": chunk, "prompt_tok_s": rates, "median_prompt_tok_s": statistics.median(rates),
+              "weights_gb_per_chunk": engine.last_bytes / 1e9 / -(-prompt // chunk)}
+    if baseline_tokens:
+        state = engine.new_state()
+        t0 = time.perf_counter()
+        for t in ids[:baseline_tokens]:
+            engine.decode([t], [state])
+        report["token_by_token_tok_s"] = baseline_tokens / (time.perf_counter() - t0)
+        report["speedup"] = report["median_prompt_tok_s"] / report["token_by_token_tok_s"]
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    typer.echo(f"$ {command}")
+    typer.echo(f"model {model.name}  isa {engine.isa}  threads {engine.threads}  prompt {prompt}  chunk {chunk}")
+    typer.echo("prompt tok/s by round: " + " ".join(f"{r:.1f}" for r in rates)
+               + f"; median {report['median_prompt_tok_s']:.1f}; {report['weights_gb_per_chunk']:.3f} GB of weights per chunk")
+    if baseline_tokens:
+        typer.echo(f"token by token: {report['token_by_token_tok_s']:.1f} tok/s; chunked prefill {report['speedup']:.1f}x that")
