@@ -13,6 +13,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
 from native import cpu_lib
+from native.cpu_lib import lib
 
 # SIMD and generic do the same integer sums; only the float accumulation order differs.
 SIBLING_RTOL = 1e-5
@@ -200,6 +201,15 @@ def test_matvec_reads_repacked_rows_like_the_gguf_layout(threads, qtype, rng):
     got = cpu_lib.matvec(pool, cpu_lib.REPACKED[qtype][0], cpu_lib.repack(qtype, w, n), x)
     scale = np.abs(dequantize(w, qtype)) @ np.abs(x).T
     assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale.T)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_pool_runs_every_task_once_before_returning(threads):
+    """200k jobs of 1..16 short tasks whose sizes change every job. A pool whose workers could read
+    a new job's fields with the old job's counter ran about 1 task in 170 jobs twice, or returned
+    before it finished (fm_pool_check counted over 1,100 on two threads)."""
+    pool = cpu_lib.Pool(threads)
+    assert lib.fm_pool_check(pool.ptr, 200_000, 16) == 0
 
 
 def test_repack_refuses_partial_groups_and_blocks(rng):

@@ -40,6 +40,7 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     out = {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY) for r in ("f32", "q8_0", "q4_0", "q4_k_m")}
     out["next-f32"] = write_synthetic(root / "next-f32.gguf", layers=4, recipe="f32", widths=TINY, arch="qwen3next")
+    out["next-q4_0"] = write_synthetic(root / "next-q4_0.gguf", layers=4, recipe="q4_0", widths=TINY, arch="qwen3next")
     return out
 
 
@@ -139,6 +140,22 @@ def test_chunked_prefill_equals_token_by_token(files, name):
     assert chunked.pos == one.pos == 300
     for x, y in zip(chunked.arrays(), one.arrays()):
         assert x.shape == y.shape and np.abs(x - y).max() <= BATCH_REL_TOL * max(np.abs(y).max(), 1.0)
+
+
+def test_decode_is_deterministic_across_threads(files):
+    """The same tokens give bit-identical logits run after run on two threads. A pool that let a
+    worker read a new job's fields with the old job's counter ran some tasks twice (a doubled
+    conv or state update) and let steps return early: a few runs in 30 went astray."""
+    eng = NativeEngine(GGUFModel(files["next-q4_0"]), threads=2)
+    ids = prompt(48, seed=5)
+
+    def run() -> np.ndarray:
+        state = eng.new_state()
+        return np.stack([eng.decode([t], [state])[0] for t in ids])
+
+    first = run()
+    for _ in range(20):
+        assert np.array_equal(run(), first)
 
 
 def test_prefill_rejects_bad_input_and_keeps_the_state(files):

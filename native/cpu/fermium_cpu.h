@@ -46,6 +46,9 @@ typedef struct fm_pool fm_pool;
 fm_pool *fm_pool_new(int n_threads);
 void fm_pool_free(fm_pool *pool);
 int fm_pool_threads(const fm_pool *pool);
+// the pool checked: `jobs` jobs of 1..max_tasks tasks in turn, each task counting its runs;
+// returns how many tasks had not run exactly once when their job returned (0: sound)
+long fm_pool_check(fm_pool *pool, int jobs, int max_tasks);
 
 // y[b, rows] = W[rows, cols] . x[b, cols] for b < n (each weight row read once for all n)
 void fm_matvec(fm_pool *pool, int type, const void *w, size_t row_bytes, int rows, int cols,

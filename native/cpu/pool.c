@@ -1,6 +1,10 @@
 /* A persistent thread pool. A job is published by bumping the generation in the high half of
  * one 64-bit counter whose low half is the next task index; a thread claims a task by CAS on
- * that counter, so a thread that wakes late can never take a task of a newer job. The caller
+ * that counter, so a thread that wakes late can never take a task of a newer job. The job's
+ * fields (function, context, task count) are written only while the counter's task index reads
+ * PUBLISHING: a thread that read a newer job's fields then fails its CAS, where it would
+ * otherwise have run a task of the new job with an index of the old one, twice over and
+ * outside the caller's count (a double conv or state update, a step returning early). The caller
  * takes part as thread 0 and returns once every task has run, without waiting for threads
  * that never woke: under CPU contention the work simply lands on whoever is running.
  * Idle workers spin briefly, then sleep on a condition variable. */
@@ -13,6 +17,7 @@
 
 #define WORKER_SPINS 4000   // ~0.1 ms of `pause` before an idle worker sleeps
 #define CALLER_SPINS 2000   // then the waiting caller yields its core between checks
+#define PUBLISHING 0xFFFFFFFFu   // the counter's task index while a job's fields are written
 
 struct fm_pool {
     int n_threads;
@@ -36,10 +41,15 @@ static void drain(fm_pool *p, uint32_t gen, int thread) {
     for (;;) {
         uint64_t v = atomic_load(&p->counter);
         if ((uint32_t)(v >> 32) != gen) return;
-        fm_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
-        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
-        const int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
         const uint32_t task = (uint32_t)v;
+        if (task == PUBLISHING) {   // this job's fields are being written
+            _mm_pause();
+            continue;
+        }
+        // acquire: fields of a newer job come with the PUBLISHING store before them, so the CAS fails
+        fm_task_fn fn = atomic_load_explicit(&p->fn, memory_order_acquire);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_acquire);
+        const int n = atomic_load_explicit(&p->n_tasks, memory_order_acquire);
         if (task >= (uint32_t)n) return;
         // success proves the job was unchanged while fn, ctx and n were read
         if (atomic_compare_exchange_weak(&p->counter, &v, v + 1)) {
@@ -112,11 +122,12 @@ void fm_pool_run(fm_pool *p, fm_task_fn fn, void *ctx, int n_tasks) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
-    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
-    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
-    atomic_store(&p->done, 0);
     const uint32_t gen = generation(p) + 1;
+    atomic_store(&p->counter, (uint64_t)gen << 32 | PUBLISHING);
+    atomic_store_explicit(&p->fn, fn, memory_order_release);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_release);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_release);
+    atomic_store(&p->done, 0);
     atomic_store(&p->counter, (uint64_t)gen << 32);
     if (atomic_load(&p->sleeping) > 0) {
         pthread_mutex_lock(&p->lock);
@@ -128,4 +139,28 @@ void fm_pool_run(fm_pool *p, fm_task_fn fn, void *ctx, int n_tasks) {
         if (spins < CALLER_SPINS) _mm_pause();
         else sched_yield();
     }
+}
+
+// ---- fm_pool_check: short tasks, job sizes that change every run (the publishing race needs a
+// job with more tasks than the one before it)
+
+typedef struct { atomic_int *runs; } check_ctx;
+
+static void check_task(void *arg, int task, int thread) {
+    (void)thread;
+    atomic_fetch_add(&((check_ctx *)arg)->runs[task], 1);
+}
+
+long fm_pool_check(fm_pool *p, int jobs, int max_tasks) {
+    check_ctx c = { calloc((size_t)max_tasks, sizeof(atomic_int)) };
+    if (!c.runs) return -1;
+    long bad = 0;
+    for (int j = 0; j < jobs; j++) {
+        const int n = 1 + (int)((j * 2654435761u) % (unsigned)max_tasks);
+        for (int t = 0; t < n; t++) atomic_store(&c.runs[t], 0);
+        fm_pool_run(p, check_task, &c, n);
+        for (int t = 0; t < n; t++) bad += atomic_load(&c.runs[t]) != 1;
+    }
+    free(c.runs);
+    return bad;
 }
