@@ -23,7 +23,8 @@ def _prompt(vocab: int, n: int) -> list[int]:
 def cpu_prefill_command(
     model: Path = typer.Option(..., exists=True, dir_okay=False, help="GGUF model file."),
     prompt: int = typer.Option(256, min=1, help="Prompt tokens."),
-    chunk: int = typer.Option(64, min=1, help="Prompt tokens per native step (the cpu backend's chunk)."),
+    chunk: Optional[int] = typer.Option(None, min=1, help="Prompt tokens per native step (default: the engine's, "
+                                                          "as the cpu backend runs it)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Threads (default: one per physical core)."),
     isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2 or avx512 (default: the best)."),
     rounds: int = typer.Option(3, min=1, help="Timed prefills."),
@@ -33,13 +34,14 @@ def cpu_prefill_command(
     """Prompt tok/s of the chunked native prefill, and its ratio to token-by-token decoding."""
     from common.model.gguf_file import GGUFModel
     from native import cpu_lib
-    from services.decode.native_engine import NativeEngine
+    from services.decode.native_engine import PREFILL_CHUNK, NativeEngine
 
     command = "fermium " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
         engine = NativeEngine(GGUFModel(model), threads=threads, isa=isa)
     except cpu_lib.IsaError as exc:
         raise typer.BadParameter(str(exc), param_hint="--isa") from exc
+    chunk = chunk or PREFILL_CHUNK
     ids = _prompt(engine.cfg.vocab_size, prompt)
     engine.prefill(ids[:min(prompt, chunk)], engine.new_state(), chunk=chunk)   # warms pages and pool
     rates = []

@@ -19,7 +19,7 @@ from . import register_backend
 class CPUBackend:
     name = "cpu"
 
-    def __init__(self, model: GGUFModel, *, chunk: int = 64, engine: str = "auto"):
+    def __init__(self, model: GGUFModel, *, chunk: int | None = None, engine: str = "auto"):
         self.engine_name, self.engine = load_engine(engine, model)
         self.chunk = chunk
         # every call reads each trunk weight once (embedding rows and MTP blocks aside)
@@ -35,7 +35,8 @@ class CPUBackend:
 
     def prefill(self, tokens: list[int], state: SequenceState, *, all_logits: bool = False) -> np.ndarray:
         t0 = time.perf_counter()
-        logits = self.engine.prefill(tokens, state, chunk=self.chunk, all_logits=all_logits)
+        chunk = {"chunk": self.chunk} if self.chunk else {}   # else the engine's own
+        logits = self.engine.prefill(tokens, state, all_logits=all_logits, **chunk)
         self._stats["compute_seconds"] += time.perf_counter() - t0
         # the native engine counts what it read (per chunk: the dense weights, the routed experts)
         self._stats["weight_bytes"] += self.engine.last_bytes if self.engine_name == "native" else self._bytes_per_call
