@@ -8,8 +8,9 @@
 # TYPES the model types (q4_0 q4_k_m). With PLAIN=1 each run is repeated with --no-repack
 # right after it (the GGUF layout, for the ratio). MATRIX=0 skips that matrix. LLAMA_CPP_DIR, a
 # llama.cpp source tree (tools/fetch_llama_cpp.sh), adds tools/vs_llama_cpp.py for each type and
-# thread count: its native build against ours at batch 1 and 4, and its SSSE3-only build against
-# --isa ssse3 (both built once under $LLAMA_BUILD, default /tmp/llama-cpp-build).
+# thread count: its native build against ours at batch 1 and 4 and on a prompt of PROMPT tokens
+# (default 512), and its SSSE3-only build against --isa ssse3 (both built once under
+# $LLAMA_BUILD, default /tmp/llama-cpp-build).
 #   tools/cpu_suite.sh [WHEELS_DIR] [THREADS...]     (defaults: .whl, 2 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -77,6 +78,8 @@ for type in ${LLAMA_CPP_DIR:+$TYPES}; do
             --threads "$t" --batch 4 --reps 2 | tee -a "$OUT/summary.txt"
         python3 tools/vs_llama_cpp.py --batched-bench "$LLAMA_BUILD/ssse3/bin/llama-batched-bench" --model "$model" \
             --threads "$t" --isa ssse3 --reps 2 | tee -a "$OUT/summary.txt"
+        python3 tools/vs_llama_cpp.py --batched-bench "$LLAMA_BUILD/native/bin/llama-batched-bench" --model "$model" \
+            --threads "$t" --prompt "${PROMPT:-512}" --reps 2 | tee -a "$OUT/summary.txt"
     done
 done
 # one archive instead of many small files, for hosts that hand back only a few
