@@ -10,7 +10,7 @@
 # llama.cpp source tree (tools/fetch_llama_cpp.sh), adds tools/vs_llama_cpp.py for each type and
 # thread count: its native build against ours at batch 1 and 4 and on a prompt of PROMPT tokens
 # (default 512), and its SSSE3-only build against --isa ssse3 (both built once under
-# $LLAMA_BUILD, default /tmp/llama-cpp-build).
+# $LLAMA_BUILD, default /tmp/llama-cpp-build); LLAMA_CMP picks among "decode ssse3 prompt".
 #   tools/cpu_suite.sh [WHEELS_DIR] [THREADS...]     (defaults: .whl, 2 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,12 +74,15 @@ done
 for type in ${LLAMA_CPP_DIR:+$TYPES}; do
     for t in $THREADS; do
         model=$MODELS/syn-$type-L$LAYERS.gguf
-        python3 tools/vs_llama_cpp.py --batched-bench "$LLAMA_BUILD/native/bin/llama-batched-bench" --model "$model" \
-            --threads "$t" --batch 4 --reps 2 | tee -a "$OUT/summary.txt"
-        python3 tools/vs_llama_cpp.py --batched-bench "$LLAMA_BUILD/ssse3/bin/llama-batched-bench" --model "$model" \
-            --threads "$t" --isa ssse3 --reps 2 | tee -a "$OUT/summary.txt"
-        python3 tools/vs_llama_cpp.py --batched-bench "$LLAMA_BUILD/native/bin/llama-batched-bench" --model "$model" \
-            --threads "$t" --prompt "${PROMPT:-512}" --reps 2 | tee -a "$OUT/summary.txt"
+        for cmp in ${LLAMA_CMP:-decode ssse3 prompt}; do
+            case $cmp in
+                decode) args=(native --batch 4) ;;
+                ssse3) args=(ssse3 --isa ssse3) ;;
+                prompt) args=(native --prompt "${PROMPT:-512}") ;;
+            esac
+            python3 tools/vs_llama_cpp.py --batched-bench "$LLAMA_BUILD/${args[0]}/bin/llama-batched-bench" \
+                --model "$model" --threads "$t" --reps 2 "${args[@]:1}" | tee -a "$OUT/summary.txt"
+        done
     done
 done
 # one archive instead of many small files, for hosts that hand back only a few
