@@ -1,4 +1,5 @@
-/* The native decode engine: one token for each of n sequences through every layer, in C.
+/* The native engine: one token for each of n sequences through every layer (decode), or n tokens
+ * of one sequence (prefill), in C.
  * The model is described by pointers into the memory-mapped GGUF (weights in their stored
  * blocks) plus small fp32 vectors the caller dequantized once. */
 #ifndef FERMIUM_ENGINE_H
@@ -61,7 +62,7 @@ int fm_decode(fm_engine *engine, int n, const int *tokens, const fm_seq *seqs, f
 // Each weight is read once for all n tokens. Returns 0, or -1 (bad arguments, out of memory)
 int fm_prefill(fm_engine *engine, int n, const int *tokens, const fm_seq *seq, int logit_rows, float *logits);
 double fm_engine_bytes(const fm_engine *engine);   // weight bytes read by the last step
-// the last fm_decode's phases: (seconds, bytes) for the matvecs of the mixer inputs, the mixer
+// the last step's phases (fm_decode or fm_prefill): (seconds, bytes) for the matvecs of the mixer inputs, the mixer
 // heads (DeltaNet recurrence and attention; bytes of state and cache read and written), the
 // matvecs of the mixer output, router, expert gate/up, expert down, LM head, then the work
 // around the mixer heads and around the MoE matvecs (no bytes); then the whole step's seconds

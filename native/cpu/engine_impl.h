@@ -38,7 +38,7 @@ struct fm_engine {
     float *router, *probs, *rope;
     int *ids;
     float *wts, *sg, *g, *u, *down;   // g, u: (cap*(K+1), maxF); down: (cap*(K+1), H)
-    float *scores;
+    float *scores;                // attention scores, one row of scores_cap / threads per pool thread
     size_t scores_cap;
     uint8_t *arena;               // activations and pointer lists of the current phase
     size_t arena_size, arena_used;
@@ -46,7 +46,7 @@ struct fm_engine {
     int n_jobs, max_jobs;
     quant_memo memo;
     double bytes;
-    double phase_s[PH_COUNT], phase_bytes[PH_COUNT], step_s;   // the last fm_decode
+    double phase_s[PH_COUNT], phase_bytes[PH_COUNT], step_s;   // the last step
 };
 
 // ---- engine.c: scratch and matvec jobs

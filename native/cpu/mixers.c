@@ -130,7 +130,6 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
 // ---- gated full attention layer
 
 static void attn_task(void *arg, int task, int thread) {
-    (void)thread;
     const layer_ctx *c = arg;
     fm_engine *e = c->e;
     const fm_model *m = e->m;
@@ -140,7 +139,7 @@ static void attn_task(void *arg, int task, int thread) {
     float *o = e->core + (size_t)b * nh * hd + (size_t)h * hd;
     const size_t stride = (size_t)nkv * hd;
     fm_attend(qg, c->seqs[b].k[c->li] + (size_t)kvh * hd, c->seqs[b].v[c->li] + (size_t)kvh * hd, T,
-              (int)stride, hd, 1.0f / sqrtf((float)hd), e->scores + (size_t)task * (e->scores_cap / ((size_t)e->cap * nh)), o);
+              (int)stride, hd, 1.0f / sqrtf((float)hd), e->scores + (size_t)thread * (e->scores_cap / fm_pool_threads(e->pool)), o);
     fm_mul_sigmoid(o, qg + hd, hd);
 }
 
@@ -177,11 +176,12 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
         memcpy(vc, e->p_v + (size_t)b * nkv * hd, sizeof(float) * (size_t)nkv * hd);
         max_t = MAX(max_t, seqs[b].pos + 1);
     }
-    const size_t need = (size_t)e->cap * nh * (size_t)max_t;
+    const size_t threads = (size_t)fm_pool_threads(e->pool);   // one row of scores per pool thread
+    const size_t need = threads * (size_t)max_t;
     if (need > e->scores_cap) {
         free(e->scores);
         e->scores_cap = MAX(need, 2 * e->scores_cap);
-        e->scores_cap -= e->scores_cap % ((size_t)e->cap * nh);
+        e->scores_cap -= e->scores_cap % threads;
         if (!(e->scores = malloc(sizeof(float) * e->scores_cap))) { e->scores_cap = 0; return -1; }
     }
     eng_phase_since(e, PH_MIX_PREP, t0);
