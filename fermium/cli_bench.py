@@ -20,6 +20,22 @@ import typer
 bench_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks.")
 
 
+def command_line() -> str:
+    """The command as typed, for the report."""
+    return "fermium " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def native_engine(model: Path, threads: Optional[int], isa: Optional[str], **options):
+    """The native engine on `model`; an ISA this CPU lacks is a usage error on --isa."""
+    from common.model.gguf_file import GGUFModel
+    from native import cpu_lib
+    from services.decode.native_engine import NativeEngine
+    try:
+        return NativeEngine(GGUFModel(model), threads=threads, isa=isa, **options)
+    except cpu_lib.IsaError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--isa") from exc
+
+
 def _round(engine, states, tokens: int) -> dict:
     """`tokens` decode steps of the whole batch; bytes and Python share from the engine."""
     batch = len(states)
@@ -73,15 +89,10 @@ def decode_command(
     show_phases: bool = typer.Option(False, "--phases", help="Also print where a step's time goes."),
 ):
     """Decode tok/s, weight GB read per token, effective GB/s and its share of measured bandwidth."""
-    from common.model.gguf_file import GGUFModel
     from native import cpu_lib
-    from services.decode.native_engine import NativeEngine
 
-    command = "fermium " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    try:
-        engine = NativeEngine(GGUFModel(model), threads=threads, isa=isa, prefault=prefault, repack=repack)
-    except cpu_lib.IsaError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--isa") from exc
+    command = command_line()
+    engine = native_engine(model, threads, isa, prefault=prefault, repack=repack)
     states = [engine.new_state() for _ in range(batch)]
     single = [engine.new_state()] if batch > 1 else None   # the batch-of-one baseline, same rounds
     for step in range(max(context, 2)):        # also warms the page cache and the pool

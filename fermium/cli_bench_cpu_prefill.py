@@ -3,16 +3,14 @@ service's cpu backend runs it, against the same prompt decoded one token at a ti
 from __future__ import annotations
 
 import json
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from fermium.cli_bench import bench_app
+from fermium.cli_bench import bench_app, command_line, native_engine
 
 
 def _prompt(vocab: int, n: int) -> list[int]:
@@ -32,15 +30,10 @@ def cpu_prefill_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Prompt tok/s of the chunked native prefill, and its ratio to token-by-token decoding."""
-    from common.model.gguf_file import GGUFModel
-    from native import cpu_lib
-    from services.decode.native_engine import PREFILL_CHUNK, NativeEngine
+    from services.decode.native_engine import PREFILL_CHUNK
 
-    command = "fermium " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    try:
-        engine = NativeEngine(GGUFModel(model), threads=threads, isa=isa)
-    except cpu_lib.IsaError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--isa") from exc
+    command = command_line()
+    engine = native_engine(model, threads, isa)
     chunk = chunk or PREFILL_CHUNK
     ids = _prompt(engine.cfg.vocab_size, prompt)
     engine.prefill(ids[:min(prompt, chunk)], engine.new_state(), chunk=chunk)   # warms pages and pool

@@ -34,60 +34,76 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _llama_rows(cmd: list[str], count: int) -> list[dict]:
+    """The jsonl rows of one llama-batched-bench run, which must print `count` of them."""
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    rows = [json.loads(line) for line in (out.stdout + out.stderr).splitlines() if line.startswith('{"n_kv_max"')]
+    if out.returncode != 0 or len(rows) != count:
+        sys.exit(f"llama.cpp failed ({shlex.join(cmd)}):\n{out.stderr[-2000:]}")
+    return rows
+
+
+def _fermium_json(args: list[str]) -> dict:
+    """The report of one `fermium bench ... --json` run, in a fresh process."""
+    out = subprocess.run([sys.executable, "-m", "fermium", "bench", *args, "--json"], cwd=ROOT,
+                         capture_output=True, text=True)
+    if out.returncode != 0 or "{" not in out.stdout:
+        sys.exit(f"fermium bench {args[0]} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout[out.stdout.index("{"):])
+
+
+def _alternate(reps: int, first, second) -> list[tuple]:
+    """(first(), second()) REPS times, the two called in the other order every other time."""
+    runs = []
+    for r in range(reps):
+        if r % 2 == 0:
+            a = first()
+            runs.append((a, second()))
+        else:
+            b = second()
+            runs.append((first(), b))
+    return runs
+
+
 def llama_cpp(binary: Path, model: Path, threads: int, batch: int, tokens: int) -> dict[int, float]:
     """Aggregate decode tok/s of llama.cpp by batch size: {1: ..., batch: ...}."""
     sizes = sorted({1, batch})
-    cmd = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads),
-           "-c", str((16 + tokens) * max(sizes)), "-b", "512", "-ub", "512",
-           "-npp", "16", "-ntg", str(tokens), "-npl", ",".join(map(str, sizes)), "--output-format", "jsonl"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    rows = [json.loads(line) for line in (out.stdout + out.stderr).splitlines() if line.startswith('{"n_kv_max"')]
-    if out.returncode != 0 or len(rows) != len(sizes):
-        sys.exit(f"llama.cpp failed ({shlex.join(cmd)}):\n{out.stderr[-2000:]}")
+    rows = _llama_rows([str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads),
+                        "-c", str((16 + tokens) * max(sizes)), "-b", "512", "-ub", "512", "-npp", "16",
+                        "-ntg", str(tokens), "-npl", ",".join(map(str, sizes)), "--output-format", "jsonl"], len(sizes))
     return {int(r["pl"]): float(r["speed_tg"]) for r in rows}
 
 
 def llama_cpp_prompt(binary: Path, model: Path, threads: int, prompt: int) -> float:
     """llama.cpp's prompt tok/s for one sequence of `prompt` tokens."""
-    cmd = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads), "-c", str(prompt + 8),
-           "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", "1", "-npl", "1", "--output-format", "jsonl"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    rows = [json.loads(line) for line in (out.stdout + out.stderr).splitlines() if line.startswith('{"n_kv_max"')]
-    if out.returncode != 0 or len(rows) != 1:
-        sys.exit(f"llama.cpp failed ({shlex.join(cmd)}):\n{out.stderr[-2000:]}")
+    rows = _llama_rows([str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads), "-c", str(prompt + 8),
+                        "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", "1", "-npl", "1",
+                        "--output-format", "jsonl"], 1)
     return float(rows[0]["speed_pp"])
 
 
+def _isa(isa: str | None) -> list[str]:
+    return ["--isa", isa] if isa else []
+
+
 def fermium_prompt(model: Path, threads: int, isa: str | None, prompt: int) -> float:
-    cmd = [sys.executable, "-m", "fermium", "bench", "cpu-prefill", "--model", str(model), "--threads", str(threads),
-           "--prompt", str(prompt), "--rounds", "3", "--baseline-tokens", "0", "--json", *(["--isa", isa] if isa else [])]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if out.returncode != 0 or "{" not in out.stdout:
-        sys.exit(f"fermium bench cpu-prefill failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout[out.stdout.index("{"):])["median_prompt_tok_s"]
+    return _fermium_json(["cpu-prefill", "--model", str(model), "--threads", str(threads), "--prompt", str(prompt),
+                          "--rounds", "3", "--baseline-tokens", "0", *_isa(isa)])["median_prompt_tok_s"]
 
 
 def compare_prompts(a: argparse.Namespace) -> None:
-    lc, fm = [], []
-    for r in range(a.reps):   # alternate which side goes first
-        for side in (("lc", "fm") if r % 2 == 0 else ("fm", "lc")):
-            if side == "lc":
-                lc.append(llama_cpp_prompt(a.batched_bench, a.model, a.threads, a.prompt))
-            else:
-                fm.append(fermium_prompt(a.model, a.threads, a.isa, a.prompt))
+    runs = _alternate(a.reps, lambda: llama_cpp_prompt(a.batched_bench, a.model, a.threads, a.prompt),
+                      lambda: fermium_prompt(a.model, a.threads, a.isa, a.prompt))
     print("$ python tools/vs_llama_cpp.py " + " ".join(shlex.quote(x) for x in sys.argv[1:]))
     print(f"model {a.model.name}  threads {a.threads}  prompt {a.prompt}")
-    print("prompt tok/s: llama.cpp " + " ".join(f"{x:7.1f}" for x in lc) + "   Fermium " + " ".join(f"{x:7.1f}" for x in fm)
-          + f"   Fermium / llama.cpp, run by run: {statistics.median(f / l for f, l in zip(fm, lc)):.2f}x")
+    print("prompt tok/s: llama.cpp " + " ".join(f"{lc:7.1f}" for lc, _ in runs)
+          + "   Fermium " + " ".join(f"{fm:7.1f}" for _, fm in runs)
+          + f"   Fermium / llama.cpp, run by run: {statistics.median(fm / lc for lc, fm in runs):.2f}x")
 
 
 def fermium(model: Path, threads: int, batch: int, isa: str | None, tokens: int) -> dict:
-    cmd = [sys.executable, "-m", "fermium", "bench", "decode", "--model", str(model), "--threads", str(threads),
-           "--batch", str(batch), "--rounds", "3", "--tokens", str(tokens), "--json", *(["--isa", isa] if isa else [])]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if out.returncode != 0 or "{" not in out.stdout:
-        sys.exit(f"fermium bench failed:\n{out.stderr[-2000:]}")
-    report = json.loads(out.stdout[out.stdout.index("{"):])
+    report = _fermium_json(["decode", "--model", str(model), "--threads", str(threads), "--batch", str(batch),
+                            "--rounds", "3", "--tokens", str(tokens), *_isa(isa)])
     tok_1 = [r["tok_s"] / r["batch_gain"] for r in report["rounds"]] if batch > 1 else [r["tok_s"] for r in report["rounds"]]
     return {
         "tok_s": {1: statistics.median(tok_1), batch: report["median_tok_s"]},
@@ -115,15 +131,8 @@ def main() -> None:
     if a.prompt:
         compare_prompts(a)
         return
-    runs: list[tuple[dict[int, float], dict]] = []
-    for r in range(a.reps):   # alternate which side goes first
-        if r % 2 == 0:
-            lc = llama_cpp(a.batched_bench, a.model, a.threads, a.batch, a.tokens)
-            fm = fermium(a.model, a.threads, a.batch, a.isa, a.tokens)
-        else:
-            fm = fermium(a.model, a.threads, a.batch, a.isa, a.tokens)
-            lc = llama_cpp(a.batched_bench, a.model, a.threads, a.batch, a.tokens)
-        runs.append((lc, fm))
+    runs = _alternate(a.reps, lambda: llama_cpp(a.batched_bench, a.model, a.threads, a.batch, a.tokens),
+                      lambda: fermium(a.model, a.threads, a.batch, a.isa, a.tokens))
     print("$ python tools/vs_llama_cpp.py " + " ".join(shlex.quote(x) for x in sys.argv[1:]))
     print(f"model {a.model.name}  threads {a.threads}  Fermium isa {runs[0][1]['isa']}")
     for b in sorted({1, a.batch}):

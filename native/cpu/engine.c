@@ -1,6 +1,7 @@
 /* The native engine: scratch, matvec jobs and the step itself (embedding, every layer, final
- * norm, LM head) for n sequences at one token each, or for n tokens of one sequence. Matvecs of a layer that share an
- * input run as one batch of pool jobs. The layers' parts are in mixers.c and moe.c. */
+ * norm, LM head) for n sequences at one token each, or for n tokens of one sequence. Matvecs of
+ * a layer that share an input run as one batch of pool jobs. The layers' parts are in mixers.c
+ * and moe.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -185,6 +185,19 @@ class NativeEngine:
         seq.conv, seq.ssm, seq.k, seq.v = lists
         return kbufs, vbufs
 
+    @staticmethod
+    def _advance(s: SequenceState, rows: int, kbufs: list[np.ndarray], vbufs: list[np.ndarray]) -> None:
+        """The state after the engine wrote `rows` more positions into the buffers of `_seq`."""
+        s.pos += rows
+        s.k = [buf[:s.pos] for buf in kbufs]
+        s.v = [buf[:s.pos] for buf in vbufs]
+
+    def _token_ids(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(tokens, np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
+            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+        return ids
+
     # ---- engine contract
     def decode(self, tokens: Sequence[int], states: list[SequenceState]) -> np.ndarray:
         """One token per sequence; advances each state in place. Returns logits (B, vocab)."""
@@ -192,9 +205,7 @@ class NativeEngine:
         n = len(tokens)
         if n != len(states) or n == 0:
             raise ValueError(f"decode needs one token per state, got {n} tokens for {len(states)} states")
-        ids = np.asarray(tokens, np.int64)
-        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+        ids = self._token_ids(tokens)
         keep: list = []
         seqs = ffi.new("fm_seq[]", n)
         bufs = [self._seq(s, seqs[b], keep) for b, s in enumerate(states)]
@@ -206,9 +217,7 @@ class NativeEngine:
         t2 = time.perf_counter()
         self.last_bytes = lib.fm_engine_bytes(self._engine)
         for s, (kbufs, vbufs) in zip(states, bufs):
-            s.pos += 1
-            s.k = [buf[:s.pos] for buf in kbufs]
-            s.v = [buf[:s.pos] for buf in vbufs]
+            self._advance(s, 1, kbufs, vbufs)
         self.last_seconds = (time.perf_counter() - t0, t2 - t1)
         return logits
 
@@ -229,11 +238,9 @@ class NativeEngine:
         """The prompt through the engine `chunk` tokens at a time (fm_prefill): every weight is
         read once per chunk, the recurrences run token by token. Advances the state in place.
         Returns the last token's logits (vocab,), or every token's (T, vocab)."""
-        ids = np.asarray(tokens, np.int64)
+        ids = self._token_ids(tokens)
         if ids.size == 0:
             raise ValueError("prefill needs at least one token")
-        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1, got {chunk}")
         out = np.empty((ids.size if all_logits else 1, self.cfg.vocab_size), np.float32)
@@ -250,7 +257,5 @@ class NativeEngine:
             if lib.fm_prefill(self._engine, n, tok, seq, logit_rows, ffi.cast("float *", dest.ctypes.data)) != 0:
                 raise MemoryError("native prefill ran out of scratch memory")
             self.last_bytes += lib.fm_engine_bytes(self._engine)
-            state.pos += n
-            state.k = [buf[:state.pos] for buf in kbufs]
-            state.v = [buf[:state.pos] for buf in vbufs]
+            self._advance(state, n, kbufs, vbufs)
         return out if all_logits else out[0]
