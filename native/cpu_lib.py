@@ -96,6 +96,19 @@ def vec_dot(isa: str, qtype: int, w_row: np.ndarray, act: np.ndarray, n: int) ->
                                 ptr(np.ascontiguousarray(act))))
 
 
+def gdn_head(isa: str, state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: float,
+             beta: float) -> tuple[np.ndarray, np.ndarray]:
+    """One Gated DeltaNet value head with the given ISA's kernel: state (dk, dv) -> (new state, o)."""
+    if isa not in supported_isas():
+        raise IsaError(f"this CPU cannot run the {isa} kernels")
+    S = np.array(state, dtype=np.float32, order="C")
+    q, k, v = (np.ascontiguousarray(a, dtype=np.float32) for a in (q, k, v))
+    o = np.empty(S.shape[1], np.float32)
+    lib.fm_gdn_head_isa(ISAS.index(isa), ptr(S, "float *"), ptr(q, "float *"), ptr(k, "float *"), ptr(v, "float *"),
+                        decay, beta, ptr(o, "float *"), S.shape[0], S.shape[1])
+    return S, o
+
+
 def vec_dot_group(isa: str, qtype: int, w_group: np.ndarray, acts: list[np.ndarray], n: int) -> np.ndarray:
     """One group of repacked rows . 1..4 prepared activations -> (len(acts), group)."""
     if isa not in supported_isas():

@@ -189,6 +189,32 @@ def test_repacked_q6_k_rows_match_generic_rows(isa, rng):
         assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale), isa
 
 
+# The DeltaNet update in fp32 against float64: a state of |S| ~ 1 summed over dk rows twice.
+GDN_RTOL = 1e-5
+GDN_ATOL = 2e-5
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dk,dv", [(128, 128), (16, 40), (8, 3)])
+def test_gdn_head_matches_generic_and_float(isa, dk, dv, rng):
+    """The delta rule of one value head, S = decay S + k beta (v - decay S^T k)^T, o = S^T q:
+    each ISA's kernel against float64 and the generic sibling, on widths with and without a
+    column tail that fills no vector."""
+    S = rng.standard_normal((dk, dv)).astype(np.float32)
+    q, k = (rng.standard_normal(dk).astype(np.float32) / np.sqrt(dk) for _ in range(2))
+    v = rng.standard_normal(dv).astype(np.float32)
+    decay, beta = 0.93, 0.6
+    S64 = decay * S.astype(np.float64)
+    S64 += np.outer(k, beta * (v - S64.T @ k))
+    o64 = S64.T @ q
+    got_S, got_o = cpu_lib.gdn_head(isa, S, q, k, v, decay, beta)
+    gen_S, gen_o = cpu_lib.gdn_head("generic", S, q, k, v, decay, beta)
+    np.testing.assert_allclose(got_S, S64, rtol=GDN_RTOL, atol=GDN_ATOL)
+    np.testing.assert_allclose(got_o, o64, rtol=GDN_RTOL, atol=GDN_ATOL)
+    np.testing.assert_allclose(got_S, gen_S, rtol=GDN_RTOL, atol=GDN_ATOL)
+    np.testing.assert_allclose(got_o, gen_o, rtol=GDN_RTOL, atol=GDN_ATOL)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
 def test_matvec_reads_repacked_rows_like_the_gguf_layout(threads, qtype, rng):

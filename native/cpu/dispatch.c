@@ -5,6 +5,7 @@
 #include "quants.h"
 #include "fermium_cpu.h"
 #include "internal.h"
+#include "ops.h"
 
 enum { ISA_GENERIC, ISA_SSSE3, ISA_AVX2, ISA_AVX512, ISA_COUNT };
 
@@ -13,14 +14,15 @@ typedef struct {
     fm_vec_dot_fn dot[KIND_COUNT];     // indexed by fm_kind
     fm_vec_dot_n_fn dotn[KIND_COUNT];  // batched rows; NULL: the driver loops dot
     fm_vec_dot_g_fn dotg[KIND_COUNT];  // groups of repacked rows; NULL for the GGUF layouts
+    fm_gdn_fn gdn;                     // the Gated DeltaNet head update
 } isa_row;
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C)
-// gisa: the kernels of the repacked group layouts; pisa: the Q6_Kp one
+// gisa: the kernels of the repacked group layouts; pisa: the Q6_Kp one and the fp32 DeltaNet
 #define ROW(name, isa, fisa, hisa, gisa, pisa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, \
     fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, \
     fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##pisa }, batched, \
-    { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa } }
+    { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, fm_gdn_head_##pisa }
 #define NO_DOTN { 0 }
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
                     [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx2 }
@@ -115,6 +117,18 @@ fm_vec_dot_n_fn fm_dotn_for(int isa, int kind) {
 fm_vec_dot_g_fn fm_dotg_for(int isa, int kind) {
     if (isa < 0) isa = fm_isa_active();
     return ISA_ROWS[isa].dotg[kind];
+}
+
+void fm_gdn_head(FM_GDN_ARGS) {
+    if (!active) fm_isa_active();
+    active->gdn(S, q, k, v, decay, beta, o, dk, dv);
+}
+
+int fm_gdn_head_isa(int isa, float *S, const float *q, const float *k, const float *v, float decay, float beta,
+                    float *o, int dk, int dv) {
+    if (!fm_isa_supported(isa)) return -1;
+    ISA_ROWS[isa].gdn(S, q, k, v, decay, beta, o, dk, dv);
+    return 0;
 }
 
 float fm_vec_dot(int isa, int type, int n, const void *w, const void *act) {

@@ -37,9 +37,15 @@ void fm_mul_silu(float *o, const float *z, int n);
 void fm_mul_sigmoid(float *o, const float *g, int n);
 // causal depthwise conv over [state | x] then SiLU; state (C, K-1) shifts in x
 void fm_conv_update(float *state, const float *w, const float *x, float *out, int C, int K);
-// one Gated DeltaNet value head: S (dk, dv) decays, takes the delta rule, o = S^T q
-void fm_gdn_head(float *S, const float *q, const float *k, const float *v, float decay, float beta,
-                 float *o, int dk, int dv);
+// one Gated DeltaNet value head: S (dk, dv) decays, takes the delta rule, o = S^T q; through
+// the active ISA's sibling (gdn_body.h)
+#define FM_GDN_ARGS float *S, const float *q, const float *k, const float *v, float decay, float beta, \
+                    float *o, int dk, int dv
+void fm_gdn_head(FM_GDN_ARGS);
+void fm_gdn_head_generic(FM_GDN_ARGS);
+void fm_gdn_head_ssse3(FM_GDN_ARGS);
+void fm_gdn_head_avx2(FM_GDN_ARGS);
+typedef void (*fm_gdn_fn)(FM_GDN_ARGS);
 // NeoX rotate-half on the first rope_dim dims; cs: (rope_dim/2) cos then (rope_dim/2) sin
 void fm_rope_neox(float *x, int rope_dim, const float *cs);
 // o = softmax(K q * scale) V over T cached positions; rows `stride` floats apart
