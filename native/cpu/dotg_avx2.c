@@ -17,15 +17,21 @@ INLINE __m256i bcast4(const int8_t *a) {
     return _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)a));
 }
 
-// Q4_0 x8: the nibbles are unsigned (0..15); the offset of 8 comes off at the end through the
+// Q4_0 x8: the nibbles are unsigned (0..15); the offset of 8 comes off each block through the
 // activation block sums (s = d * sum(q)). A block's 16 products per int16 lane stay below
-// 16 * 15 * 127 = 30480, so the int16 sums cannot overflow.
+// 16 * 15 * 127 = 30480, so the int16 sums cannot overflow. Each activation's int16 sum is one
+// chain (not a tree of temporaries) and its float sum one register, so that 4 activations fit
+// in the 16 registers without spilling.
 INLINE void q4_0x8_n(int n, const block_q4_0x8 *x, const void *const *acts, const int na, float *out) {
     const int nb = n / QK32;
     const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
-    __m256 acc[FM_DOTN_MAX], off[FM_DOTN_MAX];
+    const int8_t *q[FM_DOTN_MAX];
+    __m256 acc[FM_DOTN_MAX];
     _Pragma("GCC unroll 4")
-    for (int i = 0; i < na; i++) acc[i] = off[i] = _mm256_setzero_ps();
+    for (int i = 0; i < na; i++) {
+        q[i] = acts[i];
+        acc[i] = _mm256_setzero_ps();
+    }
     for (int b = 0; b < nb; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m256i s[FM_DOTN_MAX];
@@ -37,21 +43,23 @@ INLINE void q4_0x8_n(int n, const block_q4_0x8 *x, const void *const *acts, cons
             const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++) {
-                const int8_t *a = (const int8_t *)acts[i] + QK32 * b + 4 * k;
-                s[i] = _mm256_add_epi16(s[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(a)),
-                                                               _mm256_maddubs_epi16(hi, bcast4(a + QK32 / 2))));
+                const int8_t *a = q[i] + QK32 * b + 4 * k;
+                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, bcast4(a)));
+                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, bcast4(a + QK32 / 2)));
+                __asm__("" : "+x"(s[i]));
             }
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x[b].d));
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) {
             const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[i], ones));
-            acc[i] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dw, _mm256_set1_ps(fm_a32_d(acts[i], nb)[b])), acc[i]);
-            off[i] = _mm256_fmadd_ps(dw, _mm256_set1_ps(fm_a32_s(acts[i], nb)[b]), off[i]);
+            const __m256 v = _mm256_fmsub_ps(sum, _mm256_set1_ps(fm_a32_d(q[i], nb)[b]),
+                                             _mm256_set1_ps(8.0f * fm_a32_s(q[i], nb)[b]));
+            acc[i] = _mm256_fmadd_ps(dw, v, acc[i]);
         }
     }
     _Pragma("GCC unroll 4")
-    for (int i = 0; i < na; i++) _mm256_storeu_ps(out + FM_GROUP * i, _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), off[i], acc[i]));
+    for (int i = 0; i < na; i++) _mm256_storeu_ps(out + FM_GROUP * i, acc[i]);
 }
 
 // Q4_K x8: the 6-bit scales and mins of 8 rows are unpacked together, from the byte planes of

@@ -5,8 +5,7 @@
  *   1. mem = S^T k, reading S row after row (one stream from memory);
  *   2. S = decay S + k delta^T and o = S^T q, with delta = beta (v - decay mem), since
  *      (decay S)^T k = decay mem. S is in cache by now, so this pass goes in tiles of NV
- *      vectors of columns that keep their delta and o in registers through all dk rows, and
- *      it requests the next head's state (the heads of a layer lie one after another). */
+ *      vectors of columns that keep their delta and o in registers through all dk rows. */
 #ifndef FERMIUM_GDN_BODY_H
 #define FERMIUM_GDN_BODY_H
 
@@ -22,8 +21,6 @@
         for (int i = 0; i < dk; i++) {                                                            \
             const V ki = VSET1(k[i]), qi = VSET1(q[i]);                                           \
             float *row = S + (size_t)i * dv;                                                      \
-            __builtin_prefetch(row + (size_t)dk * dv);      /* the next head's state, if any */    \
-            __builtin_prefetch(row + (size_t)dk * dv + 16);                                       \
             _Pragma("GCC unroll 4") for (int t = 0; t < NV; t++) {                                \
                 const V s = VFMA(ki, delta[t], VMUL(decay, VLOAD(row + t * VW)));                 \
                 VSTORE(row + t * VW, s);                                                          \
