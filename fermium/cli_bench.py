@@ -36,23 +36,27 @@ def native_engine(model: Path, threads: Optional[int], isa: Optional[str], **opt
         raise typer.BadParameter(str(exc), param_hint="--isa") from exc
 
 
-def _round(engine, states, tokens: int) -> dict:
-    """`tokens` decode steps of the whole batch; bytes and Python share from the engine."""
-    batch = len(states)
-    total = c_time = 0.0
-    phases: dict[str, list[float]] = {}
-    t0 = time.perf_counter()
+def _round(engine, runs: list[list], tokens: int) -> list[dict]:
+    """`tokens` decode steps of each batch of states in `runs`, taking turns step by step so
+    that all of them meet the same noise from the rest of the machine; per run, its wall time,
+    bytes, Python share and phases."""
+    out = [{"seconds": 0.0, "steps": tokens, "total": 0.0, "c_time": 0.0, "phases": {}} for _ in runs]
     for step in range(tokens):
-        engine.decode([(step * 7919 + b * 104729) % engine.cfg.vocab_size for b in range(batch)], states)
-        total += engine.last_seconds[0]
-        c_time += engine.last_seconds[1]
-        for name, (sec, nbytes) in engine.last_phases().items():
-            acc = phases.setdefault(name, [0.0, 0.0])
-            acc[0] += sec / tokens
-            acc[1] += nbytes / tokens
-    wall = time.perf_counter() - t0
-    return {"seconds": wall, "steps": tokens, "step_bytes": engine.last_bytes,
-            "python_share": (total - c_time) / total, "phases": phases}
+        for states, r in zip(runs, out):
+            t0 = time.perf_counter()
+            engine.decode([(step * 7919 + b * 104729) % engine.cfg.vocab_size for b in range(len(states))], states)
+            r["seconds"] += time.perf_counter() - t0
+            r["total"] += engine.last_seconds[0]
+            r["c_time"] += engine.last_seconds[1]
+            r["step_bytes"] = engine.last_bytes
+            for name, (sec, nbytes) in engine.last_phases().items():
+                acc = r["phases"].setdefault(name, [0.0, 0.0])
+                acc[0] += sec / tokens
+                acc[1] += nbytes / tokens
+    for r in out:
+        total, c_time = r.pop("total"), r.pop("c_time")
+        r["python_share"] = (total - c_time) / total
+    return out
 
 
 def _phase_table(rounds: list[dict]) -> list[str]:
@@ -79,7 +83,8 @@ def decode_command(
     batch: int = typer.Option(1, min=1, help="Sequences decoded together."),
     isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2 or avx512 (default: the best)."),
     tokens: int = typer.Option(16, min=1, help="Decode steps per round."),
-    rounds: int = typer.Option(3, min=1, help="Rounds of (bandwidth, decode), measured back to back."),
+    rounds: int = typer.Option(3, min=1, help="Rounds of (bandwidth, decode), measured back to back; with "
+                                              "--batch, a round's steps alternate with those of one sequence."),
     context: int = typer.Option(16, min=0, help="Tokens of context each sequence holds before timing."),
     bw_mib: int = typer.Option(1024, min=64, help="Buffer for the bandwidth measurement, MiB."),
     prefault: bool = typer.Option(True, help="Map every page of the model before timing (as serving does)."),
@@ -103,8 +108,7 @@ def decode_command(
     bw_after = cpu_lib.membw(engine.pool, bw_mib << 20, reps=1)
     for _ in range(rounds):
         bw_before = bw_after
-        one = _round(engine, single, tokens) if single else None
-        r = _round(engine, states, tokens)
+        r, one = _round(engine, [states, single], tokens) if single else (_round(engine, [states], tokens)[0], None)
         bw_after = cpu_lib.membw(engine.pool, bw_mib << 20, reps=1)
         bw = (bw_before + bw_after) / 2
         step_s = r["seconds"] / r["steps"]
