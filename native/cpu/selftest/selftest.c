@@ -2,7 +2,7 @@
  * against the generic sibling on random blocks, then a cache-resident speed figure per kernel.
  * Not part of the extension. Build from the repository root:
  *
- *   cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize,repack}.c \
+ *   cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize,repack,ops}.c \
  *      native/cpu/dot*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_selftest
  *
  * (build/native_cpu_isa holds the per-ISA objects that `pip install -e .` compiled.) */
