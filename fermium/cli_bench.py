@@ -36,11 +36,13 @@ def native_engine(model: Path, threads: Optional[int], isa: Optional[str], **opt
         raise typer.BadParameter(str(exc), param_hint="--isa") from exc
 
 
-def _round(engine, runs: list[list], tokens: int) -> list[dict]:
-    """`tokens` decode steps of each batch of states in `runs`, taking turns step by step so
-    that all of them meet the same noise from the rest of the machine; per run, its wall time,
-    bytes, Python share and phases."""
+def _round(engine, runs: list[list], tokens: int, probe) -> tuple[list[dict], float]:
+    """`tokens` decode steps of each batch of states in `runs`, taking turns step by step, and a
+    bandwidth measurement after each step, so that all of them meet the same noise from the rest
+    of the machine. Per run, its wall time, bytes, Python share and phases; and the bandwidth
+    over the round (bytes streamed over the time they took)."""
     out = [{"seconds": 0.0, "steps": tokens, "total": 0.0, "c_time": 0.0, "phases": {}} for _ in runs]
+    bw_seconds = 0.0
     for step in range(tokens):
         for states, r in zip(runs, out):
             t0 = time.perf_counter()
@@ -53,10 +55,11 @@ def _round(engine, runs: list[list], tokens: int) -> list[dict]:
                 acc = r["phases"].setdefault(name, [0.0, 0.0])
                 acc[0] += sec / tokens
                 acc[1] += nbytes / tokens
+        bw_seconds += probe.nbytes / probe.measure()
     for r in out:
         total, c_time = r.pop("total"), r.pop("c_time")
         r["python_share"] = (total - c_time) / total
-    return out
+    return out, tokens * probe.nbytes / bw_seconds
 
 
 def _phase_table(rounds: list[dict]) -> list[str]:
@@ -83,10 +86,12 @@ def decode_command(
     batch: int = typer.Option(1, min=1, help="Sequences decoded together."),
     isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2 or avx512 (default: the best)."),
     tokens: int = typer.Option(16, min=1, help="Decode steps per round."),
-    rounds: int = typer.Option(3, min=1, help="Rounds of (bandwidth, decode), measured back to back; with "
-                                              "--batch, a round's steps alternate with those of one sequence."),
+    rounds: int = typer.Option(3, min=1, help="Rounds of decode steps, each step followed by a bandwidth "
+                                              "measurement; with --batch, a round's steps alternate with "
+                                              "those of one sequence."),
     context: int = typer.Option(16, min=0, help="Tokens of context each sequence holds before timing."),
-    bw_mib: int = typer.Option(1024, min=64, help="Buffer for the bandwidth measurement, MiB."),
+    bw_mib: int = typer.Option(256, min=64, help="Buffer for the bandwidth measurement after each step, MiB "
+                                                 "(several times the last-level cache)."),
     prefault: bool = typer.Option(True, help="Map every page of the model before timing (as serving does)."),
     repack: bool = typer.Option(True, help="Read the matrices this ISA reads faster repacked from the cache "
                                            "beside the model (built on first use), as serving does."),
@@ -104,17 +109,14 @@ def decode_command(
         engine.decode([(step * 31 + b) % engine.cfg.vocab_size for b in range(batch)], states)
         if single:
             engine.decode([(step * 31 + 7) % engine.cfg.vocab_size], single)
+    probe = cpu_lib.MemBandwidth(engine.pool, bw_mib << 20)
     results = []
-    bw_after = cpu_lib.membw(engine.pool, bw_mib << 20, reps=1)
     for _ in range(rounds):
-        bw_before = bw_after
-        r, one = _round(engine, [states, single], tokens) if single else (_round(engine, [states], tokens)[0], None)
-        bw_after = cpu_lib.membw(engine.pool, bw_mib << 20, reps=1)
-        bw = (bw_before + bw_after) / 2
+        runs, bw = _round(engine, [states, single] if single else [states], tokens, probe)
+        r, one = runs[0], runs[1] if single else None
         step_s = r["seconds"] / r["steps"]
         results.append({
             "membw_gbs": bw / 1e9,
-            "membw_before_after_gbs": [bw_before / 1e9, bw_after / 1e9],
             "tok_s": batch / step_s,
             "step_ms": step_s * 1e3,
             "weights_gb_per_step": r["step_bytes"] / 1e9,

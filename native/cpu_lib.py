@@ -173,6 +173,21 @@ def membw(pool: Pool, nbytes: int = 1 << 30, reps: int = 3) -> float:
     return bw
 
 
+class MemBandwidth:
+    """A buffer of `nbytes` for repeated bandwidth measurements with the pool's threads, allocated
+    and touched once; measure() streams it as membw() does."""
+
+    def __init__(self, pool: Pool, nbytes: int):
+        buf = lib.fm_membw_new(pool.ptr, nbytes)
+        if buf == ffi.NULL:
+            raise MemoryError(f"could not allocate {nbytes} bytes for the bandwidth measurement")
+        self.pool, self.nbytes, self.buf = pool, nbytes // (1 << 20) * (1 << 20), ffi.gc(buf, lib.fm_membw_free)
+
+    def measure(self, reps: int = 1) -> float:
+        """Bytes/s: the best of reps, each a plain and a software-prefetched stream."""
+        return lib.fm_membw_run(self.pool.ptr, self.buf, reps)
+
+
 _forced = os.environ.get("FERMIUM_ISA")
 if _forced:
     select_isa(_forced.strip().lower())

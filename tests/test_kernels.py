@@ -307,3 +307,14 @@ def test_physical_cores_respects_cpu_affinity():
         assert cpu_lib.physical_cores() == 1
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_bandwidth_buffer_measures_again_and_refuses_less_than_a_chunk():
+    """A kept buffer gives a positive figure on every call, rounded down to whole MiB; a size
+    below one MiB is refused with a clear error, not a crash."""
+    pool = cpu_lib.Pool(2)
+    probe = cpu_lib.MemBandwidth(pool, (64 << 20) + 12345)
+    assert probe.nbytes == 64 << 20
+    assert all(probe.measure() > 1e8 for _ in range(3))
+    with pytest.raises(MemoryError):
+        cpu_lib.MemBandwidth(pool, 1000)

@@ -292,8 +292,6 @@ def test_bench_decode_reports_bandwidth_share(files):
     assert report["batch"] == 2 and report["threads"] == 2
     assert best["membw_gbs"] > 0 and best["tok_s"] > 0 and 0 < best["weights_gb_per_step"] < 0.1
     assert abs(best["effective_gbs"] / best["membw_gbs"] - best["bw_ratio"]) < 1e-9
-    before, after = best["membw_before_after_gbs"]
-    assert abs((before + after) / 2 - best["membw_gbs"]) < 1e-9
     # a batch is timed against a batch of one in the same rounds
     assert report["median_batch_gain"] == best["batch_gain"] > 0
     # the matvec phases add up to the weight bytes but the embedding rows, and all phases' time

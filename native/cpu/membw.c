@@ -35,27 +35,48 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-double fm_membw(fm_pool *pool, size_t bytes, int reps) {
-    const size_t n_chunks = bytes / CHUNK;
-    uint64_t *buf = aligned_alloc(64, n_chunks * CHUNK);
-    if (!buf) return -1.0;
-    memset(buf, 1, n_chunks * CHUNK);
-    bw_ctx *c = calloc(1, sizeof *c);
-    c->buf = buf;
-    c->words_per_chunk = CHUNK / sizeof(uint64_t);
-    fm_pool_run(pool, bw_task, c, (int)n_chunks);   // warm the pages
+struct fm_membw_buf { bw_ctx c; size_t n_chunks; uint64_t *buf; };
+
+fm_membw_buf *fm_membw_new(fm_pool *pool, size_t bytes) {
+    fm_membw_buf *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->n_chunks = bytes / CHUNK;
+    if (!b->n_chunks || !(b->buf = aligned_alloc(64, b->n_chunks * CHUNK))) {
+        free(b);
+        return NULL;
+    }
+    memset(b->buf, 1, b->n_chunks * CHUNK);
+    b->c.buf = b->buf;
+    b->c.words_per_chunk = CHUNK / sizeof(uint64_t);
+    fm_pool_run(pool, bw_task, &b->c, (int)b->n_chunks);   // warm the pages
+    return b;
+}
+
+double fm_membw_run(fm_pool *pool, fm_membw_buf *b, int reps) {
     double best = 0.0;
     for (int r = 0; r < reps; r++) {
-        for (c->ahead = 0; c->ahead < 2; c->ahead++) {
+        for (b->c.ahead = 0; b->c.ahead < 2; b->c.ahead++) {
             double t0 = now();
-            fm_pool_run(pool, bw_task, c, (int)n_chunks);
-            double bw = (double)(n_chunks * CHUNK) / (now() - t0);
+            fm_pool_run(pool, bw_task, &b->c, (int)b->n_chunks);
+            double bw = (double)(b->n_chunks * CHUNK) / (now() - t0);
             if (bw > best) best = bw;
         }
     }
-    volatile uint64_t sink = c->sums[0];
+    volatile uint64_t sink = b->c.sums[0];
     (void)sink;
-    free(c);
-    free(buf);
     return best;
+}
+
+void fm_membw_free(fm_membw_buf *b) {
+    if (!b) return;
+    free(b->buf);
+    free(b);
+}
+
+double fm_membw(fm_pool *pool, size_t bytes, int reps) {
+    fm_membw_buf *b = fm_membw_new(pool, bytes);
+    if (!b) return -1.0;
+    const double bw = fm_membw_run(pool, b, reps);
+    fm_membw_free(b);
+    return bw;
 }
