@@ -95,7 +95,10 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
                     const __m256i q = _mm256_and_si256(nib ? _mm256_srli_epi16(w, 4) : w, m4);               \
                     _Pragma("GCC unroll 4")                                                                   \
                     for (int i = 0; i < na; i++)                                                              \
+                    {                                                                                         \
                         p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(q, bcast4(y[i]->qs + 64 * j + 32 * nib + 4 * k))); \
+                        __asm__("" : "+x"(p[i]));                                                             \
+                    }                                                                                         \
                 }
                 if (na == 1) {   // all 8 pieces unrolled: 1.7x the rolled loop for one activation
                     _Pragma("GCC unroll 8")
