@@ -187,6 +187,16 @@ class MemBandwidth:
         """Bytes/s: the best of reps, each a plain and a software-prefetched stream."""
         return lib.fm_membw_run(self.pool.ptr, self.buf, reps)
 
+    def faster_stream(self, reps: int = 3) -> bool:
+        """Whether the software-prefetched stream is the faster one here: the median of reps
+        passes of each kind, taken in turn."""
+        plain, ahead = zip(*[(self.stream(False), self.stream(True)) for _ in range(reps)])
+        return sorted(ahead)[reps // 2] > sorted(plain)[reps // 2]
+
+    def stream(self, prefetch: bool) -> float:
+        """Bytes/s of one pass of the given kind: a single sample, not the best of several."""
+        return lib.fm_membw_stream(self.pool.ptr, self.buf, int(prefetch))
+
 
 _forced = os.environ.get("FERMIUM_ISA")
 if _forced:

@@ -318,3 +318,11 @@ def test_bandwidth_buffer_measures_again_and_refuses_less_than_a_chunk():
     assert all(probe.measure() > 1e8 for _ in range(3))
     with pytest.raises(MemoryError):
         cpu_lib.MemBandwidth(pool, 1000)
+
+
+def test_bandwidth_streams_of_each_kind():
+    """One pass of each kind gives its own figure, and the faster kind can be named."""
+    pool = cpu_lib.Pool(1)
+    probe = cpu_lib.MemBandwidth(pool, 64 << 20)
+    assert probe.stream(False) > 1e8 and probe.stream(True) > 1e8
+    assert probe.faster_stream(reps=1) in (True, False)

@@ -66,6 +66,8 @@ double fm_membw(fm_pool *pool, size_t bytes, int reps);
 typedef struct fm_membw_buf fm_membw_buf;
 fm_membw_buf *fm_membw_new(fm_pool *pool, size_t bytes);
 double fm_membw_run(fm_pool *pool, fm_membw_buf *b, int reps);
+// one stream over the buffer: plain loads, or (prefetch != 0) with the kernels' software prefetch
+double fm_membw_stream(fm_pool *pool, fm_membw_buf *b, int prefetch);
 void fm_membw_free(fm_membw_buf *b);
 // ---- FM_CDEF end
 

@@ -52,18 +52,23 @@ fm_membw_buf *fm_membw_new(fm_pool *pool, size_t bytes) {
     return b;
 }
 
-double fm_membw_run(fm_pool *pool, fm_membw_buf *b, int reps) {
-    double best = 0.0;
-    for (int r = 0; r < reps; r++) {
-        for (b->c.ahead = 0; b->c.ahead < 2; b->c.ahead++) {
-            double t0 = now();
-            fm_pool_run(pool, bw_task, &b->c, (int)b->n_chunks);
-            double bw = (double)(b->n_chunks * CHUNK) / (now() - t0);
-            if (bw > best) best = bw;
-        }
-    }
+double fm_membw_stream(fm_pool *pool, fm_membw_buf *b, int prefetch) {
+    b->c.ahead = prefetch != 0;
+    const double t0 = now();
+    fm_pool_run(pool, bw_task, &b->c, (int)b->n_chunks);
+    const double bw = (double)(b->n_chunks * CHUNK) / (now() - t0);
     volatile uint64_t sink = b->c.sums[0];
     (void)sink;
+    return bw;
+}
+
+double fm_membw_run(fm_pool *pool, fm_membw_buf *b, int reps) {
+    double best = 0.0;
+    for (int r = 0; r < reps; r++)
+        for (int prefetch = 0; prefetch < 2; prefetch++) {
+            const double bw = fm_membw_stream(pool, b, prefetch);
+            if (bw > best) best = bw;
+        }
     return best;
 }
 
