@@ -79,11 +79,25 @@ def check_type(qtype: int) -> None:
         raise ValueError(f"no native kernel for GGML type {int(qtype)}")
 
 
+ACT_ALIGN = 16   # activation rows start here (quants.h: the SSSE3 kernels load them aligned)
+
+
+def aligned(a: np.ndarray) -> np.ndarray:
+    """a, C-contiguous and starting at a multiple of ACT_ALIGN bytes (a copy where it is not)."""
+    if a.flags.c_contiguous and a.ctypes.data % ACT_ALIGN == 0:
+        return a
+    buf = np.empty(a.nbytes + ACT_ALIGN, np.uint8)
+    start = -buf.ctypes.data % ACT_ALIGN
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def quantize_act(qtype: int, x: np.ndarray) -> np.ndarray:
     """x: (n,) float32 -> the activation blocks that pair with weights of `qtype` (bytes)."""
     check_type(qtype)
     x = np.ascontiguousarray(x, np.float32)
-    out = np.empty(lib.fm_act_bytes(int(qtype), x.size), np.uint8)
+    out = aligned(np.empty(lib.fm_act_bytes(int(qtype), x.size), np.uint8))
     lib.fm_quantize_act(int(qtype), ptr(x, "float *"), x.size, ptr(out))
     return out
 
@@ -93,7 +107,7 @@ def vec_dot(isa: str, qtype: int, w_row: np.ndarray, act: np.ndarray, n: int) ->
     if isa not in supported_isas():
         raise IsaError(f"this CPU cannot run the {isa} kernels")
     return float(lib.fm_vec_dot(ISAS.index(isa), int(qtype), n, ptr(np.ascontiguousarray(w_row)),
-                                ptr(np.ascontiguousarray(act))))
+                                ptr(aligned(act))))
 
 
 def gdn_head(isa: str, state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: float,
@@ -113,7 +127,7 @@ def vec_dot_group(isa: str, qtype: int, w_group: np.ndarray, acts: list[np.ndarr
     """One group of repacked rows . 1..4 prepared activations -> (len(acts), group)."""
     if isa not in supported_isas():
         raise IsaError(f"this CPU cannot run the {isa} kernels")
-    acts = [np.ascontiguousarray(a) for a in acts]
+    acts = [aligned(a) for a in acts]
     out = np.empty((len(acts), lib.fm_type_group(int(qtype))), np.float32)
     ptrs = ffi.new("void *[]", [ptr(a) for a in acts])
     if lib.fm_vec_dot_group(ISAS.index(isa), int(qtype), n, ptr(np.ascontiguousarray(w_group)), ptrs,

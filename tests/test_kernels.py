@@ -270,10 +270,12 @@ def test_activation_blocks_round_trip(rng):
     d, s = a32[512:].view(np.float32).reshape(2, 16)
     assert np.all(np.abs((q * d[:, None]).reshape(-1) - x) <= act_values(T.Q4_0, x) * ROUNDING_SLACK)
     np.testing.assert_allclose(s, d * q.sum(axis=1), rtol=1e-6)
-    a256 = cpu_lib.quantize_act(T.Q4_K, x).reshape(-1, 4 + 32 + 256)
-    qs = a256[:, 36:].view(np.int8).astype(np.int32)
-    bsums = a256[:, 4:36].copy().view(np.int16)
+    a256 = cpu_lib.quantize_act(T.Q4_K, x).reshape(-1, 256 + 32 + 4 + 12)   # qs | bsums | d | padding
+    qs = a256[:, :256].view(np.int8).astype(np.float32)
+    bsums = a256[:, 256:288].copy().view(np.int16)
+    d = a256[:, 288:292].copy().view(np.float32)
     np.testing.assert_array_equal(bsums, qs.reshape(-1, 16, 16).sum(axis=2))
+    assert np.all(np.abs((qs * d).reshape(-1) - x) <= act_values(T.Q4_K, x) * ROUNDING_SLACK)
 
 
 def test_dispatch_picks_a_supported_isa_and_refuses_others():

@@ -7,6 +7,7 @@
 #include "simd128.h"
 
 #define LOAD(p) _mm_loadu_si128((const __m128i *)(p))
+#define ALOAD(p) _mm_load_si128((const __m128i *)(p))   // activation quants and sums: 16-byte aligned (quants.h)
 
 // pshufb patterns: int16 lane k of a vector, broadcast to all 8 lanes
 static const uint8_t BCAST16[8][16] __attribute__((aligned(16))) = {
@@ -22,7 +23,7 @@ static inline __m128i bcast16(__m128i v, int k) {
 
 // 32 unsigned quants (two halves) . 32 activations, times int16 scale vector -> 4 int32
 static inline __m128i dot32_scaled(__m128i u0, __m128i u1, const int8_t *v, __m128i scale) {
-    __m128i p = _mm_add_epi16(_mm_maddubs_epi16(u0, LOAD(v)), _mm_maddubs_epi16(u1, LOAD(v + 16)));
+    __m128i p = _mm_add_epi16(_mm_maddubs_epi16(u0, ALOAD(v)), _mm_maddubs_epi16(u1, ALOAD(v + 16)));
     return _mm_madd_epi16(p, scale);
 }
 
@@ -31,7 +32,7 @@ static inline __m128i k4_scales(const uint8_t *packed, const int16_t *bsums, __m
     uint32_t sm[4];
     fm_unpack_scales_k4(packed, sm);
     const __m128i v = LOAD(sm), zero = _mm_setzero_si128();
-    *mins_dot = _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), _mm_hadd_epi16(LOAD(bsums), LOAD(bsums + 8)));
+    *mins_dot = _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), _mm_hadd_epi16(ALOAD(bsums), ALOAD(bsums + 8)));
     return _mm_unpacklo_epi8(v, zero);
 }
 
@@ -96,7 +97,7 @@ float fm_dot_q5_K_a8_ssse3(int n, const void *w, const void *a) {
 
 // 16 unsigned 6-bit quants . 16 activations, times an int16 scale vector -> 4 int32
 static inline __m128i dot16_scaled(__m128i u, const int8_t *v, __m128i scale) {
-    return _mm_madd_epi16(_mm_maddubs_epi16(u, LOAD(v)), scale);
+    return _mm_madd_epi16(_mm_maddubs_epi16(u, ALOAD(v)), scale);
 }
 
 float fm_dot_q6_K_a8_ssse3(int n, const void *w, const void *a) {

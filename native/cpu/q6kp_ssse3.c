@@ -8,6 +8,7 @@
 #include "simd128.h"
 
 #define LOAD(p) _mm_loadu_si128((const __m128i *)(p))
+#define ALOAD(p) _mm_load_si128((const __m128i *)(p))   // activation quants and sums: 16-byte aligned (quants.h)
 
 // pshufb patterns over 8 int16 scales: scale 2k to int16 lanes 0..3, scale 2k+1 to lanes 4..7
 static const uint8_t PAIR[4][16] __attribute__((aligned(16))) = {
@@ -36,8 +37,8 @@ float fm_dot_q6_Kp_a8_ssse3(int n, const void *w, const void *a) {
                 const __m128i A = _mm_and_si128(X, m6), B = _mm_and_si128(Y, m6);
                 const __m128i C = _mm_or_si128(_mm_and_si128(Z, m4), _mm_and_si128(_mm_srli_epi16(X, 2), top));
                 const __m128i D = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(Z, 4), m4), _mm_and_si128(_mm_srli_epi16(Y, 2), top));
-                const __m128i ab = _mm_add_epi16(_mm_maddubs_epi16(A, LOAD(v)), _mm_maddubs_epi16(B, LOAD(v + 32)));
-                const __m128i cd = _mm_add_epi16(_mm_maddubs_epi16(C, LOAD(v + 64)), _mm_maddubs_epi16(D, LOAD(v + 96)));
+                const __m128i ab = _mm_add_epi16(_mm_maddubs_epi16(A, ALOAD(v)), _mm_maddubs_epi16(B, ALOAD(v + 32)));
+                const __m128i cd = _mm_add_epi16(_mm_maddubs_epi16(C, ALOAD(v + 64)), _mm_maddubs_epi16(D, ALOAD(v + 96)));
                 si = _mm_add_epi32(si, _mm_madd_epi16(ab, _mm_shuffle_epi8(s16[h], _mm_load_si128((const __m128i *)PAIR[2 * l]))));
                 si = _mm_add_epi32(si, _mm_madd_epi16(cd, _mm_shuffle_epi8(s16[h], _mm_load_si128((const __m128i *)PAIR[2 * l + 1]))));
             }

@@ -27,8 +27,11 @@ typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K 
 static inline const float *fm_a32_d(const void *a, int nb) { return (const float *)((const int8_t *)a + QK32 * nb); }
 static inline const float *fm_a32_s(const void *a, int nb) { return fm_a32_d(a, nb) + nb; }
 #define FM_A32_BYTES(nb) ((size_t)(nb) * (QK32 + 2 * sizeof(float)))
-// For K-quants, blocks of 256 with the sums of each 16 values.
-typedef struct { float d; int16_t bsums[QK_K / 16]; int8_t qs[QK_K]; } block_a8_256;
+// For K-quants, blocks of 256 with the sums of each 16 values; quants first and the block padded
+// to 16 bytes, so that in a row that starts 16-byte aligned (every buffer here: malloc, the
+// engine's arena, numpy) the SSSE3 kernels load the quants aligned, straight into `pmaddubsw`.
+typedef struct { int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; float d; int32_t pad[3]; } block_a8_256;   // 304 B
+_Static_assert(sizeof(block_a8_256) % 16 == 0, "activation blocks keep 16-byte alignment");
 
 // GGML type ids (gguf.GGMLQuantizationType), and Fermium's own for a repacked layout (the same
 // definition as in fermium_cpu.h, which cffi reads)

@@ -14,8 +14,8 @@ static inline __attribute__((always_inline)) float hsum128_ps(__m128 s) {
 // the activation sums of each 32 values of a 256-value block: sums 2t and 2t+1 as the int16
 // halves of pairs[t]
 static inline __attribute__((always_inline)) void a8_bsum_pairs(const int16_t *bsums, int32_t pairs[4]) {
-    _mm_storeu_si128((__m128i *)pairs, _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
-                                                      _mm_loadu_si128((const __m128i *)(bsums + 8))));
+    _mm_storeu_si128((__m128i *)pairs, _mm_hadd_epi16(_mm_load_si128((const __m128i *)bsums),
+                                                      _mm_load_si128((const __m128i *)(bsums + 8))));
 }
 
 // a Q6_K super-block's 16 scales as int16 (s16[0]: scales 0..7, s16[1]: 8..15), and the start
@@ -25,8 +25,8 @@ static inline __attribute__((always_inline)) __m128i q6_scales_offset(const int8
     const __m128i s8 = _mm_loadu_si128((const __m128i *)scales);
     s16[0] = _mm_srai_epi16(_mm_unpacklo_epi8(s8, s8), 8);
     s16[1] = _mm_srai_epi16(_mm_unpackhi_epi8(s8, s8), 8);
-    const __m128i c = _mm_add_epi32(_mm_madd_epi16(s16[0], _mm_loadu_si128((const __m128i *)bsums)),
-                                    _mm_madd_epi16(s16[1], _mm_loadu_si128((const __m128i *)(bsums + 8))));
+    const __m128i c = _mm_add_epi32(_mm_madd_epi16(s16[0], _mm_load_si128((const __m128i *)bsums)),
+                                    _mm_madd_epi16(s16[1], _mm_load_si128((const __m128i *)(bsums + 8))));
     return _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(c, 5));
 }
 
