@@ -8,9 +8,7 @@
 
 // the 8 scales as int16 in both 128-bit halves; mins . pair sums of bsums as 4 int32
 static inline __m256i k4_scales(const uint8_t *packed, const int16_t *bsums, __m128i *mins_dot) {
-    uint32_t sm[4];
-    fm_unpack_scales_k4(packed, sm);
-    const __m128i v = _mm_loadu_si128((const __m128i *)sm);
+    const __m128i v = k4_scales_mins(packed);
     const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums), b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
     *mins_dot = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(v, 8)), _mm_hadd_epi16(b0, b1));
     return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));

@@ -29,9 +29,7 @@ static inline __m128i dot32_scaled(__m128i u0, __m128i u1, const int8_t *v, __m1
 
 // scales (8 x int16) and sum_j min_j * (bsum_2j + bsum_2j+1) (4 int32 partial sums)
 static inline __m128i k4_scales(const uint8_t *packed, const int16_t *bsums, __m128i *mins_dot) {
-    uint32_t sm[4];
-    fm_unpack_scales_k4(packed, sm);
-    const __m128i v = LOAD(sm), zero = _mm_setzero_si128();
+    const __m128i v = k4_scales_mins(packed), zero = _mm_setzero_si128();
     *mins_dot = _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), _mm_hadd_epi16(ALOAD(bsums), ALOAD(bsums + 8)));
     return _mm_unpacklo_epi8(v, zero);
 }

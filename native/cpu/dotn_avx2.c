@@ -71,9 +71,7 @@ INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const in
     float mins[FM_DOTN_MAX][4] __attribute__((aligned(16))) = { { 0 } };
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        uint32_t sm[4];
-        fm_unpack_scales_k4(x[b].scales, sm);
-        const __m128i v8 = _mm_loadu_si128((const __m128i *)sm);
+        const __m128i v8 = k4_scales_mins(x[b].scales);
         const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(v8, 8));
         const float d = _cvtsh_ss(x[b].d), dmin = _cvtsh_ss(x[b].dmin);
         _Pragma("GCC unroll 4")

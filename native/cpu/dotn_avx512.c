@@ -58,9 +58,7 @@ INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const in
     for (int i = 0; i < na; i++) { acc[i] = _mm512_setzero_ps(); accm[i] = _mm_setzero_ps(); }
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        uint32_t sm[4];
-        fm_unpack_scales_k4(x[b].scales, sm);
-        const __m128i v8 = _mm_loadu_si128((const __m128i *)sm);
+        const __m128i v8 = k4_scales_mins(x[b].scales);
         const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(v8));
         const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(v8, 8));
         __m512i si[FM_DOTN_MAX];

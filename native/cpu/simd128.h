@@ -11,6 +11,17 @@ static inline __attribute__((always_inline)) float hsum128_ps(__m128 s) {
     return _mm_cvtss_f32(s);
 }
 
+// the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K/Q5_K super-block, unpacked in
+// general registers and moved over in two quadwords. Stored as words and loaded as one vector,
+// they waited on a failed store forwarding (cache-resident: the SSSE3 Q4_K kernel 1.03x, the
+// AVX2 one 1.10x with this; a shuffle-and-mask unpack in vector registers was slower than both)
+static inline __attribute__((always_inline)) __m128i k4_scales_mins(const uint8_t *packed) {
+    uint32_t sm[4];
+    fm_unpack_scales_k4(packed, sm);
+    return _mm_unpacklo_epi64(_mm_cvtsi64_si128((long long)(sm[0] | (uint64_t)sm[1] << 32)),
+                              _mm_cvtsi64_si128((long long)(sm[2] | (uint64_t)sm[3] << 32)));
+}
+
 // the activation sums of each 32 values of a 256-value block: sums 2t and 2t+1 as the int16
 // halves of pairs[t]
 static inline __attribute__((always_inline)) void a8_bsum_pairs(const int16_t *bsums, int32_t pairs[4]) {
