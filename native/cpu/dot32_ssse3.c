@@ -55,19 +55,27 @@ static inline __m128 dot_i8(const int8_t *w, const int8_t *a) {
     return _mm_cvtepi32_ps(acc);
 }
 
-// four f16 block scales to f32 by a multiply: normal and subnormal values exact (a subnormal
-// scale, rare in Q4_0, costs one microcode assist on CPUs without DAZ); 6 operations to half4's 14
-static inline __m128 half4_mul(__m128i h) {
-    const __m128i mag = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7FFF)), 13);
-    const __m128 v = _mm_mul_ps(_mm_castsi128_ps(mag), _mm_set1_ps(0x1p112f));   // rebias: 2^(127-15)
-    return _mm_or_ps(v, _mm_castsi128_ps(_mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16)));
+// the f16 scales of weight blocks b..b+3 (stride bytes apart) as f32 by a multiply: gathered
+// in a general register (no vector operation per scale), each moved to the high half of its
+// 32-bit lane, where an arithmetic shift by 3 keeps the sign in bit 31 and puts exponent and
+// mantissa in place (the sign copies in bits 30..28 masked off), then the exponent rebiased by
+// 2^(127-15). Normal and subnormal values exact (a subnormal scale, rare in Q4_0, costs one
+// microcode assist on CPUs without DAZ); 5 vector operations, where inserting the four scales and converting them took 13
+static inline __m128 half4_gathered(const uint8_t *first, size_t stride) {
+    __m128i high = _mm_insert_epi16(_mm_setzero_si128(), *(const uint16_t *)first, 1);
+    high = _mm_insert_epi16(high, *(const uint16_t *)(first + stride), 3);
+    high = _mm_insert_epi16(high, *(const uint16_t *)(first + 2 * stride), 5);
+    high = _mm_insert_epi16(high, *(const uint16_t *)(first + 3 * stride), 7);
+    const __m128i bits = _mm_and_si128(_mm_srai_epi32(high, 3), _mm_set1_epi32((int)0x8FFFFFFF));
+    return _mm_mul_ps(_mm_castsi128_ps(bits), _mm_set1_ps(0x1p112f));
 }
 
-// the int16 pair sums of 16 bytes of nibbles . 32 activations (low nibbles, then high)
+// the int16 pair sums of 16 bytes of nibbles . 32 activations (low nibbles, then high); the
+// activations 16-byte aligned (quants.h), so they are `pmaddubsw` memory operands, not loads
 static inline __m128i dot_u4_i16(const uint8_t *qs, const int8_t *a) {
     const __m128i m4 = _mm_set1_epi8(0xF), q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm_add_epi16(_mm_maddubs_epi16(_mm_and_si128(q, m4), _mm_loadu_si128((const __m128i *)a)),
-                         _mm_maddubs_epi16(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_loadu_si128((const __m128i *)(a + 16))));
+    return _mm_add_epi16(_mm_maddubs_epi16(_mm_and_si128(q, m4), _mm_load_si128((const __m128i *)a)),
+                         _mm_maddubs_epi16(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_load_si128((const __m128i *)(a + 16))));
 }
 
 // sum_b dw*dy*sum(u*q) - 8 * sum_b dw*(dy*sum(q)): the stored nibbles are offset by 8. Four
@@ -83,7 +91,7 @@ float fm_dot_q4_0_a8_ssse3(int n, const void *w, const void *a) {
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
         fm_prefetch_ahead(x + b, 4 * sizeof *x);
-        const __m128 dw = half4_mul(f16x4((const uint8_t *)&x[b].d, sizeof *x));
+        const __m128 dw = half4_gathered((const uint8_t *)&x[b].d, sizeof *x);
         off = _mm_add_ps(off, _mm_mul_ps(dw, _mm_loadu_ps(sy + b)));
         const __m128i p01 = _mm_hadd_epi16(dot_u4_i16(x[b].qs, q + QK32 * b), dot_u4_i16(x[b + 1].qs, q + QK32 * (b + 1)));
         const __m128i p23 = _mm_hadd_epi16(dot_u4_i16(x[b + 2].qs, q + QK32 * (b + 2)), dot_u4_i16(x[b + 3].qs, q + QK32 * (b + 3)));

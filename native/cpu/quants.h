@@ -23,13 +23,15 @@ typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K 
 
 // ---- activations, 8-bit with fp32 scales
 // For Q4_0/Q8_0, a row of nb blocks of 32 is stored as arrays, so SIMD code loads several
-// blocks' scales at once: qs (nb * 32 int8) | d (nb float) | s (nb float), s = d * sum(qs).
+// blocks' scales at once: qs (nb * 32 int8) | d (nb float) | s (nb float), s = d * sum(qs),
+// padded to 16 bytes so that rows laid end to end all start aligned (below).
 static inline const float *fm_a32_d(const void *a, int nb) { return (const float *)((const int8_t *)a + QK32 * nb); }
 static inline const float *fm_a32_s(const void *a, int nb) { return fm_a32_d(a, nb) + nb; }
-#define FM_A32_BYTES(nb) ((size_t)(nb) * (QK32 + 2 * sizeof(float)))
+#define FM_A32_BYTES(nb) (((size_t)(nb) * (QK32 + 2 * sizeof(float)) + 15) & ~(size_t)15)
 // For K-quants, blocks of 256 with the sums of each 16 values; quants first and the block padded
-// to 16 bytes, so that in a row that starts 16-byte aligned (every buffer here: malloc, the
-// engine's arena, numpy) the SSSE3 kernels load the quants aligned, straight into `pmaddubsw`.
+// to 16 bytes. So in a row that starts 16-byte aligned (every buffer here: malloc, the engine's
+// arena, numpy through cpu_lib.aligned) the SSSE3 kernels of both kinds load the activation
+// quants aligned, straight into `pmaddubsw` (SSE memory operands must be aligned).
 typedef struct { int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; float d; int32_t pad[3]; } block_a8_256;   // 304 B
 _Static_assert(sizeof(block_a8_256) % 16 == 0, "activation blocks keep 16-byte alignment");
 
