@@ -1,23 +1,15 @@
 /* AVX2 dot products of a Q6_Kp row (Q6_K repacked, quants.h) with up to FM_DOTN_MAX
- * activation rows in the same order: the quants of each 128 values are unpacked once (11
- * operations for four registers) and dotted with every activation, each pair of registers
- * that share their sub-blocks through one `vpmaddwd`. Per 32 values and activation that is
- * 2.5 operations, 1.5 of them multiplies, against 3 and 2 for the GGUF layout (dotn_avx2.c).
- * Built with -mavx2 -mfma -mf16c; the AVX-512 dispatch row uses these too. */
+ * activation rows in the same order: each 32-byte half of the four registers (128 values,
+ * sub-blocks 8H..8H+7) is unpacked once (11 operations) and dotted with every activation,
+ * each pair of registers through one `vpmaddwd` with the half's scale vector. Per 32 values
+ * and activation that is 2.5 operations, 1.5 of them multiplies, against 3 and 2 for the GGUF
+ * layout (dotn_avx2.c). Built with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include "quants.h"
 #include "simd256.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
-
-// pshufb patterns over 8 int16 scales in both 128-bit lanes: for registers A+B, scales 0, 1 in
-// the low lane and 4, 5 in the high one (4 int16 lanes each); for C+D, scales 2, 3 and 6, 7
-static const uint8_t PAIRS[2][32] __attribute__((aligned(32))) = {
-#define Q(s) 2 * (s), 2 * (s) + 1, 2 * (s), 2 * (s) + 1, 2 * (s), 2 * (s) + 1, 2 * (s), 2 * (s) + 1
-    { Q(0), Q(1), Q(4), Q(5) }, { Q(2), Q(3), Q(6), Q(7) },
-#undef Q
-};
 
 INLINE void q6_Kp_n(int n, const block_q6_Kp *x, const void *const *acts, const int na, float *out) {
     const __m256i m6 = _mm256_set1_epi8(63), m4 = _mm256_set1_epi8(0xF), top = _mm256_set1_epi8(0x30);
@@ -29,28 +21,28 @@ INLINE void q6_Kp_n(int n, const block_q6_Kp *x, const void *const *acts, const 
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) si[i] = q6_offset(s8, ((const block_a8_256 *)acts[i])[b].bsums);
         _Pragma("GCC unroll 2")
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *pl = x[b].planes[h][0];
-            const __m256i sc = q6_half_scales(s8, h);
-            const __m256i X = LOAD(pl), Y = LOAD(pl + 32), Z = LOAD(pl + 64);
-            const __m256i A = _mm256_and_si256(X, m6), B = _mm256_and_si256(Y, m6);
-            const __m256i sab = _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)PAIRS[0]));
+        for (int h = 0; h < 2; h++) {   // 32-bit lane m of half h: sub-block 8h + m
+            const uint8_t *pl = x[b].planes[0] + 32 * h;
+            // int16 lanes 2m, 2m+1: scale 8h + m
+            const __m128i half8 = h ? _mm_unpackhi_epi8(s8, s8) : _mm_unpacklo_epi8(s8, s8);
+            const __m256i sc = _mm256_cvtepi8_epi16(half8);
+            const __m256i X = LOAD(pl), Y = LOAD(pl + 64), Z = LOAD(pl + 128);
+            const __m256i R0 = _mm256_and_si256(X, m6), R1 = _mm256_and_si256(Y, m6);
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++) {
-                const int8_t *v = ((const block_a8_256 *)acts[i])[b].qs + 128 * h;
-                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(A, LOAD(v)), _mm256_maddubs_epi16(B, LOAD(v + 32)));
-                si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(p, sab));
+                const int8_t *v = ((const block_a8_256 *)acts[i])[b].qs + 32 * h;
+                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(R0, LOAD(v)), _mm256_maddubs_epi16(R1, LOAD(v + 64)));
+                si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(p, sc));
                 __asm__("" : "+x"(si[i]));   // one running sum per activation, not a tree of temporaries
             }
-            const __m256i C = _mm256_or_si256(_mm256_and_si256(Z, m4), _mm256_and_si256(_mm256_srli_epi16(X, 2), top));
-            const __m256i D = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Z, 4), m4),
-                                              _mm256_and_si256(_mm256_srli_epi16(Y, 2), top));
-            const __m256i scd = _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)PAIRS[1]));
+            const __m256i R2 = _mm256_or_si256(_mm256_and_si256(Z, m4), _mm256_and_si256(_mm256_srli_epi16(X, 2), top));
+            const __m256i R3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Z, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(Y, 2), top));
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++) {
-                const int8_t *v = ((const block_a8_256 *)acts[i])[b].qs + 128 * h;
-                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(C, LOAD(v + 64)), _mm256_maddubs_epi16(D, LOAD(v + 96)));
-                si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(p, scd));
+                const int8_t *v = ((const block_a8_256 *)acts[i])[b].qs + 32 * h;
+                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(R2, LOAD(v + 128)), _mm256_maddubs_epi16(R3, LOAD(v + 192)));
+                si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(p, sc));
                 __asm__("" : "+x"(si[i]));
             }
         }

@@ -58,24 +58,23 @@ typedef struct { fm_f16 d[FM_GROUP], dmin[FM_GROUP]; uint8_t scales[12][FM_GROUP
                  uint8_t qs[4][8][FM_GROUP][4]; } block_q4_Kx8;   // 1152 B
 
 // ---- Q6_K repacked for SIMD, row by row: the same 6-bit quants, scales and d, with the quants
-// of each 128-value half reordered and their bits rearranged so that
-//   - unpacking takes 11 vector operations per 64 values instead of 17: the 128 values are four
-//     32-byte registers A, B, C, D stored as three planes X = A | C.hi2 << 6, Y = B | D.hi2 << 6,
-//     Z = C.lo4 | D.lo4 << 4, so A = X & 63 and B = Y & 63;
-//   - two registers share each byte's sub-block (A with B, C with D): their `pmaddubsw`
-//     products add up as int16 (2 * 2 * 63 * 128 < 32768) before one `pmaddwd` applies the
-//     scales, instead of one per register.
-// Lane L (16 bytes) of register R of half h holds 8 values of each of two sub-blocks; the
-// activations are stored in the same order (ACT_A8_256P), so SIMD loads line up.
-typedef struct { uint8_t planes[2][3][32]; int8_t scales[QK_K / 16]; fm_f16 d; } block_q6_Kp;   // 210 B
+// of each block reordered and their bits rearranged so that
+//   - the 256 values are four 64-byte registers R0..R3, stored as three planes
+//     X = R0 | R2.hi2 << 6, Y = R1 | R3.hi2 << 6, Z = R2.lo4 | R3.lo4 << 4, so R0 = X & 63 and
+//     R1 = Y & 63: 11 vector operations unpack them, against 17 for the GGUF layout;
+//   - bytes 4k..4k+3 of every register (every 16-byte lane: its 32-bit lane k % 4) hold values
+//     of sub-block k: `vpdpbusd` sums all four registers into one 32-bit lane per sub-block,
+//     scaled once per block (AVX-512), and in narrower registers two registers' `pmaddubsw`
+//     products add up as int16 (2 * 2 * 63 * 128 < 32768) before one `pmaddwd` applies one
+//     scale vector to both.
+// The activations are stored in the same order (ACT_A8_256P), so SIMD loads line up.
+typedef struct { uint8_t planes[3][64]; int8_t scales[QK_K / 16]; fm_f16 d; } block_q6_Kp;   // 210 B
 
-// the value (0..255, natural order) at position p of a Q6_Kp block and its activations:
-// p = 128 h + 32 R + 16 L + i, R = 0..3 for A..D; A and C hold values 0..7 of their two
-// sub-blocks (i < 8: the first, else the second), B and D values 8..15 of the same two
+// the value (0..255, natural order) at position p = 64 R + j of a Q6_Kp block and its
+// activations: value 4 R + j % 4 of sub-block j / 4
 static inline int fm_q6kp_value(int p) {
-    const int h = p / 128, r = p / 32 % 4, l = p / 16 % 2, i = p % 16;
-    const int sub = (r / 2) * 2 + (i >= 8), pos = (r % 2) * 8 + i % 8;
-    return 128 * h + 64 * l + 16 * sub + pos;
+    const int r = p / 64, j = p % 64;
+    return 16 * (j / 4) + 4 * r + j % 4;
 }
 
 // dot of one weight row (n values, n a multiple of the block) with one activation row
@@ -170,11 +169,13 @@ void fm_dotn_q6_K_a8_avx2(int n, const void *w, const void *const *acts, int na,
 void fm_dotn_q4_0_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
-// Q6_Kp (row layout, ACT_A8_256P activations): no AVX-512 sibling, the AVX2 one serves there
+// Q6_Kp (row layout, ACT_A8_256P activations)
 float fm_dot_q6_Kp_a8_generic(int n, const void *w, const void *a);
 float fm_dot_q6_Kp_a8_ssse3(int n, const void *w, const void *a);
 float fm_dot_q6_Kp_a8_avx2(int n, const void *w, const void *a);
+float fm_dot_q6_Kp_a8_avx512(int n, const void *w, const void *a);
 void fm_dotn_q6_Kp_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_q6_Kp_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 
 // one group of FM_GROUP repacked rows . na <= FM_DOTN_MAX activation rows: out[i * FM_GROUP + r]
 typedef void (*fm_vec_dot_g_fn)(int n, const void *w, const void *const *acts, int na, float *out);

@@ -50,14 +50,13 @@ int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst) {
     const block_q6_K *x = src;
     block_q6_Kp *out = dst;
     for (size_t b = 0; b < rows * (size_t)(cols / QK_K); b++, x++, out++) {
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < 32; j++) {   // byte j of each plane: position j of registers A..D
-                int q[4];
-                for (int r = 0; r < 4; r++) q[r] = q6_quant(x, fm_q6kp_value(128 * h + 32 * r + j));
-                out->planes[h][0][j] = (uint8_t)(q[0] | (q[2] >> 4) << 6);
-                out->planes[h][1][j] = (uint8_t)(q[1] | (q[3] >> 4) << 6);
-                out->planes[h][2][j] = (uint8_t)((q[2] & 0xF) | (q[3] & 0xF) << 4);
-            }
+        for (int j = 0; j < 64; j++) {   // byte j of each plane: byte j of registers R0..R3
+            int q[4];
+            for (int r = 0; r < 4; r++) q[r] = q6_quant(x, fm_q6kp_value(64 * r + j));
+            out->planes[0][j] = (uint8_t)(q[0] | (q[2] >> 4) << 6);
+            out->planes[1][j] = (uint8_t)(q[1] | (q[3] >> 4) << 6);
+            out->planes[2][j] = (uint8_t)((q[2] & 0xF) | (q[3] & 0xF) << 4);
+        }
         memcpy(out->scales, x->scales, sizeof out->scales);
         out->d = x->d;
     }
@@ -72,10 +71,10 @@ float fm_dot_q6_Kp_a8_generic(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         int si = 0;
         for (int p = 0; p < QK_K; p++) {
-            const uint8_t *pl = x[b].planes[p / 128][0];
-            const int r = p / 32 % 4, j = p % 32;
-            const int q = r == 0 ? pl[j] & 63 : r == 1 ? pl[32 + j] & 63
-                        : r == 2 ? (pl[64 + j] & 0xF) | (pl[j] >> 6) << 4 : (pl[64 + j] >> 4) | (pl[32 + j] >> 6) << 4;
+            const uint8_t *X = x[b].planes[0], *Y = x[b].planes[1], *Z = x[b].planes[2];
+            const int r = p / 64, j = p % 64;
+            const int q = r == 0 ? X[j] & 63 : r == 1 ? Y[j] & 63
+                        : r == 2 ? (Z[j] & 0xF) | (X[j] >> 6) << 4 : (Z[j] >> 4) | (Y[j] >> 6) << 4;
             si += x[b].scales[fm_q6kp_value(p) / 16] * (q - 32) * y[b].qs[p];
         }
         sum += fm_f16_to_f32(x[b].d) * y[b].d * (float)si;
