@@ -189,6 +189,24 @@ def test_repacked_q6_k_rows_match_generic_rows(isa, rng):
         assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale), isa
 
 
+@pytest.mark.parametrize("isa", [i for i in ISAS if cpu_lib.has_rows_kernel(i, cpu_lib.REPACKED[T.Q6_K][0])])
+@pytest.mark.parametrize("nr", [1, 2, 3, 4])
+@pytest.mark.parametrize("na", [1, 2, 3, 4])
+def test_q6_kp_rows_at_once_match_generic_rows(isa, nr, na, rng):
+    """The kernel for several Q6_Kp rows at once: each row's generic dot, for every activation."""
+    qp = cpu_lib.REPACKED[T.Q6_K][0]
+    w = random_rows(T.Q6_K, nr, N, rng)
+    packed = cpu_lib.repack(T.Q6_K, w, N)
+    xs = (rng.standard_normal((na, N)) * rng.uniform(0.1, 10, (na, 1))).astype(np.float32)
+    got = cpu_lib.vec_dot_rows(isa, qp, packed, [cpu_lib.quantize_act(qp, x) for x in xs], N)
+    assert got.shape == (na, nr)
+    for i, x in enumerate(xs):
+        act = cpu_lib.quantize_act(T.Q6_K, x)
+        expect = np.array([cpu_lib.vec_dot("generic", T.Q6_K, w[r], act, N) for r in range(nr)])
+        scale = np.abs(dequantize(w, T.Q6_K)) @ np.abs(x)
+        assert np.all(np.abs(got[i] - expect) <= SIBLING_RTOL * scale), (isa, nr, na, i)
+
+
 # The DeltaNet update in fp32 against float64: a state of |S| ~ 1 summed over dk rows twice.
 GDN_RTOL = 1e-5
 GDN_ATOL = 2e-5
@@ -226,6 +244,21 @@ def test_matvec_reads_repacked_rows_like_the_gguf_layout(threads, qtype, rng):
     expect = cpu_lib.matvec(pool, qtype, w, x)
     got = cpu_lib.matvec(pool, cpu_lib.REPACKED[qtype][0], cpu_lib.repack(qtype, w, n), x)
     scale = np.abs(dequantize(w, qtype)) @ np.abs(x).T
+    assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale.T)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch", [1, 3, 6])
+def test_matvec_reads_q6_kp_rows_in_any_number(threads, batch, rng):
+    """Tasks whose rows are no multiple of the rows taken at once (1003 rows of 840 bytes: tasks
+    of 312, the last 67), at batches under, at and over the activations of one call."""
+    pool = cpu_lib.Pool(threads)
+    rows, n = 1003, 1024
+    w = random_rows(T.Q6_K, rows, n, rng)
+    x = rng.standard_normal((batch, n)).astype(np.float32)
+    expect = cpu_lib.matvec(pool, T.Q6_K, w, x)
+    got = cpu_lib.matvec(pool, cpu_lib.REPACKED[T.Q6_K][0], cpu_lib.repack(T.Q6_K, w, n), x)
+    scale = np.abs(dequantize(w, T.Q6_K)) @ np.abs(x).T
     assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale.T)
 
 

@@ -14,26 +14,28 @@ typedef struct {
     fm_vec_dot_fn dot[KIND_COUNT];     // indexed by fm_kind
     fm_vec_dot_n_fn dotn[KIND_COUNT];  // batched rows; NULL: the driver loops dot
     fm_vec_dot_g_fn dotg[KIND_COUNT];  // groups of repacked rows; NULL for the GGUF layouts
+    fm_vec_dot_r_fn dotr[KIND_COUNT];  // several rows of a row layout at once; NULL: row by row
     fm_gdn_fn gdn;                     // the Gated DeltaNet head update
 } isa_row;
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C)
 // gisa: the kernels of the repacked group layouts; disa: the fp32 DeltaNet
-#define ROW(name, isa, fisa, hisa, gisa, disa, batched) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, \
+#define ROW(name, isa, fisa, hisa, gisa, disa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, \
     fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, \
     fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##isa }, batched, \
-    { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, fm_gdn_head_##disa }
+    { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, rows, fm_gdn_head_##disa }
 #define NO_DOTN { 0 }
+#define NO_DOTR { 0 }
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
                     [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx2 }
 #define DOTN_AVX512 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx512, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx512, \
                       [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx512 }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
-    ROW("generic", generic, generic, generic, generic, generic, NO_DOTN),
-    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, NO_DOTN),
-    ROW("avx2", avx2, avx2, avx2, avx2, avx2, DOTN_AVX2),
-    ROW("avx512", avx512, avx2, avx2, avx512, avx2, DOTN_AVX512),
+    ROW("generic", generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
+    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, NO_DOTN, NO_DOTR),
+    ROW("avx2", avx2, avx2, avx2, avx2, avx2, DOTN_AVX2, NO_DOTR),
+    ROW("avx512", avx512, avx2, avx2, avx512, avx2, DOTN_AVX512, { [KIND_Q6_KP] = fm_dotr_q6_Kp_a8_avx512 }),
 };
 
 // GGML type -> traits; activation kind decides how x is quantized before the dot
@@ -119,6 +121,11 @@ fm_vec_dot_g_fn fm_dotg_for(int isa, int kind) {
     return ISA_ROWS[isa].dotg[kind];
 }
 
+fm_vec_dot_r_fn fm_dotr_for(int isa, int kind) {
+    if (isa < 0) isa = fm_isa_active();
+    return ISA_ROWS[isa].dotr[kind];
+}
+
 void fm_gdn_head(FM_GDN_ARGS) {
     if (!active) fm_isa_active();
     active->gdn(S, q, k, v, decay, beta, o, dk, dv);
@@ -139,6 +146,19 @@ int fm_vec_dot_group(int isa, int type, int n, const void *w, const void *const 
     const int kind = fm_kind_of(type);
     if (kind < 0 || FM_TYPES[kind].group == 1 || na < 1 || na > FM_DOTN_MAX) return -1;
     fm_dotg_for(isa, kind)(n, w, acts, na, out);
+    return 0;
+}
+
+int fm_has_dot_rows(int isa, int type) {
+    const int kind = fm_kind_of(type);
+    return fm_isa_supported(isa) && kind >= 0 && fm_dotr_for(isa, kind) != NULL;
+}
+
+int fm_vec_dot_rows(int isa, int type, int n, const void *w, size_t row_bytes, int nr, const void *const *acts,
+                    int na, float *out) {
+    const int kind = fm_kind_of(type);
+    if (!fm_has_dot_rows(isa, type) || nr < 1 || nr > FM_DOTR_MAX || na < 1 || na > FM_DOTN_MAX) return -1;
+    fm_dotr_for(isa, kind)(n, w, row_bytes, nr, acts, na, out);
     return 0;
 }
 

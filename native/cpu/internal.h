@@ -16,6 +16,7 @@ int fm_kind_of(int type);                       // -1 if unsupported
 fm_vec_dot_fn fm_dot_for(int isa, int kind);    // isa < 0: the active one
 fm_vec_dot_n_fn fm_dotn_for(int isa, int kind); // NULL where the ISA has no batched kernel
 fm_vec_dot_g_fn fm_dotg_for(int isa, int kind); // the kernel of a repacked kind
+fm_vec_dot_r_fn fm_dotr_for(int isa, int kind); // NULL where the ISA takes the kind row by row
 
 // run fn(ctx, task, thread) for task in [0, n_tasks) on the pool; returns when all are done
 typedef void (*fm_task_fn)(void *ctx, int task, int thread);

@@ -30,6 +30,21 @@ static void mv_groups(const fm_mv_job *j, int r0, int r1) {
     }
 }
 
+// rows r0..r1 of a row-layout matrix, up to FM_DOTR_MAX at a time through the ISA's kernel for
+// several rows, and every activation of the job through each call
+static void mv_rows(const fm_mv_job *j, fm_vec_dot_r_fn dotr, int r0, int r1) {
+    for (int r = r0; r < r1; r += FM_DOTR_MAX) {
+        const int nr = r1 - r < FM_DOTR_MAX ? r1 - r : FM_DOTR_MAX;
+        const uint8_t *w = j->w + (size_t)r * j->row_bytes;
+        for (int b = 0; b < j->n; b += FM_DOTN_MAX) {
+            float y[FM_DOTN_MAX * FM_DOTR_MAX];
+            const int na = j->n - b < FM_DOTN_MAX ? j->n - b : FM_DOTN_MAX;
+            dotr(j->cols, w, j->row_bytes, nr, j->acts + b, na, y);
+            for (int i = 0; i < na; i++) memcpy(j->outs[b + i] + r, y + FM_DOTR_MAX * i, sizeof(float) * nr);
+        }
+    }
+}
+
 static void mv_task(void *arg, int task, int thread) {
     (void)thread;
     const mv_ctx *c = arg;
@@ -48,6 +63,13 @@ static void mv_task(void *arg, int task, int thread) {
     for (size_t off = 0; off < FM_PREFETCH_AHEAD && off < span; off += 64) _mm_prefetch((const char *)start + off, _MM_HINT_T0);
     if (FM_TYPES[j->kind].group > 1) {
         mv_groups(j, r0, r1);
+        return;
+    }
+    // several rows at once pay off in compute, with several activations; one activation streams
+    // faster row by row (the LM head, 1 thread: 11.0 ms, against 12.2 ms 4 rows at once)
+    const fm_vec_dot_r_fn dotr = j->n > 1 ? fm_dotr_for(-1, j->kind) : NULL;
+    if (dotr) {
+        mv_rows(j, dotr, r0, r1);
         return;
     }
     const fm_vec_dot_fn dot = fm_dot_for(-1, j->kind);

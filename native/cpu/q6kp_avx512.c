@@ -4,7 +4,7 @@
  * holds sub-block k, `vpdpbusd` sums all four into one register of 16 sub-block sums per
  * activation, scaled once in floats: 4 multiplies per block and activation where the
  * GGUF-layout kernel (dotn_avx512.c) takes 8, and 9 unpacking operations where it takes 48.
- * Built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni. */
+ * The matvec driver hands it up to 4 rows at once (fm_dotr_q6_Kp_a8_avx512). Built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni. */
 #include <immintrin.h>
 #include "quants.h"
 
@@ -24,30 +24,66 @@ INLINE void q6kp_unpack(const uint8_t planes[3][64], __m512i r[4]) {
     r[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(Z, 4), _mm512_srli_epi16(_mm512_and_si512(Y, hi2), 2), m4, 0xE4);
 }
 
-INLINE void q6_Kp_n(int n, const block_q6_Kp *x, const void *const *acts, const int na, float *out) {
-    __m512 acc[FM_DOTN_MAX];
+// the float scales of a block: scale k times d in lane k
+INLINE __m512 q6kp_scales(const block_q6_Kp *x) {
+    const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x->scales));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(_cvtsh_ss(x->d)));
+}
+
+// nr rows (row_bytes apart) . na activations: each activation's quants and block sums serve
+// every row (4 rows at once read 1.4x as fast as 1 for 4 activations, cache-resident). The
+// stored quants are offset by +32, taken out through the activation sums of each sub-block.
+INLINE void q6_Kp_rows(int n, const uint8_t *w, size_t row_bytes, const int nr, const void *const *acts, const int na,
+                       float *out) {
+    __m512 acc[FM_DOTR_MAX][FM_DOTN_MAX];
     _Pragma("GCC unroll 4")
-    for (int i = 0; i < na; i++) acc[i] = _mm512_setzero_ps();
-    for (int b = 0; b < n / QK_K; b++) {
-        fm_prefetch_ahead(x + b, sizeof *x);
-        __m512i r[4];
-        q6kp_unpack(x[b].planes, r);
-        // scale k times d in lane k; the stored quants are offset by +32, taken out through
-        // the activation sums of each sub-block
-        const __m512 scale = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x[b].scales))),
-                                           _mm512_set1_ps(_cvtsh_ss(x[b].d)));
+    for (int r = 0; r < nr; r++)
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) acc[r][i] = _mm512_setzero_ps();
+    // the rows are read side by side, a span of nr rows at a time; the requests run ahead in one
+    // line through the bytes after it, at the pace of the reads (nr blocks per step), a whole
+    // number of spans and at least twice FM_PREFETCH_AHEAD bytes ahead (the LM head of 248320
+    // rows, 4 activations, 1 thread: 14.4 ms with FM_PREFETCH_AHEAD in each row, 13.2 ms so)
+    const size_t span = (size_t)nr * row_bytes, step = (size_t)nr * sizeof(block_q6_Kp);
+    const uint8_t *ahead = w + (span ? (2 * FM_PREFETCH_AHEAD + span - 1) / span * span : FM_PREFETCH_AHEAD);
+    for (int b = 0; b < n / QK_K; b++, ahead += step) {
+        _Pragma("GCC unroll 16")
+        for (size_t off = 0; off < step; off += 64) __builtin_prefetch(ahead + off, 0, 3);
+        __m512i q[FM_DOTR_MAX][4];
+        __m512 scale[FM_DOTR_MAX];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < nr; r++) {
+            const block_q6_Kp *x = (const block_q6_Kp *)(w + r * row_bytes) + b;
+            q6kp_unpack(x->planes, q[r]);
+            scale[r] = q6kp_scales(x);
+        }
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) {
             const block_a8_256 *y = ACT(i) + b;
-            __m512i s = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                         _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)y->bsums)), 5));
+            const __m512i off = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                 _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)y->bsums)), 5));
             _Pragma("GCC unroll 4")
-            for (int k = 0; k < 4; k++) s = _mm512_dpbusd_epi32(s, r[k], LOAD(y->qs + 64 * k));
-            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), scale), _mm512_set1_ps(y->d), acc[i]);
+            for (int r = 0; r < nr; r++) {
+                // two chains of two, not one of four: the sums wait on fewer multiplies in a row
+                const __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r][2], LOAD(y->qs + 128)),
+                                                      q[r][3], LOAD(y->qs + 192));
+                const __m512i s = _mm512_add_epi32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(off, q[r][0], LOAD(y->qs)),
+                                                                       q[r][1], LOAD(y->qs + 64)), t);
+                acc[r][i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), scale[r]), _mm512_set1_ps(y->d), acc[r][i]);
+            }
         }
     }
     _Pragma("GCC unroll 4")
-    for (int i = 0; i < na; i++) out[i] = _mm512_reduce_add_ps(acc[i]);
+    for (int i = 0; i < na; i++)
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < nr; r++) out[i * FM_DOTR_MAX + r] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+INLINE void q6_Kp_n(int n, const block_q6_Kp *x, const void *const *acts, const int na, float *out) {
+    float y[FM_DOTN_MAX * FM_DOTR_MAX];
+    q6_Kp_rows(n, (const uint8_t *)x, 0, 1, acts, na, y);
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) out[i] = y[i * FM_DOTR_MAX];
 }
 
 float fm_dot_q6_Kp_a8_avx512(int n, const void *w, const void *a) {
@@ -57,3 +93,4 @@ float fm_dot_q6_Kp_a8_avx512(int n, const void *w, const void *a) {
 }
 
 FM_DEFINE_DOTN(fm_dotn_q6_Kp_a8_avx512, q6_Kp_n, block_q6_Kp)
+FM_DEFINE_DOTR(fm_dotr_q6_Kp_a8_avx512, q6_Kp_rows)

@@ -169,6 +169,28 @@ void fm_dotn_q6_K_a8_avx2(int n, const void *w, const void *const *acts, int na,
 void fm_dotn_q4_0_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
+// nr (1..FM_DOTR_MAX) consecutive rows, row_bytes apart, . na (1..FM_DOTN_MAX) activation rows:
+// out[i * FM_DOTR_MAX + r]. Where an ISA has one for a row layout, the driver takes rows this
+// many at a time: they share each activation's loads and block sums
+#define FM_DOTR_MAX 4
+typedef void (*fm_vec_dot_r_fn)(int n, const void *w, size_t row_bytes, int nr, const void *const *acts, int na, float *out);
+#define FM_DOTR_CASE(body, nr)                                                          \
+    switch (na) {                                                                       \
+    case 1: body(n, (const uint8_t *)w, row_bytes, nr, acts, 1, out); break;            \
+    case 2: body(n, (const uint8_t *)w, row_bytes, nr, acts, 2, out); break;            \
+    case 3: body(n, (const uint8_t *)w, row_bytes, nr, acts, 3, out); break;            \
+    default: body(n, (const uint8_t *)w, row_bytes, nr, acts, 4, out); break;           \
+    }
+#define FM_DEFINE_DOTR(name, body)                                                      \
+    void name(int n, const void *w, size_t row_bytes, int nr, const void *const *acts, int na, float *out) { \
+        switch (nr) {                                                                   \
+        case 1: FM_DOTR_CASE(body, 1) break;                                            \
+        case 2: FM_DOTR_CASE(body, 2) break;                                            \
+        case 3: FM_DOTR_CASE(body, 3) break;                                            \
+        default: FM_DOTR_CASE(body, 4) break;                                           \
+        }                                                                               \
+    }
+
 // Q6_Kp (row layout, ACT_A8_256P activations)
 float fm_dot_q6_Kp_a8_generic(int n, const void *w, const void *a);
 float fm_dot_q6_Kp_a8_ssse3(int n, const void *w, const void *a);
@@ -176,6 +198,7 @@ float fm_dot_q6_Kp_a8_avx2(int n, const void *w, const void *a);
 float fm_dot_q6_Kp_a8_avx512(int n, const void *w, const void *a);
 void fm_dotn_q6_Kp_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_Kp_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotr_q6_Kp_a8_avx512(int n, const void *w, size_t row_bytes, int nr, const void *const *acts, int na, float *out);
 
 // one group of FM_GROUP repacked rows . na <= FM_DOTN_MAX activation rows: out[i * FM_GROUP + r]
 typedef void (*fm_vec_dot_g_fn)(int n, const void *w, const void *const *acts, int na, float *out);

@@ -216,11 +216,22 @@ int main(void) {
                 }
             const int ok = worst <= SIBLING_RTOL * 100;
             failures += !ok;
-            double ticks[4] = { 1e30, 1e30, 1e30, 1e30 };   // GGUF x1, Q6_Kp x1, GGUF xN, Q6_Kp xN
+            // GGUF x1, Q6_Kp x1, GGUF xN, Q6_Kp xN, Q6_Kp xN through the kernel for several rows
+            const fm_vec_dot_r_fn dotr = fm_dotr_for(isa, fm_kind_of(FM_Q6_KP));
+            double ticks[5] = { 1e30, 1e30, 1e30, 1e30, 1e30 };
             volatile float sink = 0.0f;
             for (int rep = 0; rep < 50; rep++) {
-                unsigned long long t[5];
-                for (int k = 0; k < 4; k++) {
+                unsigned long long t[6];
+                for (int k = 0; k < 5; k++) {
+                    if (k == 4) {
+                        t[k] = __rdtsc();
+                        for (int r = 0; dotr && r < ROWS; r += FM_DOTR_MAX) {
+                            float yr[FM_DOTN_MAX * FM_DOTR_MAX];
+                            dotr(COLS, packed + r * row_bytes, row_bytes, FM_DOTR_MAX, pacts, FM_DOTN_MAX, yr);
+                            sink += yr[0];
+                        }
+                        continue;
+                    }
                     const uint8_t *base = k % 2 ? packed : w;
                     const int type = k % 2 ? FM_Q6_KP : FM_Q6_K;
                     const void *const *a = k % 2 ? pacts : acts;
@@ -233,12 +244,13 @@ int main(void) {
                         sink += y[0];
                     }
                 }
-                t[4] = __rdtsc();
-                for (int k = 0; k < 4; k++) ticks[k] = (double)(t[k + 1] - t[k]) < ticks[k] ? (double)(t[k + 1] - t[k]) : ticks[k];
+                t[5] = __rdtsc();
+                for (int k = 0; k < 5; k++) ticks[k] = (double)(t[k + 1] - t[k]) < ticks[k] ? (double)(t[k + 1] - t[k]) : ticks[k];
             }
             const double bytes = (double)row_bytes * ROWS;
             printf("  %s %s %.1e x1 %.2f (Q6_K %.2f) x%d %.2f (Q6_K %.2f) B/tick", fm_isa_name(isa), ok ? "ok" : "FAIL", worst,
                    bytes / ticks[1], bytes / ticks[0], FM_DOTN_MAX, bytes / ticks[3], bytes / ticks[2]);
+            if (dotr) printf(" (%d rows at once %.2f)", FM_DOTR_MAX, bytes / ticks[4]);
         }
         printf("\n");
         free(w);
