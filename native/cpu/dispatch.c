@@ -26,10 +26,11 @@ typedef struct {
     { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, rows, fm_gdn_head_##disa }
 #define NO_DOTN { 0 }
 #define NO_DOTR { 0 }
+#define DOTN_FLOAT_AVX2 [KIND_F32] = fm_dotn_f32_avx2, [KIND_F16] = fm_dotn_f16_avx2, [KIND_BF16] = fm_dotn_bf16_avx2
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
-                    [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx2 }
+                    [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx2, DOTN_FLOAT_AVX2 }
 #define DOTN_AVX512 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx512, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx512, \
-                      [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx512 }
+                      [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx512, DOTN_FLOAT_AVX2 }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
     ROW("generic", generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),

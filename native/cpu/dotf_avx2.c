@@ -1,5 +1,6 @@
-/* AVX2 dot products of float weight rows (F32, F16 via F16C, BF16) with float activations.
- * Built with -mavx2 -mfma -mf16c. */
+/* AVX2 dot products of float weight rows (F32, F16 via F16C, BF16) with float activations, one
+ * at a time or up to FM_DOTN_MAX at once (each 8 weights loaded once for all: the router of a
+ * batch of 4 no longer reads its matrix 4 times). Built with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include <string.h>
 #include "quants.h"
@@ -20,6 +21,29 @@
         return s;                                                                     \
     }
 
+// the same, for na activation rows at once
+#define FLOAT_DOTN(name, load8, scalar, bytes)                                        \
+    static inline __attribute__((always_inline)) void name##_n(int n, const void *w, const void *const *acts, \
+                                                               const int na, float *out) { \
+        __m256 s[FM_DOTN_MAX];                                                        \
+        _Pragma("GCC unroll 4")                                                       \
+        for (int k = 0; k < na; k++) s[k] = _mm256_setzero_ps();                      \
+        int i = 0;                                                                    \
+        for (; i + 8 <= n; i += 8) {                                                  \
+            fm_prefetch_ahead((const char *)(w) + (size_t)i * (bytes), 8 * (bytes));  \
+            const __m256 x = load8(w, i);                                             \
+            _Pragma("GCC unroll 4")                                                   \
+            for (int k = 0; k < na; k++) s[k] = _mm256_fmadd_ps(x, _mm256_loadu_ps((const float *)acts[k] + i), s[k]); \
+        }                                                                             \
+        _Pragma("GCC unroll 4")                                                       \
+        for (int k = 0; k < na; k++) {                                                \
+            float t = hsum256_ps(s[k]);                                               \
+            for (int j = i; j < n; j++) t += scalar(w, j) * ((const float *)acts[k])[j]; \
+            out[k] = t;                                                               \
+        }                                                                             \
+    }                                                                                 \
+    FM_DEFINE_DOTN(name, name##_n, uint8_t)
+
 #define F32_LOAD(w, i) _mm256_loadu_ps((const float *)(w) + (i))
 #define F32_ONE(w, i) (((const float *)(w))[i])
 #define F16_LOAD(w, i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fm_f16 *)(w) + (i))))
@@ -37,3 +61,6 @@ static inline float bf16_one(const void *w, int i) {
 FLOAT_DOT(fm_dot_f32_avx2, F32_LOAD, F32_ONE, 4)
 FLOAT_DOT(fm_dot_f16_avx2, F16_LOAD, F16_ONE, 2)
 FLOAT_DOT(fm_dot_bf16_avx2, BF16_LOAD, bf16_one, 2)
+FLOAT_DOTN(fm_dotn_f32_avx2, F32_LOAD, F32_ONE, 4)
+FLOAT_DOTN(fm_dotn_f16_avx2, F16_LOAD, F16_ONE, 2)
+FLOAT_DOTN(fm_dotn_bf16_avx2, BF16_LOAD, bf16_one, 2)

@@ -166,6 +166,9 @@ typedef void (*fm_vec_dot_n_fn)(int n, const void *w, const void *const *acts, i
 void fm_dotn_q4_0_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_f32_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_f16_avx2(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_bf16_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_0_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
