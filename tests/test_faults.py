@@ -18,14 +18,15 @@ from tests.stack_helpers import write_tiny_gguf
 
 READY_TIMEOUT_S = 60
 ERROR_WITHIN_S = 10          # the bound: a dead worker's stream ends with an error this fast
-LONG = 480                   # tokens: seconds of decoding on the reference engine, so the kill lands mid-stream
+LONG = 4000                  # tokens: seconds of decoding on the reference engine, so the kill lands mid-stream
+CONTEXT = 8192               # (480 tokens took under a second on a fast host, and the stream could end first)
 SHORT = 8
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    model = write_tiny_gguf(root / "tiny.gguf")
+    model = write_tiny_gguf(root / "tiny.gguf", context=CONTEXT)
     ports = {"decode": free_port()}
     with Stack(str(model), port=free_port(), engine="reference", metrics_ports=ports, log_dir=root,
                workers=("prefill", "decode", "decode-b")) as s:

@@ -147,6 +147,8 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
             expect = np.array([cpu_lib.vec_dot(isa, qtype, w[r], act, n) for r in range(rows)], np.float32)
             scale = np.abs(dequantize(w, qtype) if qtype != T.F32 else w.view(np.float32)) @ np.abs(x[b])
             assert np.all(np.abs(y[b] - expect) <= SIBLING_RTOL * scale)
+            if qtype in FLOAT_TYPES:   # the same operations in the same order as the row kernel
+                assert np.array_equal(y[b], expect)
     finally:
         cpu_lib.select_isa(prev)
 

@@ -21,24 +21,30 @@
         return s;                                                                     \
     }
 
-// the same, for na activation rows at once
+// the same, for na activation rows at once, in the same order of operations (bit-identical
+// to the row kernel, so a batch or a chunked prefill gives what one row at a time gives)
 #define FLOAT_DOTN(name, load8, scalar, bytes)                                        \
     static inline __attribute__((always_inline)) void name##_n(int n, const void *w, const void *const *acts, \
                                                                const int na, float *out) { \
-        __m256 s[FM_DOTN_MAX];                                                        \
+        __m256 s0[FM_DOTN_MAX], s1[FM_DOTN_MAX];                                      \
         _Pragma("GCC unroll 4")                                                       \
-        for (int k = 0; k < na; k++) s[k] = _mm256_setzero_ps();                      \
+        for (int k = 0; k < na; k++) s0[k] = s1[k] = _mm256_setzero_ps();             \
         int i = 0;                                                                    \
-        for (; i + 8 <= n; i += 8) {                                                  \
-            fm_prefetch_ahead((const char *)(w) + (size_t)i * (bytes), 8 * (bytes));  \
-            const __m256 x = load8(w, i);                                             \
+        for (; i + 16 <= n; i += 16) {                                                \
+            fm_prefetch_ahead((const char *)(w) + (size_t)i * (bytes), 16 * (bytes)); \
+            const __m256 x0 = load8(w, i), x1 = load8(w, i + 8);                      \
             _Pragma("GCC unroll 4")                                                   \
-            for (int k = 0; k < na; k++) s[k] = _mm256_fmadd_ps(x, _mm256_loadu_ps((const float *)acts[k] + i), s[k]); \
+            for (int k = 0; k < na; k++) {                                            \
+                const float *y = acts[k];                                             \
+                s0[k] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(y + i), s0[k]);           \
+                s1[k] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(y + i + 8), s1[k]);       \
+            }                                                                         \
         }                                                                             \
         _Pragma("GCC unroll 4")                                                       \
         for (int k = 0; k < na; k++) {                                                \
-            float t = hsum256_ps(s[k]);                                               \
-            for (int j = i; j < n; j++) t += scalar(w, j) * ((const float *)acts[k])[j]; \
+            const float *y = acts[k];                                                 \
+            float t = hsum256_ps(_mm256_add_ps(s0[k], s1[k]));                        \
+            for (int j = i; j < n; j++) t += scalar(w, j) * y[j];                     \
             out[k] = t;                                                               \
         }                                                                             \
     }                                                                                 \
