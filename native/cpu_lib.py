@@ -123,6 +123,19 @@ def gdn_head(isa: str, state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.nd
     return S, o
 
 
+def conv_update(isa: str, state: np.ndarray, w: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The conv update of C channels with the given ISA's kernel: state (C, K-1), w (C, K),
+    x (C,) -> (SiLU of the taps over [state | x], the state shifted by x)."""
+    if isa not in supported_isas():
+        raise IsaError(f"this CPU cannot run the {isa} kernels")
+    S = np.array(state, dtype=np.float32, order="C")
+    w, x = (np.ascontiguousarray(a, dtype=np.float32) for a in (w, x))
+    out = np.empty(x.size, np.float32)
+    lib.fm_conv_update_isa(ISAS.index(isa), ptr(S, "float *"), ptr(w, "float *"), ptr(x, "float *"),
+                           ptr(out, "float *"), x.size, w.shape[1])
+    return out, S
+
+
 def vec_dot_group(isa: str, qtype: int, w_group: np.ndarray, acts: list[np.ndarray], n: int) -> np.ndarray:
     """One group of repacked rows . 1..4 prepared activations -> (len(acts), group)."""
     if isa not in supported_isas():

@@ -209,6 +209,22 @@ def test_q6_kp_rows_at_once_match_generic_rows(isa, nr, na, rng):
         assert np.all(np.abs(got[i] - expect) <= SIBLING_RTOL * scale), (isa, nr, na, i)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("C,K", [(8192, 4), (37, 4), (20, 3)])
+def test_conv_update_matches_generic_and_float(isa, C, K, rng):
+    """The conv update and SiLU: the same bits as the generic sibling (the same operations in
+    the same order, vectorized across channels), and the float64 reference within FLOAT_RTOL."""
+    state = rng.standard_normal((C, K - 1)).astype(np.float32)
+    w, x = rng.standard_normal((C, K)).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    out, S = cpu_lib.conv_update(isa, state, w, x)
+    gen_out, gen_S = cpu_lib.conv_update("generic", state, w, x)
+    assert np.array_equal(out, gen_out) and np.array_equal(S, gen_S)
+    window = np.concatenate([state, x[:, None]], axis=1).astype(np.float64)
+    pre = (window * w).sum(axis=1)
+    np.testing.assert_allclose(out, pre / (1 + np.exp(-pre)), rtol=FLOAT_RTOL, atol=FLOAT_RTOL)
+    assert np.array_equal(S, window[:, 1:].astype(np.float32))
+
+
 # The DeltaNet update in fp32 against float64: a state of |S| ~ 1 summed over dk rows twice.
 GDN_RTOL = 1e-5
 GDN_ATOL = 2e-5

@@ -16,14 +16,16 @@ typedef struct {
     fm_vec_dot_g_fn dotg[KIND_COUNT];  // groups of repacked rows; NULL for the GGUF layouts
     fm_vec_dot_r_fn dotr[KIND_COUNT];  // several rows of a row layout at once; NULL: row by row
     fm_gdn_fn gdn;                     // the Gated DeltaNet head update
+    fm_conv_fn conv;                   // its conv update
 } isa_row;
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C)
-// gisa: the kernels of the repacked group layouts; disa: the fp32 DeltaNet
+// gisa: the kernels of the repacked group layouts; disa: the fp32 DeltaNet and conv update
 #define ROW(name, isa, fisa, hisa, gisa, disa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, \
     fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, \
     fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##isa }, batched, \
-    { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, rows, fm_gdn_head_##disa }
+    { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, rows, fm_gdn_head_##disa, \
+    fm_conv_update_##disa }
 #define NO_DOTN { 0 }
 #define NO_DOTR { 0 }
 #define DOTN_FLOAT_AVX2 [KIND_F32] = fm_dotn_f32_avx2, [KIND_F16] = fm_dotn_f16_avx2, [KIND_BF16] = fm_dotn_bf16_avx2
@@ -130,6 +132,17 @@ fm_vec_dot_r_fn fm_dotr_for(int isa, int kind) {
 void fm_gdn_head(FM_GDN_ARGS) {
     if (!active) fm_isa_active();
     active->gdn(S, q, k, v, decay, beta, o, dk, dv);
+}
+
+void fm_conv_update(FM_CONV_ARGS) {
+    if (!active) fm_isa_active();
+    active->conv(state, w, x, out, C, K);
+}
+
+int fm_conv_update_isa(int isa, float *state, const float *w, const float *x, float *out, int C, int K) {
+    if (!fm_isa_supported(isa)) return -1;
+    ISA_ROWS[isa].conv(state, w, x, out, C, K);
+    return 0;
 }
 
 int fm_gdn_head_isa(int isa, float *S, const float *q, const float *k, const float *v, float decay, float beta,

@@ -48,6 +48,9 @@ int fm_vec_dot_rows(int isa, int type, int n, const void *w, size_t row_bytes, i
 // delta rule with key k, value v; o = S^T q. -1 where the ISA is not on this CPU
 int fm_gdn_head_isa(int isa, float *S, const float *q, const float *k, const float *v, float decay, float beta,
                     float *o, int dk, int dv);
+// the conv update of C channels (kernel K) through ISA `isa`'s sibling: out = SiLU of the taps
+// over [state | x], and state (C, K-1) shifts in x. -1 where the ISA is not on this CPU
+int fm_conv_update_isa(int isa, float *state, const float *w, const float *x, float *out, int C, int K);
 // a 64-bit checksum of `bytes` bytes, at about memory speed
 uint64_t fm_checksum(const void *data, size_t bytes);
 

@@ -1,5 +1,6 @@
 /* The Gated DeltaNet head update (gdn_body.h) in 4-float SSE vectors, a multiply and an add
- * where AVX2 has one FMA. Built with -mssse3 and nothing wider. */
+ * where AVX2 has one FMA, and the conv update (conv_body.h). Built with -mssse3 and nothing
+ * wider. */
 #include <tmmintrin.h>
 #include <stddef.h>
 #include <string.h>
@@ -15,8 +16,13 @@
 #define VMUL _mm_mul_ps
 #define VFMA(a, b, c) _mm_add_ps(_mm_mul_ps(a, b), c)
 #include "gdn_body.h"
+#include "conv_body.h"
 
 void fm_gdn_head_ssse3(float *S, const float *q, const float *k, const float *v, float decay, float beta,
                        float *o, int dk, int dv) {
     gdn_head(S, q, k, v, decay, beta, o, dk, dv);
+}
+
+void fm_conv_update_ssse3(FM_CONV_ARGS) {
+    conv_update(state, w, x, out, C, K);
 }

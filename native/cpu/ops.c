@@ -4,6 +4,7 @@
 #pragma GCC optimize("O3", "no-trapping-math")
 #include <string.h>
 #include "ops.h"
+#include "conv_body.h"
 
 static float sum_sq(const float *x, int n) {
     float s[8] = {0};
@@ -33,21 +34,8 @@ void fm_l2norm_scale(float *x, int n, float eps, float scale) {
     for (int i = 0; i < n; i++) x[i] *= r;
 }
 
-// one channel's step: the dot of [state | x] with its K taps, then the state shifts in x
-static inline __attribute__((always_inline)) float conv_channel(float *s, const float *wc, float x, int K) {
-    float acc = wc[K - 1] * x;
-    for (int j = 0; j < K - 1; j++) acc += wc[j] * s[j];
-    for (int j = 0; j + 1 < K - 1; j++) s[j] = s[j + 1];
-    if (K > 1) s[K - 2] = x;
-    return acc;
-}
-
-void fm_conv_update(float *state, const float *w, const float *x, float *out, int C, int K) {
-    if (K == 4)   // the models' kernel: the taps unrolled
-        for (int c = 0; c < C; c++) out[c] = conv_channel(state + (size_t)c * 3, w + (size_t)c * 4, x[c], 4);
-    else
-        for (int c = 0; c < C; c++) out[c] = conv_channel(state + (size_t)c * (K - 1), w + (size_t)c * K, x[c], K);
-    for (int c = 0; c < C; c++) out[c] = fm_silu(out[c]);   // apart: this loop vectorizes
+void fm_conv_update_generic(FM_CONV_ARGS) {
+    conv_update(state, w, x, out, C, K);
 }
 
 void fm_silu_mul(float *g, const float *u, int n) {

@@ -35,8 +35,14 @@ void fm_l2norm_scale(float *x, int n, float eps, float scale);
 void fm_silu_mul(float *g, const float *u, int n);
 void fm_mul_silu(float *o, const float *z, int n);
 void fm_mul_sigmoid(float *o, const float *g, int n);
-// causal depthwise conv over [state | x] then SiLU; state (C, K-1) shifts in x
-void fm_conv_update(float *state, const float *w, const float *x, float *out, int C, int K);
+// causal depthwise conv over [state | x] then SiLU; state (C, K-1) shifts in x; through the
+// active ISA's sibling (conv_body.h; state, w, x and out must not overlap)
+#define FM_CONV_ARGS float *state, const float *w, const float *x, float *out, int C, int K
+void fm_conv_update(FM_CONV_ARGS);
+void fm_conv_update_generic(FM_CONV_ARGS);
+void fm_conv_update_ssse3(FM_CONV_ARGS);
+void fm_conv_update_avx2(FM_CONV_ARGS);
+typedef void (*fm_conv_fn)(FM_CONV_ARGS);
 // one Gated DeltaNet value head: S (dk, dv) decays, takes the delta rule, o = S^T q; through
 // the active ISA's sibling (gdn_body.h)
 #define FM_GDN_ARGS float *S, const float *q, const float *k, const float *v, float decay, float beta, \
