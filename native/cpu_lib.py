@@ -149,23 +149,26 @@ def vec_dot_group(isa: str, qtype: int, w_group: np.ndarray, acts: list[np.ndarr
     return out
 
 
+ROWS_AT_ONCE = 2   # the most rows of one call to fm_vec_dot_rows (quants.h: FM_DOTR_MAX)
+
+
 def has_rows_kernel(isa: str, qtype: int) -> bool:
     """Whether the ISA has a kernel for several rows of a row-layout type at once."""
     return isa in ISAS and bool(lib.fm_has_dot_rows(ISAS.index(isa), int(qtype)))
 
 
 def vec_dot_rows(isa: str, qtype: int, w_rows: np.ndarray, acts: list[np.ndarray], n: int) -> np.ndarray:
-    """1..4 consecutive rows (rows, row_bytes) . 1..4 prepared activations through the ISA's
-    kernel for several rows at once -> (len(acts), rows)."""
+    """1..ROWS_AT_ONCE consecutive rows (rows, row_bytes) . 1..4 prepared activations through
+    the ISA's kernel for several rows at once -> (len(acts), rows)."""
     if not has_rows_kernel(isa, qtype):
         raise IsaError(f"the {isa} kernels take GGML type {int(qtype)} row by row")
     w_rows = np.ascontiguousarray(w_rows)
     acts = [aligned(a) for a in acts]
-    out = np.empty((len(acts), 4), np.float32)
+    out = np.empty((len(acts), ROWS_AT_ONCE), np.float32)
     ptrs = ffi.new("void *[]", [ptr(a) for a in acts])
     if lib.fm_vec_dot_rows(ISAS.index(isa), int(qtype), n, ptr(w_rows), w_rows.shape[1], w_rows.shape[0], ptrs,
                            len(acts), ptr(out, "float *")):
-        raise ValueError(f"{w_rows.shape[0]} rows or {len(acts)} activations: 1 to 4 each")
+        raise ValueError(f"{w_rows.shape[0]} rows or {len(acts)} activations: 1 to {ROWS_AT_ONCE} and 1 to 4")
     return out[:, :w_rows.shape[0]]
 
 

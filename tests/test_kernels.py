@@ -192,7 +192,7 @@ def test_repacked_q6_k_rows_match_generic_rows(isa, rng):
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if cpu_lib.has_rows_kernel(i, cpu_lib.REPACKED[T.Q6_K][0])])
-@pytest.mark.parametrize("nr", [1, 2, 3, 4])
+@pytest.mark.parametrize("nr", range(1, cpu_lib.ROWS_AT_ONCE + 1))
 @pytest.mark.parametrize("na", [1, 2, 3, 4])
 def test_q6_kp_rows_at_once_match_generic_rows(isa, nr, na, rng):
     """The kernel for several Q6_Kp rows at once: each row's generic dot, for every activation."""
