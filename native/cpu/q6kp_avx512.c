@@ -63,7 +63,7 @@ INLINE void q6_Kp_rows(int n, const uint8_t *w, size_t row_bytes, const int nr, 
         for (int i = 0; i < na; i++) {
             const block_a8_256 *y = ACT(i) + b;
             const __m512i off = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                 _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i *)y->bsums)), 5));
+                                                 _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)y->bsums)), 5));
             _Pragma("GCC unroll 4")
             for (int r = 0; r < nr; r++) {
                 // two chains of two, not one of four: the sums wait on fewer multiplies in a row
