@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# System tools the deployment tests use: systemd-analyze (systemd), promtool and the prometheus
-# server (prometheus). Installs from Debian only when one is missing; safe to run again.
+# System tools the tests use: systemd-analyze (systemd), promtool and the prometheus server
+# (prometheus) for the deployment tests; qemu-x86_64 (qemu-user), where it installs, to run the
+# SSSE3 kernels on an emulated pre-AVX CPU (its test skips without it). Installs from Debian only
+# what is missing; safe to run again.
 set -euo pipefail
-missing=0
+needed=() optional=()
 for bin in systemd-analyze promtool prometheus; do
-    command -v "$bin" >/dev/null 2>&1 || missing=1
+    command -v "$bin" >/dev/null 2>&1 || { needed=(systemd prometheus); break; }
 done
-[ "$missing" = 0 ] && exit 0
+command -v qemu-x86_64 >/dev/null 2>&1 || optional=(qemu-user)
+[ ${#needed[@]} = 0 ] && [ ${#optional[@]} = 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
-    echo "ci_system_deps: systemd-analyze/promtool/prometheus are missing and this is not root;" \
-         "run: sudo apt-get install -y --no-install-recommends systemd prometheus" >&2
+    echo "ci_system_deps: missing tools and not root; run: sudo apt-get install -y --no-install-recommends" \
+         "${needed[*]} ${optional[*]}" >&2
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends systemd prometheus >/dev/null
-# the package starts its own server where an init system runs; the tests start their own
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-    systemctl stop prometheus || true
+if [ ${#needed[@]} != 0 ]; then
+    apt-get install -y -qq --no-install-recommends "${needed[@]}" >/dev/null
+    # the package starts its own server where an init system runs; the tests start their own
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+        systemctl stop prometheus || true
+    fi
+fi
+if [ ${#optional[@]} != 0 ]; then
+    apt-get install -y -qq --no-install-recommends "${optional[@]}" >/dev/null ||
+        echo "ci_system_deps: ${optional[*]} did not install; the emulated-CPU test will skip" >&2
 fi
