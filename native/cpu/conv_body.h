@@ -13,32 +13,26 @@
 #pragma GCC optimize("O3", "no-trapping-math")
 #include "ops.h"
 
+// C channels with K taps each; inlined with K a constant, its loops over the taps unroll and
+// the loop over channels vectorizes
+static inline __attribute__((always_inline)) void conv_channels(float *restrict state, const float *restrict w,
+                                                                 const float *restrict x, float *restrict out,
+                                                                 int C, int K) {
+    for (int c = 0; c < C; c++) {
+        float *s = state + (size_t)c * (K - 1);
+        const float *wc = w + (size_t)c * K;
+        float acc = wc[K - 1] * x[c];
+        for (int j = 0; j < K - 1; j++) acc += wc[j] * s[j];
+        for (int j = 0; j + 1 < K - 1; j++) s[j] = s[j + 1];
+        if (K > 1) s[K - 2] = x[c];
+        out[c] = acc;
+    }
+}
+
 static void conv_update(float *restrict state, const float *restrict w, const float *restrict x, float *restrict out,
                         int C, int K) {
-    if (K == 4) {   // the models' kernel: the taps unrolled, the loop over channels vectorized
-        for (int c = 0; c < C; c++) {
-            float *s = state + (size_t)c * 3;
-            const float *wc = w + (size_t)c * 4;
-            float acc = wc[3] * x[c];
-            acc += wc[0] * s[0];
-            acc += wc[1] * s[1];
-            acc += wc[2] * s[2];
-            s[0] = s[1];
-            s[1] = s[2];
-            s[2] = x[c];
-            out[c] = acc;
-        }
-    } else {
-        for (int c = 0; c < C; c++) {
-            float *s = state + (size_t)c * (K - 1);
-            const float *wc = w + (size_t)c * K;
-            float acc = wc[K - 1] * x[c];
-            for (int j = 0; j < K - 1; j++) acc += wc[j] * s[j];
-            for (int j = 0; j + 1 < K - 1; j++) s[j] = s[j + 1];
-            if (K > 1) s[K - 2] = x[c];
-            out[c] = acc;
-        }
-    }
+    if (K == 4) conv_channels(state, w, x, out, C, 4);   // the models' kernel
+    else conv_channels(state, w, x, out, C, K);
     for (int c = 0; c < C; c++) out[c] = fm_silu(out[c]);   // apart: this loop vectorizes
 }
 #pragma GCC pop_options
