@@ -149,7 +149,7 @@ def vec_dot_group(isa: str, qtype: int, w_group: np.ndarray, acts: list[np.ndarr
     return out
 
 
-ROWS_AT_ONCE = 2   # the most rows of one call to fm_vec_dot_rows (quants.h: FM_DOTR_MAX)
+ROWS_AT_ONCE = lib.FM_DOTR_MAX   # the most rows of one call to fm_vec_dot_rows
 
 
 def has_rows_kernel(isa: str, qtype: int) -> bool:

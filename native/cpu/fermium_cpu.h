@@ -38,9 +38,10 @@ int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst);
 // one group of repacked rows . na (1..4) activations: out[i * group + r]; -1 for a type
 // stored row by row (group 1)
 int fm_vec_dot_group(int isa, int type, int n, const void *w, const void *const *acts, int na, float *out);
-// nr (1..2) consecutive rows, row_bytes apart, . na (1..4) activations through ISA `isa`'s
-// kernel for several rows at once: out[i * 2 + r]; -1 where it has none for the type
-// (fm_has_dot_rows: 0)
+// nr (1..FM_DOTR_MAX) consecutive rows, row_bytes apart, . na (1..4) activations through ISA
+// `isa`'s kernel for several rows at once: out[i * FM_DOTR_MAX + r]; -1 where it has none for
+// the type (fm_has_dot_rows: 0)
+#define FM_DOTR_MAX 2
 int fm_has_dot_rows(int isa, int type);
 int fm_vec_dot_rows(int isa, int type, int n, const void *w, size_t row_bytes, int nr, const void *const *acts,
                     int na, float *out);

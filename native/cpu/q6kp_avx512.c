@@ -4,7 +4,8 @@
  * holds sub-block k, `vpdpbusd` sums all four into one register of 16 sub-block sums per
  * activation, scaled once in floats: 4 multiplies per block and activation where the
  * GGUF-layout kernel (dotn_avx512.c) takes 8, and 9 unpacking operations where it takes 48.
- * The matvec driver hands it two rows at once (fm_dotr_q6_Kp_a8_avx512). Built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni. */
+ * The matvec driver hands it two rows at once (fm_dotr_q6_Kp_a8_avx512).
+ * Built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni. */
 #include <immintrin.h>
 #include "quants.h"
 

@@ -155,16 +155,19 @@ FM_DECLARE_DOTS(avx512)
 // one weight row . na <= FM_DOTN_MAX activation rows, results in out[0..na)
 #define FM_DOTN_MAX 4
 typedef void (*fm_vec_dot_n_fn)(int n, const void *w, const void *const *acts, int na, float *out);
-// the entry point `name` of a batched kernel: na picks an instance of `body` (an inline
-// function taking na as a constant) whose loops over activations are fully unrolled
+// body(args..., na, out) with na (1..FM_DOTN_MAX) a constant: an instance of an inline kernel
+// whose loops over activations are fully unrolled
+#define FM_SWITCH_NA(body, ...)                                                         \
+    switch (na) {                                                                       \
+    case 1: body(__VA_ARGS__, 1, out); break;                                           \
+    case 2: body(__VA_ARGS__, 2, out); break;                                           \
+    case 3: body(__VA_ARGS__, 3, out); break;                                           \
+    default: body(__VA_ARGS__, 4, out); break;                                          \
+    }
+// the entry point `name` of a batched kernel: na picks an instance of `body`
 #define FM_DEFINE_DOTN(name, body, block_t)                                             \
     void name(int n, const void *w, const void *const *acts, int na, float *out) {      \
-        switch (na) {                                                                   \
-        case 1: body(n, (const block_t *)w, acts, 1, out); break;                       \
-        case 2: body(n, (const block_t *)w, acts, 2, out); break;                       \
-        case 3: body(n, (const block_t *)w, acts, 3, out); break;                       \
-        default: body(n, (const block_t *)w, acts, 4, out); break;                      \
-        }                                                                               \
+        FM_SWITCH_NA(body, n, (const block_t *)w, acts)                                 \
     }
 void fm_dotn_q4_0_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
@@ -179,20 +182,14 @@ void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int n
 // out[i * FM_DOTR_MAX + r]. Where an ISA has one for a row layout, the driver takes rows this
 // many at a time: they share each activation's loads and block sums. Two, as the streams of
 // more rows side by side read slower from memory (the LM head of 248320 rows, 4 activations,
-// 1 thread: 15.6 ms a row at a time, 11.5 ms two, 12.1 ms three, 13.2 ms four)
+// 1 thread: 15.6 ms a row at a time, 11.5 ms two, 12.1 ms three, 13.2 ms four). The same
+// definition as in fermium_cpu.h, which cffi reads
 #define FM_DOTR_MAX 2
 typedef void (*fm_vec_dot_r_fn)(int n, const void *w, size_t row_bytes, int nr, const void *const *acts, int na, float *out);
-#define FM_DOTR_CASE(body, nr)                                                          \
-    switch (na) {                                                                       \
-    case 1: body(n, (const uint8_t *)w, row_bytes, nr, acts, 1, out); break;            \
-    case 2: body(n, (const uint8_t *)w, row_bytes, nr, acts, 2, out); break;            \
-    case 3: body(n, (const uint8_t *)w, row_bytes, nr, acts, 3, out); break;            \
-    default: body(n, (const uint8_t *)w, row_bytes, nr, acts, 4, out); break;           \
-    }
 #define FM_DEFINE_DOTR(name, body)                                                      \
     void name(int n, const void *w, size_t row_bytes, int nr, const void *const *acts, int na, float *out) { \
-        if (nr == 1) { FM_DOTR_CASE(body, 1) }                                          \
-        else { FM_DOTR_CASE(body, 2) }                                                  \
+        if (nr == 1) { FM_SWITCH_NA(body, n, (const uint8_t *)w, row_bytes, 1, acts) }  \
+        else { FM_SWITCH_NA(body, n, (const uint8_t *)w, row_bytes, 2, acts) }          \
     }
 _Static_assert(FM_DOTR_MAX == 2, "FM_DEFINE_DOTR instantiates 1 and 2 rows");
 
