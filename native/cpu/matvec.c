@@ -40,7 +40,8 @@ static void mv_rows(const fm_mv_job *j, fm_vec_dot_r_fn dotr, int r0, int r1) {
             float y[FM_DOTN_MAX * FM_DOTR_MAX];
             const int na = j->n - b < FM_DOTN_MAX ? j->n - b : FM_DOTN_MAX;
             dotr(j->cols, w, j->row_bytes, nr, j->acts + b, na, y);
-            for (int i = 0; i < na; i++) memcpy(j->outs[b + i] + r, y + FM_DOTR_MAX * i, sizeof(float) * nr);
+            for (int i = 0; i < na; i++)   // nr floats: a loop, where memcpy was a libc call per row pair
+                for (int k = 0; k < nr; k++) j->outs[b + i][r + k] = y[FM_DOTR_MAX * i + k];
         }
     }
 }
