@@ -173,9 +173,8 @@ void eng_norm_rows(fm_engine *e, const float *w, int n) {
 // ---- one step: a decode step (n sequences, one token each) or a prefill chunk (n tokens of one
 // sequence, in order); the logits of the last logit_rows rows
 
-static int step(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, int logit_rows, float *logits) {
+static int layers_and_head(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, int logit_rows, float *logits) {
     const fm_model *m = e->m;
-    if (reserve(e, n) != 0) return -1;
     const double t0 = eng_seconds();
     e->bytes = 0.0;
     memset(e->phase_s, 0, sizeof e->phase_s);
@@ -198,6 +197,14 @@ static int step(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, int 
     }
     e->step_s = eng_seconds() - t0;
     return 0;
+}
+
+static int step(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, int logit_rows, float *logits) {
+    if (reserve(e, n) != 0) return -1;
+    const unsigned mxcsr = fm_flush_denormals();   // internal.h
+    const int err = layers_and_head(e, n, tokens, seqs, logit_rows, logits);
+    _mm_setcsr(mxcsr);
+    return err;
 }
 
 int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float *logits) {

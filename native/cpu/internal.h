@@ -4,6 +4,19 @@
 
 #include "quants.h"
 #include "fermium_cpu.h"
+#include <xmmintrin.h>
+
+// MXCSR flush-to-zero and denormals-are-zero: the fp32 ops of a step (SiLU, the conv, the
+// recurrent state) otherwise meet subnormal values now and then, and each costs a microcode
+// assist. Values below 1.2e-38 do not matter to a decode. Set for the engine's step (caller)
+// and for the pool's workers; the caller's previous mode is restored after the step. 4-layer
+// Q4_K_M, batch 4, 1 thread, --phases: mixer prep 0.39 -> 0.24 ms, MoE prep 0.67 -> 0.43 ms.
+#define FM_MXCSR_FTZ_DAZ 0x8040u
+static inline unsigned fm_flush_denormals(void) {
+    const unsigned old = _mm_getcsr();
+    _mm_setcsr(old | FM_MXCSR_FTZ_DAZ);
+    return old;
+}
 
 enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16, KIND_BF16, KIND_Q4_0X8, KIND_Q4_KX8, KIND_Q6_KP, KIND_COUNT };
 enum { ACT_A8_32, ACT_A8_256, ACT_A8_256P, ACT_F32 };   // ACT_A8_256P: quants in Q6_Kp order

@@ -64,6 +64,7 @@ static void *worker_main(void *arg) {
     fm_pool *p = wa->pool;
     const int index = wa->index;
     free(wa);
+    fm_flush_denormals();   // workers run only pool tasks (internal.h)
     uint32_t seen = 0;
     for (;;) {
         uint32_t gen;
