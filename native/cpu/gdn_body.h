@@ -9,13 +9,11 @@
 #ifndef FERMIUM_GDN_BODY_H
 #define FERMIUM_GDN_BODY_H
 
-// rows of S requested ahead in pass 1 (0: none): a head's 64 KB state starts a stream where
+// rows of S requested ahead in pass 1: a head's 64 KB state starts a stream where
 // none runs, which the hardware prefetchers pick up late, page by page. 48 layers of 32 heads,
 // state evicted between passes (Zen 5, AVX2): 8 rows (4 KB) 1.05-1.12x against none, 16 rows
 // no better, 32 rows 0.96-0.99x
-#ifndef GDN_PREFETCH_ROWS
 #define GDN_PREFETCH_ROWS 8
-#endif
 
 #define GDN_TILE(NV)                                                                              \
     static inline __attribute__((always_inline)) void gdn_tile##NV(                               \
@@ -48,7 +46,7 @@ static void gdn_head(float *S, const float *q, const float *k, const float *v, f
     memset(mem, 0, sizeof mem);
     for (int i = 0; i < dk; i++) {                       // 1. mem = S^T k
         const float *row = S + (size_t)i * dv;
-        if (GDN_PREFETCH_ROWS && i + GDN_PREFETCH_ROWS < dk)
+        if (i + GDN_PREFETCH_ROWS < dk)
             for (int j = 0; j < dv; j += 64 / (int)sizeof(float)) __builtin_prefetch(row + (size_t)GDN_PREFETCH_ROWS * dv + j, 0, 3);
         const V ki = VSET1(k[i]);
         for (int j = 0; j < vec_end; j += VW) VSTORE(mem + j, VFMA(VLOAD(row + j), ki, VLOAD(mem + j)));

@@ -118,7 +118,7 @@ void fm_pool_free(fm_pool *p) {
 
 int fm_pool_threads(const fm_pool *p) { return p->n_threads; }
 
-void fm_pool_run(fm_pool *p, fm_task_fn fn, void *ctx, int n_tasks) {
+static void run_job(fm_pool *p, fm_task_fn fn, void *ctx, int n_tasks) {
     if (p->n_threads == 1 || n_tasks == 1) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
@@ -140,6 +140,13 @@ void fm_pool_run(fm_pool *p, fm_task_fn fn, void *ctx, int n_tasks) {
         if (spins < CALLER_SPINS) _mm_pause();
         else sched_yield();
     }
+}
+
+// every task runs in the workers' floating-point mode, whichever thread claims it (internal.h)
+void fm_pool_run(fm_pool *p, fm_task_fn fn, void *ctx, int n_tasks) {
+    const unsigned mxcsr = fm_flush_denormals();
+    run_job(p, fn, ctx, n_tasks);
+    _mm_setcsr(mxcsr);
 }
 
 // ---- fm_pool_check: short tasks, job sizes that change every run (the publishing race needs a
