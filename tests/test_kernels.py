@@ -106,6 +106,26 @@ def test_subnormal_block_scales(isa, qtype, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_subnormal_block_scales_in_the_pools_float_mode(isa, rng):
+    """Pool jobs run with flush-to-zero (internal.h); a subnormal f16 scale must still count."""
+    prev = cpu_lib.active_isa()
+    cpu_lib.select_isa(isa)
+    try:
+        pool = cpu_lib.Pool(2)
+        for qtype in QUANT_TYPES:
+            w = random_rows(qtype, 16, N, rng, scale=SUBNORMAL_SCALES)
+            x = rng.standard_normal((1, N)).astype(np.float32)
+            got = cpu_lib.matvec(pool, qtype, w, x)[0]
+            act = cpu_lib.quantize_act(qtype, x[0])
+            expect = np.array([cpu_lib.vec_dot(isa, qtype, w[r], act, N) for r in range(16)], np.float32)
+            scale = np.abs(dequantize(w, qtype)) @ np.abs(x[0])
+            assert np.all(scale > 0)
+            assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale), qtype.name
+    finally:
+        cpu_lib.select_isa(prev)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
 def test_float_dot_matches_float(isa, qtype, rng):
     n = 200   # not a multiple of the vector width: exercises the tails

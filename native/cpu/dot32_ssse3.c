@@ -58,8 +58,9 @@ static inline __m128 dot_i8(const int8_t *w, const int8_t *a) {
 // the f16 scales of blocks b..b+3 as f32 by a multiply: in the high half of its lane, an
 // arithmetic shift by 3 keeps each scale's sign in bit 31 and puts exponent and mantissa in
 // place (the sign copies in bits 30..28 masked off), then the exponent is rebiased by
-// 2^(127-15). Normal and subnormal values exact (a subnormal scale, rare in Q4_0, costs one
-// microcode assist on CPUs without DAZ); 3 vector operations after the gather, where the
+// 2^(127-15). Normal and subnormal values exact (a subnormal scale, rare in Q4_0, is a
+// subnormal float here: one microcode assist, and read as zero under denormals-are-zero, which
+// the pool therefore leaves off, internal.h); 3 vector operations after the gather, where the
 // conversion from the low halves took 6
 static inline __m128 half4_gathered(const uint8_t *first, size_t stride) {
     const __m128i bits = _mm_and_si128(_mm_srai_epi32(f16x4_high(first, stride), 3), _mm_set1_epi32((int)0x8FFFFFFF));
