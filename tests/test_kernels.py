@@ -106,6 +106,31 @@ def test_subnormal_block_scales(isa, qtype, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_largest_quants_and_activations_stay_exact(isa, qtype, sign):
+    """Every quant at its largest value against activations all at +-127: the widest int16
+    sums the SIMD kernels form (pmaddubsw pairs and their reductions) must not saturate."""
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    blocks = np.full((N // block, nbytes), 0xFF, np.uint8)
+    one = np.array([1.0], np.float16).view(np.uint8)
+    if qtype == T.Q6_K:
+        blocks[:, 192:208] = 127                      # int8 sub-block scales
+        blocks[:, 208:210] = one
+    else:
+        blocks[:, 0:2] = one
+        if qtype in (T.Q4_K, T.Q5_K):
+            blocks[:, 2:4] = 0                        # dmin 0: only the scaled quants count
+    w = blocks.reshape(1, -1)
+    x = np.full(N, sign, np.float32)
+    act = cpu_lib.quantize_act(qtype, x)
+    ref = float(dequantize(w, qtype).astype(np.float64)[0] @ x)
+    got = cpu_lib.vec_dot(isa, qtype, w[0], act, N)
+    assert abs(got - cpu_lib.vec_dot("generic", qtype, w[0], act, N)) <= SIBLING_RTOL * abs(ref)
+    assert abs(got - ref) <= SIBLING_RTOL * abs(ref)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_subnormal_block_scales_in_the_pools_float_mode(isa, rng):
     """Pool jobs run with flush-to-zero (internal.h); a subnormal f16 scale must still count."""
     prev = cpu_lib.active_isa()
