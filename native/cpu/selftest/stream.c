@@ -1,0 +1,99 @@
+/* One row kernel streaming a matrix far larger than the caches, on one thread, against a
+ * prefetched sum over the same memory: whether the kernel keeps up with the memory or is
+ * bound by its own instructions (the selftest's figures are cache-resident). Not part of the
+ * extension. Build from the repository root, beside selftest.c:
+ *
+ *   cc -O2 -Inative/cpu native/cpu/selftest/stream.c native/cpu/{dispatch,quantize,repack,ops}.c \
+ *      native/cpu/dot*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_stream
+ *   /tmp/fm_stream TYPE ISA [COLS]    e.g. /tmp/fm_stream 270 1: Q6_Kp through SSSE3
+ *
+ * TYPE is the GGUF type number (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K, 270 Q6_Kp), ISA 0 generic,
+ * 1 ssse3, 2 avx2, 3 avx512; COLS the row width (default 2048). Best of 5 passes each. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <immintrin.h>
+#include "fermium_cpu.h"
+#include "quants.h"
+#include "internal.h"
+
+#define MATRIX_BYTES ((size_t)384 << 20)
+#define PASSES 5
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static uint32_t rng = 1;
+static uint32_t next(void) { rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5; return rng; }
+
+// random quants with every f16 scale field a small normal value
+static void fill(int type, uint8_t *w, size_t bytes, int block_bytes) {
+    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)next();
+    const fm_f16 h = 0x1800;
+    for (size_t at = 0; at + block_bytes <= bytes; at += block_bytes) {
+        uint8_t *p = w + at;
+        if (type == FM_Q6_K || type == FM_Q6_KP) memcpy(p + 208, &h, 2);
+        else if (type == FM_Q4_K || type == FM_Q5_K) { memcpy(p, &h, 2); memcpy(p + 2, &h, 2); }
+        else memcpy(p, &h, 2);
+    }
+}
+
+// a plain prefetched sum: the ceiling the kernel is set against
+static double stream_gbs(const uint8_t *w, size_t bytes) {
+    const __m128i *p = (const __m128i *)w;
+    __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
+    const double t0 = now();
+    for (size_t i = 0; i + 4 <= bytes / 16; i += 4) {
+        fm_prefetch_ahead(p + i, 64);
+        s0 = _mm_add_epi64(s0, _mm_load_si128(p + i));
+        s1 = _mm_add_epi64(s1, _mm_load_si128(p + i + 1));
+        s2 = _mm_add_epi64(s2, _mm_load_si128(p + i + 2));
+        s3 = _mm_add_epi64(s3, _mm_load_si128(p + i + 3));
+    }
+    const double t = now() - t0;
+    volatile long long sink = _mm_cvtsi128_si64(_mm_add_epi64(_mm_add_epi64(s0, s1), _mm_add_epi64(s2, s3)));
+    (void)sink;
+    return bytes / t / 1e9;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s TYPE ISA [COLS]\n", argv[0]);
+        return 2;
+    }
+    const int type = atoi(argv[1]), isa = atoi(argv[2]), cols = argc > 3 ? atoi(argv[3]) : 2048;
+    const int kind = fm_kind_of(type);
+    if (kind < 0 || FM_TYPES[kind].group != 1 || !fm_isa_supported(isa) || cols % FM_TYPES[kind].block) {
+        fprintf(stderr, "type %d (row layout), ISA %d or %d columns not available here\n", type, isa, cols);
+        return 2;
+    }
+    const size_t row_bytes = (size_t)cols / FM_TYPES[kind].block * FM_TYPES[kind].block_bytes;
+    const size_t rows = MATRIX_BYTES / row_bytes, bytes = rows * row_bytes;
+    uint8_t *w = aligned_alloc(64, (bytes + 63) / 64 * 64), *act = aligned_alloc(64, (fm_act_bytes(type, cols) + 63) / 64 * 64);
+    float *x = malloc(sizeof(float) * cols);
+    fill(type, w, bytes, FM_TYPES[kind].block_bytes);
+    for (int i = 0; i < cols; i++) x[i] = ((int)(next() % 2001) - 1000) / 500.0f;
+    fm_quantize_act(type, x, cols, act);
+    const fm_vec_dot_fn dot = fm_dot_for(isa, kind);
+    double kernel = 0.0, stream = 0.0;
+    volatile float sink = 0.0f;
+    for (int pass = 0; pass < PASSES; pass++) {
+        const double t0 = now();
+        float s = 0.0f;
+        for (size_t r = 0; r < rows; r++) s += dot(cols, w + r * row_bytes, act);
+        const double k = bytes / (now() - t0) / 1e9, m = stream_gbs(w, bytes);
+        sink += s;
+        kernel = k > kernel ? k : kernel;
+        stream = m > stream ? m : stream;
+    }
+    printf("type %s, %s, %d columns, one thread: kernel %.2f GB/s, stream %.2f GB/s, ratio %.3f\n", argv[1], fm_isa_name(isa), cols,
+           kernel, stream, kernel / stream);
+    free(w);
+    free(act);
+    free(x);
+    return 0;
+}
