@@ -7,8 +7,9 @@
  *      native/cpu/dot*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_stream
  *   /tmp/fm_stream TYPE ISA [COLS]    e.g. /tmp/fm_stream 270 1: Q6_Kp through SSSE3
  *
- * TYPE is the GGUF type number (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K, 270 Q6_Kp), ISA 0 generic,
- * 1 ssse3, 2 avx2, 3 avx512; COLS the row width (default 2048). Best of 5 passes each. */
+ * TYPE is the GGUF type number (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K) or a repacked one (258 Q4_0
+ * and 268 Q4_K in groups of 8 rows, 270 Q6_Kp), ISA 0 generic, 1 ssse3, 2 avx2, 3 avx512; COLS
+ * the row width (default 2048). Best of 5 passes each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,24 +68,43 @@ int main(int argc, char **argv) {
     }
     const int type = atoi(argv[1]), isa = atoi(argv[2]), cols = argc > 3 ? atoi(argv[3]) : 2048;
     const int kind = fm_kind_of(type);
-    if (kind < 0 || FM_TYPES[kind].group != 1 || !fm_isa_supported(isa) || cols % FM_TYPES[kind].block) {
-        fprintf(stderr, "type %d (row layout), ISA %d or %d columns not available here\n", type, isa, cols);
+    const int group = kind < 0 ? 0 : FM_TYPES[kind].group;
+    if (kind < 0 || !fm_isa_supported(isa) || cols % FM_TYPES[kind].block) {
+        fprintf(stderr, "type %d, ISA %d or %d columns not available here\n", type, isa, cols);
         return 2;
     }
     const size_t row_bytes = (size_t)cols / FM_TYPES[kind].block * FM_TYPES[kind].block_bytes;
-    const size_t rows = MATRIX_BYTES / row_bytes, bytes = rows * row_bytes;
+    const size_t rows = MATRIX_BYTES / row_bytes / group * group, bytes = rows * row_bytes;
     uint8_t *w = aligned_alloc(64, (bytes + 63) / 64 * 64), *act = aligned_alloc(64, (fm_act_bytes(type, cols) + 63) / 64 * 64);
     float *x = malloc(sizeof(float) * cols);
-    fill(type, w, bytes, FM_TYPES[kind].block_bytes);
+    if (group > 1) {   // random rows of the source type, repacked
+        const int source = type == FM_Q4_0X8 ? FM_Q4_0 : FM_Q4_K;
+        uint8_t *src = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        fill(source, src, bytes, FM_TYPES[kind].block_bytes);
+        (type == FM_Q4_0X8 ? fm_repack_q4_0x8 : fm_repack_q4_Kx8)(src, rows, cols, w);
+        free(src);
+    } else {
+        fill(type, w, bytes, FM_TYPES[kind].block_bytes);
+    }
     for (int i = 0; i < cols; i++) x[i] = ((int)(next() % 2001) - 1000) / 500.0f;
     fm_quantize_act(type, x, cols, act);
-    const fm_vec_dot_fn dot = fm_dot_for(isa, kind);
+    const fm_vec_dot_fn dot = group > 1 ? NULL : fm_dot_for(isa, kind);
+    const fm_vec_dot_g_fn dotg = group > 1 ? fm_dotg_for(isa, kind) : NULL;
+    const void *acts[1] = { act };
     double kernel = 0.0, stream = 0.0;
     volatile float sink = 0.0f;
     for (int pass = 0; pass < PASSES; pass++) {
         const double t0 = now();
         float s = 0.0f;
-        for (size_t r = 0; r < rows; r++) s += dot(cols, w + r * row_bytes, act);
+        if (dotg) {
+            float y[FM_GROUP];
+            for (size_t r = 0; r < rows; r += group) {
+                dotg(cols, w + r * row_bytes, acts, 1, y);
+                s += y[0];
+            }
+        } else {
+            for (size_t r = 0; r < rows; r++) s += dot(cols, w + r * row_bytes, act);
+        }
         const double k = bytes / (now() - t0) / 1e9, m = stream_gbs(w, bytes);
         sink += s;
         kernel = k > kernel ? k : kernel;
