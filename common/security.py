@@ -30,6 +30,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from common.errors import UserError
+
 log = logging.getLogger("fermium.security")
 
 SERVER, CLIENT, AUTHORIZED = "server", "client", "authorized"
@@ -37,7 +39,7 @@ ENV_CURVE_DIR, ENV_INSECURE = "FERMIUM_CURVE_DIR", "FERMIUM_INSECURE"
 LOCAL_TRANSPORTS = ("ipc://", "inproc://")
 
 
-class InsecureBindError(OSError):
+class InsecureBindError(UserError, OSError):
     """A plaintext socket on an address other hosts can reach, without --insecure."""
 
 

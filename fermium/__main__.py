@@ -1,3 +1,3 @@
-from fermium.cli import app
+from fermium.cli import main
 
-app()
+main()

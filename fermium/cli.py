@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import typer
 
+from common.errors import EXIT_BAD_INPUT, UserError
+
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Fermium: serve Qwen3.6 hybrid MoE models on old hardware.")
 from fermium.cli_generate import generate_command  # noqa: E402
@@ -26,3 +28,13 @@ from fermium.cli_bench import bench_app  # noqa: E402
 app.add_typer(bench_app, name="bench")
 from fermium import cli_bench_prefill  # noqa: E402,F401  (registers `fermium bench prefill`)
 from fermium import cli_bench_cpu_prefill  # noqa: E402,F401  (registers `fermium bench cpu-prefill`)
+
+
+def main() -> None:
+    """The console entry point: an error in what the user gave (common/errors.py) is one line on
+    stderr and exit status 2, not a traceback."""
+    try:
+        app()
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(EXIT_BAD_INPUT) from None

@@ -7,9 +7,8 @@ from typing import Optional
 
 import typer
 
+from common.errors import EXIT_BAD_INPUT
 from common.model.convert import FILE_TYPES, ConvertError, convert
-
-EXIT_BAD_INPUT = 2
 
 
 def convert_command(

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import UserError
+
 try:
     from native._fermium_cpu import ffi, lib
 except ImportError as exc:  # the extension is built by pip, not at import
@@ -21,7 +23,7 @@ except ImportError as exc:  # the extension is built by pip, not at import
 ISAS = ("generic", "ssse3", "avx2", "avx512")
 
 
-class IsaError(RuntimeError):
+class IsaError(UserError, RuntimeError):
     """An ISA that is unknown or that this CPU (or OS) cannot run."""
 
 

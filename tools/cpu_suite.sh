@@ -57,7 +57,7 @@ wait
 ISAS=${ISAS:-$(python3 -c "from native import cpu_lib; print(' '.join(cpu_lib.supported_isas()[1:]))")}
 bench() {   # name, then the bench arguments
     local name=$1; shift
-    python3 -c "from fermium.cli import app; app()" bench decode "$@" --rounds 3 --tokens 12 --json > "$OUT/$name.json" 2> "$OUT/$name.err" &&
+    python3 -m fermium bench decode "$@" --rounds 3 --tokens 12 --json > "$OUT/$name.json" 2> "$OUT/$name.err" &&
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], f\"{r['median_tok_s']:.2f} tok/s\", f\"{100*r['median_bw_ratio']:.1f}%\", f\"best {100*r['best']['bw_ratio']:.1f}%\", f\"batch gain {r['median_batch_gain']:.2f}x\" if 'median_batch_gain' in r else '')" "$OUT/$name.json" "$name" | tee -a "$OUT/summary.txt"
 }
 for type in $TYPES; do

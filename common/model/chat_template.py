@@ -23,12 +23,14 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from common.errors import UserError
+
 BUNDLED_TEMPLATE = Path(__file__).with_name("templates") / "qwen3_6.jinja"
 GGUF_TEMPLATE_KEY = "tokenizer.chat_template"
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(UserError, ValueError):
     """A conversation the template cannot render, with the reason in words."""
 
 

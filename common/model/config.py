@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from common.errors import UserError
 
-class ModelConfigError(ValueError):
+
+class ModelConfigError(UserError, ValueError):
     """A model file that Fermium cannot serve, with the reason in words."""
 
 

@@ -18,6 +18,8 @@ from typing import Iterable, Protocol
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
+from common.errors import UserError
+
 # `tokenizer.ggml.pre` -> the split regex applied before byte-level BPE
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -37,7 +39,7 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TO
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A vocabulary that cannot be turned into a tokenizer, with the reason in words."""
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
+from common.errors import UserError
+
 _BACKENDS: dict[str, type] = {}
 _IMPORT_ERRORS: dict[str, str] = {}
 
@@ -17,7 +19,7 @@ _IMPORT_ERRORS: dict[str, str] = {}
 BACKEND_MODULES = {"cpu": "services.prefill.backends.cpu", "cuda": "services.prefill.backends.cuda"}
 
 
-class UnknownBackendError(KeyError):
+class UnknownBackendError(UserError, KeyError):
     def __str__(self) -> str:
         return str(self.args[0])
 

@@ -1,0 +1,43 @@
+"""Bad input to the `fermium` command is one line on stderr and exit status 2, not a traceback."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fermium(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fermium", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+@pytest.fixture
+def not_gguf(tmp_path) -> Path:
+    path = tmp_path / "notes.gguf"
+    path.write_text("not a model\n")
+    return path
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["bench", "decode", "--tokens", "1"]],
+                         ids=lambda c: " ".join(c[:2]))
+def test_a_file_that_is_not_gguf_is_named_in_one_line(command, not_gguf):
+    proc = fermium(*command, "--model", str(not_gguf))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: not a readable GGUF file: {not_gguf}: not a GGUF file (bad magic)"]
+
+
+def test_an_unknown_isa_in_the_environment_lists_the_known_ones(not_gguf):
+    proc = fermium("bench", "decode", "--model", str(not_gguf), env={"FERMIUM_ISA": "neon"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: unknown ISA 'neon'; choose one of generic, ssse3, avx2, avx512"
+
+
+def test_the_console_script_runs_the_same_entry_point():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["fermium"] == "fermium.cli:main"
