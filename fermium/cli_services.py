@@ -175,7 +175,10 @@ def up_command(
     with Stack(path, port=port, engine=engine, backend=backend, metrics_ports=ports,
                extra=quiet) as stack:
         t0 = time.monotonic()
-        stack.wait_ready(ready_timeout)
+        try:
+            stack.wait_ready(ready_timeout)
+        except (RuntimeError, TimeoutError) as e:   # its children have said why, above or in their logs
+            raise typer.Exit(f"error: {e}") from None  # type: ignore[arg-type]
         note(f"ready at {stack.url} in {time.monotonic() - t0:.1f} s")
         if chat is not None:
             note(f"> {chat}")

@@ -41,3 +41,12 @@ def test_an_unknown_isa_in_the_environment_lists_the_known_ones(not_gguf):
 def test_the_console_script_runs_the_same_entry_point():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["fermium"] == "fermium.cli:main"
+
+
+def test_a_stack_whose_services_cannot_load_the_model_stops_with_their_reasons(not_gguf):
+    proc = fermium("up", "--model", str(not_gguf), "--port", "0", "--ready-timeout", "60")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert f"error: not a readable GGUF file: {not_gguf}: not a GGUF file (bad magic)" in lines
+    assert lines[-1].startswith("error: the stack did not start: ") and "exited with code 2" in lines[-1]
