@@ -116,18 +116,23 @@ def stream_chat(url: str, message: str, *, max_tokens: int = 128, temperature: f
     body = {"model": model, "messages": [{"role": "user", "content": message}], "stream": True,
             "max_tokens": max_tokens, "temperature": temperature}
     parts = []
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=None) as r:
-        if r.status_code != 200:
-            r.read()
-            raise SystemExit(f"error {r.status_code}: {r.text}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                raise SystemExit(f"\nerror: {event['error']['message']}")
-            text = event["choices"][0]["delta"].get("content") or ""
-            parts.append(text)
-            print(text, end="", flush=True)
+    timeout = httpx.Timeout(None, connect=10.0)   # an answer takes as long as it takes; a connection does not
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
+            if r.status_code != 200:
+                r.read()
+                raise SystemExit(f"error {r.status_code}: {r.text}")
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise SystemExit(f"\nerror: {event['error']['message']}")
+                text = event["choices"][0]["delta"].get("content") or ""
+                parts.append(text)
+                print(text, end="", flush=True)
+    except httpx.TransportError as e:   # no router there, or it went away mid-answer
+        raise SystemExit(f"\nerror: lost the router at {url}: {e}" if parts else
+                         f"error: cannot reach the router at {url}: {e}") from None
     print()
     return "".join(parts)

@@ -50,3 +50,14 @@ def test_a_stack_whose_services_cannot_load_the_model_stops_with_their_reasons(n
     assert "Traceback" not in proc.stderr
     assert f"error: not a readable GGUF file: {not_gguf}: not a GGUF file (bad magic)" in lines
     assert lines[-1].startswith("error: the stack did not start: ") and "exited with code 2" in lines[-1]
+
+
+def test_chat_without_a_router_says_so_in_one_line():
+    import socket
+    with socket.socket() as s:   # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = fermium("chat", "hello", "--url", f"http://127.0.0.1:{port}")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith(f"error: cannot reach the router at http://127.0.0.1:{port}: ")
+    assert "Traceback" not in proc.stderr
