@@ -61,3 +61,12 @@ def test_chat_without_a_router_says_so_in_one_line():
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith(f"error: cannot reach the router at http://127.0.0.1:{port}: ")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_backend_this_machine_cannot_run_says_why():
+    from services.prefill.backends import available_backends
+    if available_backends()["cuda"][0]:
+        pytest.skip("this machine runs the cuda backend")
+    proc = fermium("prefill", "--backend", "cuda", "--ready-timeout", "1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: prefill backend 'cuda' is not available here: ")

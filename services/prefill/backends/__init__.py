@@ -24,6 +24,10 @@ class UnknownBackendError(UserError, KeyError):
         return str(self.args[0])
 
 
+class BackendUnavailableError(UserError, RuntimeError):
+    """A registered backend that this machine cannot run (no GPU, no pycuda), and why."""
+
+
 def register_backend(name: str) -> Callable[[type], type]:
     def wrap(cls: type) -> type:
         cls.name = name
@@ -57,5 +61,5 @@ def create_backend(name: str, model: Any, **options: Any):
     cls = _BACKENDS[name]
     ok, why = cls.availability()
     if not ok:
-        raise RuntimeError(f"prefill backend {name!r} is not available here: {why}")
+        raise BackendUnavailableError(f"prefill backend {name!r} is not available here: {why}")
     return cls(model, **options)
