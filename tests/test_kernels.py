@@ -310,6 +310,20 @@ def test_matvec_reads_repacked_rows_like_the_gguf_layout(threads, qtype, rng):
     assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale.T)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_matvec_splits_a_large_matrix_into_tasks_that_cover_every_row(threads, rng):
+    """Past the smallest task, a run's tasks grow with its bytes over the threads (matvec.c): a
+    matrix of a few MB splits into tasks of a few hundred KB, the last one partial."""
+    pool = cpu_lib.Pool(threads)
+    rows, n = 1501, 4096   # 3.5 MB of Q4_0
+    w = random_rows(T.Q4_0, rows, n, rng)
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    got = cpu_lib.matvec(pool, T.Q4_0, w, x)[0]
+    act = cpu_lib.quantize_act(T.Q4_0, x[0])
+    expect = np.array([cpu_lib.vec_dot(cpu_lib.active_isa(), T.Q4_0, w[r], act, n) for r in range(rows)], np.float32)
+    assert np.array_equal(got, expect)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("batch", [1, 3, 6])
 def test_matvec_reads_q6_kp_rows_in_any_number(threads, batch, rng):
