@@ -6,18 +6,6 @@
 #include "quants.h"
 #include "simd128.h"
 
-// four f16 values (the low 16 bits of each 32-bit lane) to f32, as fm_half: normal values by
-// rebiasing the exponent, subnormal ones as mantissa * 2^-24, so no subnormal float is touched
-static inline __m128 half4(__m128i h) {
-    const __m128i mag = _mm_and_si128(h, _mm_set1_epi32(0x7FFF));
-    const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
-    const __m128i normal = _mm_add_epi32(_mm_slli_epi32(mag, 13), _mm_set1_epi32(0x38000000));
-    const __m128 sub = _mm_mul_ps(_mm_cvtepi32_ps(_mm_and_si128(h, _mm_set1_epi32(0x3FF))), _mm_set1_ps(0x1p-24f));
-    const __m128i is_sub = _mm_cmpeq_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7C00)), _mm_setzero_si128());
-    const __m128i v = _mm_or_si128(_mm_and_si128(is_sub, _mm_castps_si128(sub)), _mm_andnot_si128(is_sub, normal));
-    return _mm_castsi128_ps(_mm_or_si128(v, sign));
-}
-
 // the f16 scales of weight blocks b..b+3 (their first two bytes, stride bytes apart), each in
 // the high 16 bits of a 32-bit lane, the low ones zero
 static inline __m128i f16x4_high(const uint8_t *first, size_t stride) {
@@ -27,9 +15,15 @@ static inline __m128i f16x4_high(const uint8_t *first, size_t stride) {
     return _mm_insert_epi16(h, *(const uint16_t *)(first + 3 * stride), 7);
 }
 
-// those scales as f32, without touching a subnormal float (half4)
-static inline __m128 scales4(const uint8_t *first, size_t stride) {
-    return half4(_mm_srli_epi32(f16x4_high(first, stride), 16));
+// those scales as f32 by a multiply: in the high half of its lane, an arithmetic shift by 3
+// keeps each scale's sign in bit 31 and puts exponent and mantissa in place (the sign copies in
+// bits 30..28 masked off), then the exponent is rebiased by 2^(127-15). Normal and subnormal
+// values exact (a subnormal scale is a subnormal float here: one microcode assist, and read as
+// zero under denormals-are-zero, which the pool therefore leaves off, internal.h); 3 vector
+// operations after the gather, where a conversion that avoided subnormal floats took 9
+static inline __m128 half4_gathered(const uint8_t *first, size_t stride) {
+    const __m128i bits = _mm_and_si128(_mm_srai_epi32(f16x4_high(first, stride), 3), _mm_set1_epi32((int)0x8FFFFFFF));
+    return _mm_mul_ps(_mm_castsi128_ps(bits), _mm_set1_ps(0x1p112f));
 }
 
 #define LANE(v, k) _mm_shuffle_ps((v), (v), _MM_SHUFFLE(k, k, k, k))
@@ -53,18 +47,6 @@ static inline __m128 dot_i8(const int8_t *w, const int8_t *a) {
         acc = _mm_add_epi32(acc, _mm_madd_epi16(p, _mm_set1_epi16(1)));
     }
     return _mm_cvtepi32_ps(acc);
-}
-
-// the f16 scales of blocks b..b+3 as f32 by a multiply: in the high half of its lane, an
-// arithmetic shift by 3 keeps each scale's sign in bit 31 and puts exponent and mantissa in
-// place (the sign copies in bits 30..28 masked off), then the exponent is rebiased by
-// 2^(127-15). Normal and subnormal values exact (a subnormal scale, rare in Q4_0, is a
-// subnormal float here: one microcode assist, and read as zero under denormals-are-zero, which
-// the pool therefore leaves off, internal.h); 3 vector operations after the gather, where the
-// conversion from the low halves took 6
-static inline __m128 half4_gathered(const uint8_t *first, size_t stride) {
-    const __m128i bits = _mm_and_si128(_mm_srai_epi32(f16x4_high(first, stride), 3), _mm_set1_epi32((int)0x8FFFFFFF));
-    return _mm_mul_ps(_mm_castsi128_ps(bits), _mm_set1_ps(0x1p112f));
 }
 
 // the int16 pair sums of 16 bytes of nibbles . 32 activations (low nibbles, then high); the
@@ -122,7 +104,7 @@ float fm_dot_q8_0_a8_ssse3(int n, const void *w, const void *a) {
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
         fm_prefetch_ahead(x + b, 4 * sizeof *x);
-        const __m128 dd = _mm_mul_ps(scales4((const uint8_t *)&x[b].d, sizeof(block_q8_0)), _mm_loadu_ps(dy + b));
+        const __m128 dd = _mm_mul_ps(half4_gathered((const uint8_t *)&x[b].d, sizeof *x), _mm_loadu_ps(dy + b));
         acc0 = _mm_add_ps(acc0, _mm_mul_ps(dot_i8(x[b].qs, q + QK32 * b), LANE(dd, 0)));
         acc1 = _mm_add_ps(acc1, _mm_mul_ps(dot_i8(x[b + 1].qs, q + QK32 * (b + 1)), LANE(dd, 1)));
         acc0 = _mm_add_ps(acc0, _mm_mul_ps(dot_i8(x[b + 2].qs, q + QK32 * (b + 2)), LANE(dd, 2)));
