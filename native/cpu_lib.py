@@ -43,6 +43,13 @@ def active_isa() -> str:
     return ISAS[lib.fm_isa_active()]
 
 
+def runnable_isa_index(isa: str) -> int:
+    """The index of an ISA this CPU runs, for the kernels called through one by name."""
+    if isa not in supported_isas():
+        raise IsaError(f"this CPU cannot run the {isa} kernels")
+    return ISAS.index(isa)
+
+
 def physical_cores() -> int:
     """Distinct (package, core) pairs among the CPUs this process may run on (its affinity, e.g.
     systemd's CPUAffinity=); hyper-threads count once."""
@@ -106,21 +113,19 @@ def quantize_act(qtype: int, x: np.ndarray) -> np.ndarray:
 
 def vec_dot(isa: str, qtype: int, w_row: np.ndarray, act: np.ndarray, n: int) -> float:
     """One weight row (stored blocks) . one prepared activation with the given ISA's kernel."""
-    if isa not in supported_isas():
-        raise IsaError(f"this CPU cannot run the {isa} kernels")
-    return float(lib.fm_vec_dot(ISAS.index(isa), int(qtype), n, ptr(np.ascontiguousarray(w_row)),
+    index = runnable_isa_index(isa)
+    return float(lib.fm_vec_dot(index, int(qtype), n, ptr(np.ascontiguousarray(w_row)),
                                 ptr(aligned(act))))
 
 
 def gdn_head(isa: str, state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: float,
              beta: float) -> tuple[np.ndarray, np.ndarray]:
     """One Gated DeltaNet value head with the given ISA's kernel: state (dk, dv) -> (new state, o)."""
-    if isa not in supported_isas():
-        raise IsaError(f"this CPU cannot run the {isa} kernels")
+    index = runnable_isa_index(isa)
     S = np.array(state, dtype=np.float32, order="C")
     q, k, v = (np.ascontiguousarray(a, dtype=np.float32) for a in (q, k, v))
     o = np.empty(S.shape[1], np.float32)
-    lib.fm_gdn_head_isa(ISAS.index(isa), ptr(S, "float *"), ptr(q, "float *"), ptr(k, "float *"), ptr(v, "float *"),
+    lib.fm_gdn_head_isa(index, ptr(S, "float *"), ptr(q, "float *"), ptr(k, "float *"), ptr(v, "float *"),
                         decay, beta, ptr(o, "float *"), S.shape[0], S.shape[1])
     return S, o
 
@@ -128,24 +133,22 @@ def gdn_head(isa: str, state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.nd
 def conv_update(isa: str, state: np.ndarray, w: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The conv update of C channels with the given ISA's kernel: state (C, K-1), w (C, K),
     x (C,) -> (SiLU of the taps over [state | x], the state shifted by x)."""
-    if isa not in supported_isas():
-        raise IsaError(f"this CPU cannot run the {isa} kernels")
+    index = runnable_isa_index(isa)
     S = np.array(state, dtype=np.float32, order="C")
     w, x = (np.ascontiguousarray(a, dtype=np.float32) for a in (w, x))
     out = np.empty(x.size, np.float32)
-    lib.fm_conv_update_isa(ISAS.index(isa), ptr(S, "float *"), ptr(w, "float *"), ptr(x, "float *"),
+    lib.fm_conv_update_isa(index, ptr(S, "float *"), ptr(w, "float *"), ptr(x, "float *"),
                            ptr(out, "float *"), x.size, w.shape[1])
     return out, S
 
 
 def vec_dot_group(isa: str, qtype: int, w_group: np.ndarray, acts: list[np.ndarray], n: int) -> np.ndarray:
     """One group of repacked rows . 1..4 prepared activations -> (len(acts), group)."""
-    if isa not in supported_isas():
-        raise IsaError(f"this CPU cannot run the {isa} kernels")
+    index = runnable_isa_index(isa)
     acts = [aligned(a) for a in acts]
     out = np.empty((len(acts), lib.fm_type_group(int(qtype))), np.float32)
     ptrs = ffi.new("void *[]", [ptr(a) for a in acts])
-    if lib.fm_vec_dot_group(ISAS.index(isa), int(qtype), n, ptr(np.ascontiguousarray(w_group)), ptrs,
+    if lib.fm_vec_dot_group(index, int(qtype), n, ptr(np.ascontiguousarray(w_group)), ptrs,
                             len(acts), ptr(out, "float *")):
         raise ValueError(f"type {int(qtype)} is not a repacked layout, or {len(acts)} activations")
     return out
