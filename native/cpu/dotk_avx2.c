@@ -6,14 +6,6 @@
 
 #define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 
-// the 8 scales as int16 in both 128-bit halves; mins . pair sums of bsums as 4 int32
-static inline __m256i k4_scales(const uint8_t *packed, const int16_t *bsums, __m128i *mins_dot) {
-    const __m128i v = k4_scales_mins(packed);
-    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums), b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
-    *mins_dot = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(v, 8)), _mm_hadd_epi16(b0, b1));
-    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
-}
-
 float fm_dot_q4_K_a8_avx2(int n, const void *w, const void *a) {
     const block_q4_K *x = w;
     const block_a8_256 *y = a;
@@ -23,7 +15,7 @@ float fm_dot_q4_K_a8_avx2(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m256i sc = k4_scales(x[b].scales, y[b].bsums, &md);
+        const __m256i sc = _mm256_broadcastsi128_si256(k4_scales16(x[b].scales, y[b].bsums, &md));
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m256i si = _mm256_setzero_si256();
@@ -49,7 +41,7 @@ float fm_dot_q5_K_a8_avx2(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m256i sc = k4_scales(x[b].scales, y[b].bsums, &md);
+        const __m256i sc = _mm256_broadcastsi128_si256(k4_scales16(x[b].scales, y[b].bsums, &md));
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m256i hb = LOAD(x[b].qh);

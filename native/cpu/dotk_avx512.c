@@ -7,14 +7,6 @@
 #include "simd256.h"
 #include "simd512.h"
 
-// scales as int16 in every 128-bit lane; mins . pair sums of bsums as 4 int32
-static inline __m512i k4_scales(const uint8_t *packed, const int16_t *bsums, __m128i *mins_dot) {
-    const __m128i v = k4_scales_mins(packed);
-    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums), b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
-    *mins_dot = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(v, 8)), _mm_hadd_epi16(b0, b1));
-    return _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(v));
-}
-
 float fm_dot_q4_K_a8_avx512(int n, const void *w, const void *a) {
     const block_q4_K *x = w;
     const block_a8_256 *y = a;
@@ -24,7 +16,7 @@ float fm_dot_q4_K_a8_avx512(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m512i sc = k4_scales(x[b].scales, y[b].bsums, &md);
+        const __m512i sc = _mm512_broadcast_i32x4(k4_scales16(x[b].scales, y[b].bsums, &md));
         __m512i si = _mm512_setzero_si512();
         _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++) {
@@ -47,7 +39,7 @@ float fm_dot_q5_K_a8_avx512(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m512i sc = k4_scales(x[b].scales, y[b].bsums, &md);
+        const __m512i sc = _mm512_broadcast_i32x4(k4_scales16(x[b].scales, y[b].bsums, &md));
         __m256i hb = _mm256_loadu_si256((const __m256i *)x[b].qh);
         __m512i si = _mm512_setzero_si512();
         _Pragma("GCC unroll 4")

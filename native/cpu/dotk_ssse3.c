@@ -27,13 +27,6 @@ static inline __m128i dot32_scaled(__m128i u0, __m128i u1, const int8_t *v, __m1
     return _mm_madd_epi16(p, scale);
 }
 
-// scales (8 x int16) and sum_j min_j * (bsum_2j + bsum_2j+1) (4 int32 partial sums)
-static inline __m128i k4_scales(const uint8_t *packed, const int16_t *bsums, __m128i *mins_dot) {
-    const __m128i v = k4_scales_mins(packed), zero = _mm_setzero_si128();
-    *mins_dot = _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), _mm_hadd_epi16(ALOAD(bsums), ALOAD(bsums + 8)));
-    return _mm_unpacklo_epi8(v, zero);
-}
-
 float fm_dot_q4_K_a8_ssse3(int n, const void *w, const void *a) {
     const block_q4_K *x = w;
     const block_a8_256 *y = a;
@@ -42,7 +35,7 @@ float fm_dot_q4_K_a8_ssse3(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m128i sc = k4_scales(x[b].scales, y[b].bsums, &md);
+        const __m128i sc = k4_scales16(x[b].scales, y[b].bsums, &md);
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m128i si = _mm_setzero_si128();
@@ -67,7 +60,7 @@ float fm_dot_q5_K_a8_ssse3(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m128i sc = k4_scales(x[b].scales, y[b].bsums, &md);
+        const __m128i sc = k4_scales16(x[b].scales, y[b].bsums, &md);
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m128i h0 = LOAD(x[b].qh), h1 = LOAD(x[b].qh + 16);
