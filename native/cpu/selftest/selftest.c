@@ -14,6 +14,7 @@
 #include "fermium_cpu.h"
 #include "quants.h"
 #include "internal.h"
+#include "random_blocks.h"
 
 #define COLS 2048
 #define ROWS 128
@@ -21,26 +22,6 @@
 
 static const int TYPES[] = { FM_Q4_0, FM_Q8_0, FM_Q4_K, FM_Q5_K, FM_Q6_K, FM_F32, FM_F16, FM_BF16 };
 static const char *TYPE_NAMES[] = { "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16" };
-
-static uint32_t rng = 12345;
-static uint32_t next(void) { rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5; return rng; }
-
-// random valid rows: random bytes, every f16 scale field set to a small random value
-static void fill_rows(int type, uint8_t *w, size_t row_bytes) {
-    for (size_t i = 0; i < row_bytes * ROWS; i++) w[i] = (uint8_t)next();
-    const int bb = fm_type_block_bytes(type), blk = fm_type_block(type);
-    for (int r = 0; r < ROWS; r++)
-        for (int b = 0; b < COLS / blk; b++) {
-            uint8_t *p = w + r * row_bytes + (size_t)b * bb;
-            const fm_f16 h = fm_f32_to_f16(0.001f + 0.003f * (next() % 1000) / 1000.0f);
-            if (type == FM_Q6_K) memcpy(p + 208, &h, 2);
-            else if (type == FM_Q4_0 || type == FM_Q8_0) memcpy(p, &h, 2);
-            else if (type == FM_Q4_K || type == FM_Q5_K) { memcpy(p, &h, 2); memcpy(p + 2, &h, 2); }
-            else if (type == FM_F32) { float f = ((int)(next() % 2001) - 1000) / 1000.0f; memcpy(p, &f, 4); }
-            else if (type == FM_F16) memcpy(p, &h, 2);
-            else { uint16_t bf = 0x3C00 | (next() & 0x80FF); memcpy(p, &bf, 2); }
-        }
-}
 
 int main(void) {
     int failures = 0;
@@ -53,7 +34,7 @@ int main(void) {
         const int type = TYPES[t];
         const size_t row_bytes = (size_t)COLS / fm_type_block(type) * fm_type_block_bytes(type);
         uint8_t *w = malloc(row_bytes * ROWS), *act = malloc(fm_act_bytes(type, COLS));
-        fill_rows(type, w, row_bytes);
+        fill_blocks(type, w, row_bytes * ROWS);
         fm_quantize_act(type, x, COLS, act);
         printf("%-5s", TYPE_NAMES[t]);
         for (int isa = 0; isa < 4; isa++) {
@@ -90,7 +71,7 @@ int main(void) {
         const size_t row_bytes = (size_t)COLS / fm_type_block(type) * fm_type_block_bytes(type);
         uint8_t *w = malloc(row_bytes * ROWS), *act = malloc(fm_act_bytes(type, COLS) * FM_DOTN_MAX);
         const void *acts[FM_DOTN_MAX];
-        fill_rows(type, w, row_bytes);
+        fill_blocks(type, w, row_bytes * ROWS);
         for (int i = 0; i < FM_DOTN_MAX; i++) {
             acts[i] = act + fm_act_bytes(type, COLS) * i;
             fm_quantize_act(type, x, COLS, act + fm_act_bytes(type, COLS) * i);
@@ -129,7 +110,7 @@ int main(void) {
         const size_t row_bytes = (size_t)COLS / fm_type_block(type) * fm_type_block_bytes(type);
         uint8_t *w = malloc(row_bytes * ROWS), *packed = malloc(row_bytes * ROWS), *act = malloc(fm_act_bytes(type, COLS) * FM_DOTN_MAX);
         const void *acts[FM_DOTN_MAX];
-        fill_rows(type, w, row_bytes);
+        fill_blocks(type, w, row_bytes * ROWS);
         GROUPED[t].repack(w, ROWS, COLS, packed);
         for (int i = 0; i < FM_DOTN_MAX; i++) {
             acts[i] = act + fm_act_bytes(type, COLS) * i;
@@ -187,7 +168,7 @@ int main(void) {
         uint8_t *w = malloc(row_bytes * ROWS), *packed = malloc(row_bytes * ROWS);
         uint8_t *act = malloc(ab * FM_DOTN_MAX), *pact = malloc(ab * FM_DOTN_MAX);
         const void *acts[FM_DOTN_MAX], *pacts[FM_DOTN_MAX];
-        fill_rows(FM_Q6_K, w, row_bytes);
+        fill_blocks(FM_Q6_K, w, row_bytes * ROWS);
         fm_repack_q6_Kp(w, ROWS, COLS, packed);
         for (int i = 0; i < FM_DOTN_MAX; i++) {
             for (int c = 0; c < COLS; c++) x[c] = ((int)(next() % 2001) - 1000) / 500.0f;

@@ -18,6 +18,7 @@
 #include "fermium_cpu.h"
 #include "quants.h"
 #include "internal.h"
+#include "random_blocks.h"
 
 #define MATRIX_BYTES ((size_t)384 << 20)
 #define PASSES 5
@@ -26,21 +27,6 @@ static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static uint32_t rng = 1;
-static uint32_t next(void) { rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5; return rng; }
-
-// random quants with every f16 scale field a small normal value
-static void fill(int type, uint8_t *w, size_t bytes, int block_bytes) {
-    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)next();
-    const fm_f16 h = 0x1800;
-    for (size_t at = 0; at + block_bytes <= bytes; at += block_bytes) {
-        uint8_t *p = w + at;
-        if (type == FM_Q6_K || type == FM_Q6_KP) memcpy(p + 208, &h, 2);
-        else if (type == FM_Q4_K || type == FM_Q5_K) { memcpy(p, &h, 2); memcpy(p + 2, &h, 2); }
-        else memcpy(p, &h, 2);
-    }
 }
 
 // a plain prefetched sum: the ceiling the kernel is set against
@@ -80,11 +66,11 @@ int main(int argc, char **argv) {
     if (group > 1) {   // random rows of the source type, repacked
         const int source = type == FM_Q4_0X8 ? FM_Q4_0 : FM_Q4_K;
         uint8_t *src = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        fill(source, src, bytes, FM_TYPES[kind].block_bytes);
+        fill_blocks(source, src, bytes);
         (type == FM_Q4_0X8 ? fm_repack_q4_0x8 : fm_repack_q4_Kx8)(src, rows, cols, w);
         free(src);
     } else {
-        fill(type, w, bytes, FM_TYPES[kind].block_bytes);
+        fill_blocks(type, w, bytes);
     }
     for (int i = 0; i < cols; i++) x[i] = ((int)(next() % 2001) - 1000) / 500.0f;
     fm_quantize_act(type, x, cols, act);
