@@ -4,7 +4,7 @@
 
 #include "quants.h"
 #include "fermium_cpu.h"
-#include <xmmintrin.h>
+#include <emmintrin.h>
 
 // MXCSR flush-to-zero: the fp32 ops of a step (SiLU, the conv, the recurrent state) otherwise
 // produce subnormal values now and then, and each costs a microcode assist. Results below
@@ -18,6 +18,24 @@ static inline unsigned fm_flush_denormals(void) {
     const unsigned old = _mm_getcsr();
     _mm_setcsr(old | FM_MXCSR_FTZ);
     return old;
+}
+
+// the sum of `bytes` (a multiple of 64) from 16-byte-aligned p, one cache line per step into
+// four independent 128-bit sums, so that the loop is never the limit; with `prefetch`, each line
+// requested ahead as the kernels request their weights: the read bandwidth that the kernels are
+// measured against (membw.c, selftest/stream.c)
+static inline uint64_t fm_stream_sum(const void *p, size_t bytes, int prefetch) {
+    const __m128i *v = p;
+    __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 4 <= bytes / 16; i += 4) {
+        if (prefetch) fm_prefetch_ahead(v + i, 64);
+        s0 = _mm_add_epi64(s0, _mm_load_si128(v + i));
+        s1 = _mm_add_epi64(s1, _mm_load_si128(v + i + 1));
+        s2 = _mm_add_epi64(s2, _mm_load_si128(v + i + 2));
+        s3 = _mm_add_epi64(s3, _mm_load_si128(v + i + 3));
+    }
+    const __m128i s = _mm_add_epi64(_mm_add_epi64(s0, s1), _mm_add_epi64(s2, s3));
+    return (uint64_t)_mm_cvtsi128_si64(s) + (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(s, s));
 }
 
 enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16, KIND_BF16, KIND_Q4_0X8, KIND_Q4_KX8, KIND_Q6_KP, KIND_COUNT };

@@ -13,20 +13,10 @@
 
 typedef struct { const uint64_t *buf; size_t words_per_chunk; int ahead; uint64_t sums[256]; } bw_ctx;
 
-// one cache line per step into four independent 128-bit sums: the loop is never the limit
+// one chunk of the buffer, plain or prefetched as the kernels request their weights
 static void bw_task(void *arg, int task, int thread) {
     bw_ctx *c = arg;
-    const __m128i *p = (const __m128i *)(c->buf + (size_t)task * c->words_per_chunk);
-    __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i < c->words_per_chunk / 2; i += 4) {
-        if (c->ahead) fm_prefetch_ahead(p + i, 64);   // as the kernels request their weights
-        s0 = _mm_add_epi64(s0, _mm_load_si128(p + i));
-        s1 = _mm_add_epi64(s1, _mm_load_si128(p + i + 1));
-        s2 = _mm_add_epi64(s2, _mm_load_si128(p + i + 2));
-        s3 = _mm_add_epi64(s3, _mm_load_si128(p + i + 3));
-    }
-    const __m128i s = _mm_add_epi64(_mm_add_epi64(s0, s1), _mm_add_epi64(s2, s3));
-    c->sums[thread & 255] += (uint64_t)_mm_cvtsi128_si64(s) + (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(s, s));
+    c->sums[thread & 255] += fm_stream_sum(c->buf + (size_t)task * c->words_per_chunk, CHUNK, c->ahead);
 }
 
 static double now(void) {
