@@ -2,12 +2,14 @@
 wrappers: ISA choice, the thread pool, activation quantization, dots and matvecs.
 
 The ISA is chosen once at import: the best this CPU supports, or `FERMIUM_ISA`
-(generic | ssse3 | avx2 | avx512). `select_isa` switches it later, for tests and benchmarks.
+(generic | ssse3 | avx2 | avx512). `select_isa` switches it later, for tests and benchmarks (`isa_restored` for a block).
 """
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -41,6 +43,19 @@ def select_isa(name: str) -> str:
 
 def active_isa() -> str:
     return ISAS[lib.fm_isa_active()]
+
+
+@contextmanager
+def isa_restored(select: str | None = None) -> Iterator[None]:
+    """Within the block, ISA `select` is active (if given; an engine may also select one there);
+    afterwards, the ISA that was active before."""
+    prev = active_isa()
+    try:
+        if select is not None:
+            select_isa(select)
+        yield
+    finally:
+        select_isa(prev)
 
 
 def runnable_isa_index(isa: str) -> int:

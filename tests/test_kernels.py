@@ -133,9 +133,7 @@ def test_largest_quants_and_activations_stay_exact(isa, qtype, sign):
 @pytest.mark.parametrize("isa", ISAS)
 def test_subnormal_block_scales_in_the_pools_float_mode(isa, rng):
     """Pool jobs run with flush-to-zero (internal.h); a subnormal f16 scale must still count."""
-    prev = cpu_lib.active_isa()
-    cpu_lib.select_isa(isa)
-    try:
+    with cpu_lib.isa_restored(isa):
         pool = cpu_lib.Pool(2)
         for qtype in QUANT_TYPES:
             w = random_rows(qtype, 16, N, rng, scale=SUBNORMAL_SCALES)
@@ -146,8 +144,6 @@ def test_subnormal_block_scales_in_the_pools_float_mode(isa, rng):
             scale = np.abs(dequantize(w, qtype)) @ np.abs(x[0])
             assert np.all(scale > 0)
             assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale), qtype.name
-    finally:
-        cpu_lib.select_isa(prev)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -179,9 +175,7 @@ def test_dequant_row_matches_gguf(qtype, rng):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
     """Batches run the batched kernels (in chunks of 4 activations) where the ISA has them."""
-    prev = cpu_lib.active_isa()
-    cpu_lib.select_isa(isa)
-    try:
+    with cpu_lib.isa_restored(isa):
         pool = cpu_lib.Pool(threads)
         rows, n, batch = 300, 500 if qtype in FLOAT_TYPES else 512, 6   # float rows: a tail past the vectors
         w = random_rows(qtype, rows, n, rng)
@@ -194,8 +188,6 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
             assert np.all(np.abs(y[b] - expect) <= SIBLING_RTOL * scale)
             if qtype in FLOAT_TYPES:   # the same operations in the same order as the row kernel
                 assert np.array_equal(y[b], expect)
-    finally:
-        cpu_lib.select_isa(prev)
 
 
 REPACKED_TYPES = [T(t) for t in cpu_lib.REPACKED]

@@ -74,12 +74,9 @@ def test_quantized_files_track_reference(files, name, isa):
     model = GGUFModel(files[name])
     ref = ReferenceEngine(model)
     expect = ref.prefill(prompt(), ref.new_state(), all_logits=True)
-    prev = cpu_lib.active_isa()
-    try:
+    with cpu_lib.isa_restored():
         eng = NativeEngine(model, threads=2, isa=isa)
         got = eng.prefill(prompt(), eng.new_state(), all_logits=True)
-    finally:
-        cpu_lib.select_isa(prev)
     err = rel_err(got, expect)
     assert np.median(err) <= QUANT_MEDIAN_REL_TOL, err
     assert err.max() <= QUANT_MAX_REL_TOL, err

@@ -194,15 +194,12 @@ def assert_decodes_the_same(plain: NativeEngine, packed: NativeEngine) -> None:
 @pytest.mark.parametrize("isa", [i for i in repack.REPACK_TYPES if i in cpu_lib.supported_isas()])
 def test_engine_decodes_the_same_from_the_cache(model_path, isa):
     """Each ISA reads the types of REPACK_TYPES from the cache, the rest from the GGUF file."""
-    prev = cpu_lib.active_isa()
-    try:
+    with cpu_lib.isa_restored():
         plain = NativeEngine(GGUFModel(model_path), threads=2, isa=isa, repack=False)
         packed = NativeEngine(GGUFModel(model_path), threads=2, isa=isa, repack=True)
         assert packed.repacked is not None and plain.repacked is None
         assert {int(packed.model.tensor(n).qtype) for n in packed.repacked.views} <= set(repack.REPACK_TYPES[isa])
         assert_decodes_the_same(plain, packed)
-    finally:
-        cpu_lib.select_isa(prev)
 
 
 @pytest.mark.skipif("avx2" not in cpu_lib.supported_isas(), reason="no AVX2 here")
@@ -215,8 +212,5 @@ def test_the_environment_can_turn_the_repack_off(model_path, monkeypatch):
 
 
 def test_the_generic_kernels_read_the_gguf_layout(model_path):
-    prev = cpu_lib.active_isa()
-    try:
+    with cpu_lib.isa_restored():
         assert NativeEngine(GGUFModel(model_path), threads=1, isa="generic").repacked is None
-    finally:
-        cpu_lib.select_isa(prev)
