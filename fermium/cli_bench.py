@@ -63,6 +63,17 @@ def _round(engine, runs: list[list], tokens: int, probe, prefetch: bool) -> tupl
     return out, tokens * probe.nbytes / bw_seconds
 
 
+def _huge_page_shares(engine) -> dict[str, float | None]:
+    """How much of each weight mapping (the GGUF, the repack cache) is in 2 MB pages: a TLB miss
+    every 4 KB costs scattered expert reads a few percent on some hosts."""
+    from common.model.huge_pages import huge_page_share
+
+    shares = {"model file": huge_page_share(engine.model.file.data.ctypes.data)}
+    if engine.repacked:
+        shares["repack cache"] = huge_page_share(next(iter(engine.repacked.views.values())).ctypes.data)
+    return shares
+
+
 def _phase_table(rounds: list[dict]) -> list[str]:
     """Per phase, the median round's ms per step, GB per step and GB/s; then the serial rest."""
     lines = [f"{'phase':16s} {'ms/step':>8s} {'GB/step':>8s} {'GB/s':>6s} {'share':>6s}"]
@@ -129,10 +140,11 @@ def decode_command(
             **({"batch_gain": batch * one["seconds"] / r["seconds"]} if one else {}),
         })
     best = max(results, key=lambda x: x["bw_ratio"])
+    huge = _huge_page_shares(engine)
     report = {
         "command": command, "model": str(model), "isa": engine.isa, "repacked": bool(engine.repacked),
         "threads": engine.threads, "batch": batch, "membw_stream": "prefetched" if prefetch else "plain",
-        "rounds": results, "best": best,
+        "huge_page_share": huge, "rounds": results, "best": best,
         "median_bw_ratio": statistics.median(x["bw_ratio"] for x in results),
         "median_tok_s": statistics.median(x["tok_s"] for x in results),
     }
@@ -144,6 +156,8 @@ def decode_command(
     typer.echo(f"$ {command}")
     typer.echo(f"model {model.name}  isa {engine.isa}{' (repacked)' if engine.repacked else ''}  threads {engine.threads}  "
                f"batch {batch}  bandwidth: a {report['membw_stream']} stream of {bw_mib} MiB after each step")
+    typer.echo("weights mapped in 2 MB pages: " + ", ".join(
+        f"{name} {'unknown' if share is None else f'{100 * share:.0f}%'}" for name, share in huge.items()))
     for i, x in enumerate(results):
         typer.echo(f"round {i}: {x['tok_s']:7.2f} tok/s  {x['weights_gb_per_step']:.3f} GB/step  "
                    f"{x['effective_gbs']:6.2f} GB/s of {x['membw_gbs']:6.2f} GB/s measured = "

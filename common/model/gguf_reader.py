@@ -17,6 +17,8 @@ from typing import Callable, Sequence
 import numpy as np
 from gguf import GGUFValueType
 
+from .huge_pages import advise_huge_pages
+
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MADV_POPULATE_READ = 22            # linux/mman.h; not in the mmap module before Python 3.13
@@ -94,6 +96,7 @@ class FastGGUF:
                 self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             except ValueError as exc:                             # empty file
                 raise GGUFFormatError(f"{self.path}: empty file") from exc
+        advise_huge_pages(self._mmap)                         # before any page is read
         cur = _Cursor(self._mmap, self.path)
         if self._mmap[:4] != GGUF_MAGIC:
             raise GGUFFormatError(f"{self.path}: not a GGUF file (bad magic)")

@@ -27,6 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from common.model.gguf_file import GGUFModel, Tensor
+from common.model.huge_pages import advise_huge_pages
 from common.progress import byte_progress
 from native import cpu_lib
 
@@ -96,6 +97,7 @@ class RepackCache:
             raise StaleCache("shorter than its prefix")
         with open(path, "rb") as f:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        advise_huge_pages(self._mmap)             # before the checksum reads it
         self.views = self._verify(model, names)   # a refused file is unmapped when collected
 
     def _verify(self, model: GGUFModel, names: list[str]) -> dict[str, np.ndarray]:
