@@ -144,6 +144,21 @@ def test_bad_values(client, field, value, needle):
     assert_error(client.post("/v1/completions", json=completion(**{field: value})), 400, needle, field)
 
 
+@pytest.mark.parametrize("field, value, needle", [
+    ("response_format", {"type": "json_object"}, "'json_object' is not supported"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "'json_schema'"),
+    ("logit_bias", {"42": 100}, "'logit_bias' is not supported")])
+def test_unhonoured_chat_fields(client, field, value, needle):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a"}], "max_tokens": 2, field: value}
+    assert_error(client.post("/v1/chat/completions", json=body), 400, needle, field)
+
+
+def test_plain_text_format_and_empty_bias_are_accepted(client):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
+            "response_format": {"type": "text"}, "logit_bias": {}}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+
+
 def test_bad_messages(client):
     body = {"model": MODEL, "messages": [{"role": "wizard", "content": "a"}]}
     assert_error(client.post("/v1/chat/completions", json=body), 400, "needs a 'role'")

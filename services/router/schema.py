@@ -78,6 +78,13 @@ def _refuse_unsupported(body: dict) -> None:
         raise bad_request("'echo' and 'suffix' are not supported", "echo" if body.get("echo") else "suffix")
     if body.get("tools") or body.get("functions"):
         raise bad_request("tool calls are not supported", "tools")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        raise bad_request(f"response_format {kind!r} is not supported: no constrained decoding, only "
+                          f"{{'type': 'text'}}", "response_format")
+    if body.get("logit_bias"):
+        raise bad_request("'logit_bias' is not supported", "logit_bias")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
