@@ -192,27 +192,31 @@ def vec_dot_rows(isa: str, qtype: int, w_rows: np.ndarray, acts: list[np.ndarray
     return out[:, :w_rows.shape[0]]
 
 
-# GGUF type -> (its repacked type, the repack function): the same bytes, reordered (quants.h);
-# Q4_0 and Q4_K in groups of 8 rows, Q6_K row by row
-REPACKED = {2: (lib.FM_Q4_0X8, lib.fm_repack_q4_0x8), 12: (lib.FM_Q4_KX8, lib.fm_repack_q4_Kx8),
-            14: (lib.FM_Q6_KP, lib.fm_repack_q6_Kp)}
+# repacked layout (quants.h) -> the GGUF type whose bytes it holds, reordered, and the function that
+# repacks them: Q4_0 and Q4_K in groups of 8 rows (the AVX kernels), Q6_K row by row (every ISA),
+# Q4_0 and Q4_K row by row for 128-bit registers (SSSE3)
+LAYOUTS = {lib.FM_Q4_0X8: (2, lib.fm_repack_q4_0x8), lib.FM_Q4_KX8: (12, lib.fm_repack_q4_Kx8),
+           lib.FM_Q6_KP: (14, lib.fm_repack_q6_Kp), lib.FM_Q4_0P: (2, lib.fm_repack_q4_0p),
+           lib.FM_Q4_KP: (12, lib.fm_repack_q4_Kp)}
 
 
-def repack_group(qtype: int) -> int:
-    """Rows interleaved in the repacked layout of a GGUF type in REPACKED (1: row by row)."""
-    return lib.fm_type_group(REPACKED[int(qtype)][0])
+def repack_group(layout: int) -> int:
+    """Rows interleaved in a repacked layout (1: row by row)."""
+    return lib.fm_type_group(int(layout))
 
 
-def repack(qtype: int, w: np.ndarray, cols: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Rows (rows, row_bytes) of a type in REPACKED, in whole groups (repack_group) -> the same
-    bytes in its repacked layout (into `out` when given)."""
-    if int(qtype) not in REPACKED:
-        raise ValueError(f"no repacked layout for GGML type {int(qtype)}")
+def repack(layout: int, w: np.ndarray, cols: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows (rows, row_bytes) of the GGUF type that a layout of LAYOUTS holds, in whole groups
+    (repack_group) of whole blocks of the layout -> the same bytes in that layout (into `out` when
+    given)."""
+    if int(layout) not in LAYOUTS:
+        raise ValueError(f"type {int(layout)} is not a repacked layout")
     w = np.ascontiguousarray(w)
     out = np.empty_like(w) if out is None else out
-    group = repack_group(qtype)
-    if out.nbytes != w.nbytes or w.shape[0] % group or REPACKED[int(qtype)][1](ptr(w), w.shape[0], cols, ptr(out)):
-        raise ValueError(f"a repack needs rows in groups of {group} and whole blocks: {w.shape[0]} x {cols}")
+    group, block = repack_group(layout), lib.fm_type_block(int(layout))
+    if out.nbytes != w.nbytes or w.shape[0] % group or LAYOUTS[int(layout)][1](ptr(w), w.shape[0], cols, ptr(out)):
+        raise ValueError(f"a repack needs rows in groups of {group} and blocks of {block} values: "
+                         f"{w.shape[0]} x {cols}")
     return out
 
 

@@ -105,12 +105,9 @@ def test_subnormal_block_scales(isa, qtype, rng):
         assert abs(got - float(wf[r] @ x)) <= bound
 
 
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_largest_quants_and_activations_stay_exact(isa, qtype, sign):
-    """Every quant at its largest value against activations all at +-127: the widest int16
-    sums the SIMD kernels form (pmaddubsw pairs and their reductions) must not saturate."""
+def largest_quants(qtype: T) -> np.ndarray:
+    """One row (1, row_bytes) of N values, every quant at its largest, block scales 1 (Q6_K's
+    sub-block scales 127), mins 0."""
     block, nbytes = GGML_QUANT_SIZES[qtype]
     blocks = np.full((N // block, nbytes), 0xFF, np.uint8)
     one = np.array([1.0], np.float16).view(np.uint8)
@@ -121,7 +118,16 @@ def test_largest_quants_and_activations_stay_exact(isa, qtype, sign):
         blocks[:, 0:2] = one
         if qtype in (T.Q4_K, T.Q5_K):
             blocks[:, 2:4] = 0                        # dmin 0: only the scaled quants count
-    w = blocks.reshape(1, -1)
+    return blocks.reshape(1, -1)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_largest_quants_and_activations_stay_exact(isa, qtype, sign):
+    """Every quant at its largest value against activations all at +-127: the widest int16
+    sums the SIMD kernels form (pmaddubsw pairs and their reductions) must not saturate."""
+    w = largest_quants(qtype)
     x = np.full(N, sign, np.float32)
     act = cpu_lib.quantize_act(qtype, x)
     ref = float(dequantize(w, qtype).astype(np.float64)[0] @ x)
@@ -190,22 +196,30 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
                 assert np.array_equal(y[b], expect)
 
 
-REPACKED_TYPES = [T(t) for t in cpu_lib.REPACKED]
-GROUPED_TYPES = [t for t in REPACKED_TYPES if cpu_lib.repack_group(t) > 1]
+LAYOUT_NAMES = {lib.FM_Q4_0X8: "Q4_0x8", lib.FM_Q4_KX8: "Q4_Kx8", lib.FM_Q6_KP: "Q6_Kp", lib.FM_Q4_0P: "Q4_0p",
+                lib.FM_Q4_KP: "Q4_Kp"}
+LAYOUTS = sorted(cpu_lib.LAYOUTS)
+GROUPED_LAYOUTS = [lay for lay in LAYOUTS if cpu_lib.repack_group(lay) > 1]
+ROW_LAYOUTS = [lay for lay in LAYOUTS if cpu_lib.repack_group(lay) == 1]
+
+
+def source_type(layout: int) -> T:
+    return T(cpu_lib.LAYOUTS[layout][0])
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("na", [1, 2, 3, 4])
-@pytest.mark.parametrize("qtype", GROUPED_TYPES, ids=lambda t: t.name)
-def test_repacked_groups_match_generic_rows(isa, na, qtype, rng):
+@pytest.mark.parametrize("layout", GROUPED_LAYOUTS, ids=LAYOUT_NAMES.get)
+def test_repacked_groups_match_generic_rows(isa, na, layout, rng):
     """A group of 8 repacked rows gives each row's generic dot, for every activation."""
+    qtype = source_type(layout)
     w = random_rows(qtype, 16, N, rng)
     xs = (rng.standard_normal((na, N)) * rng.uniform(0.1, 10, (na, 1))).astype(np.float32)
     acts = [cpu_lib.quantize_act(qtype, x) for x in xs]
-    packed = cpu_lib.repack(qtype, w, N)
+    packed = cpu_lib.repack(layout, w, N)
     assert packed.shape == w.shape and np.array_equal(np.sort(packed, axis=None), np.sort(w, axis=None))
     for g in range(2):
-        got = cpu_lib.vec_dot_group(isa, cpu_lib.REPACKED[qtype][0], packed[8 * g:8 * g + 8], acts, N)
+        got = cpu_lib.vec_dot_group(isa, layout, packed[8 * g:8 * g + 8], acts, N)
         for i, act in enumerate(acts):
             expect = np.array([cpu_lib.vec_dot("generic", qtype, w[r], act, N) for r in range(8 * g, 8 * g + 8)])
             scale = np.abs(dequantize(w[8 * g:8 * g + 8], qtype)) @ np.abs(xs[i])
@@ -213,29 +227,44 @@ def test_repacked_groups_match_generic_rows(isa, na, qtype, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_repacked_q6_k_rows_match_generic_rows(isa, rng):
-    """Q6_K repacked row by row, against activations in its order: each row's generic dot,
-    over the whole range of quants and scales (random bytes, both signs of every scale)."""
-    qp = cpu_lib.REPACKED[T.Q6_K][0]
-    w = random_rows(T.Q6_K, 24, N, rng)
-    packed = cpu_lib.repack(T.Q6_K, w, N)
+@pytest.mark.parametrize("layout", ROW_LAYOUTS, ids=LAYOUT_NAMES.get)
+def test_repacked_rows_match_generic_rows(isa, layout, rng):
+    """A type repacked row by row (Q6_Kp, Q4_0p, Q4_Kp), against activations in its order: each
+    row's generic dot, over the whole range of quants and scales (random bytes, both signs of
+    every scale)."""
+    qtype = source_type(layout)
+    w = random_rows(qtype, 24, N, rng)
+    packed = cpu_lib.repack(layout, w, N)
     assert packed.shape == w.shape and not np.array_equal(packed, w)
     for x in (rng.standard_normal(N) * 3).astype(np.float32), np.linspace(-1, 1, N, dtype=np.float32):
-        act, pact = cpu_lib.quantize_act(T.Q6_K, x), cpu_lib.quantize_act(qp, x)
-        scale = np.abs(dequantize(w, T.Q6_K)) @ np.abs(x)
-        got = np.array([cpu_lib.vec_dot(isa, qp, packed[r], pact, N) for r in range(len(w))])
-        expect = np.array([cpu_lib.vec_dot("generic", T.Q6_K, w[r], act, N) for r in range(len(w))])
+        act, pact = cpu_lib.quantize_act(qtype, x), cpu_lib.quantize_act(layout, x)
+        scale = np.abs(dequantize(w, qtype)) @ np.abs(x)
+        got = np.array([cpu_lib.vec_dot(isa, layout, packed[r], pact, N) for r in range(len(w))])
+        expect = np.array([cpu_lib.vec_dot("generic", qtype, w[r], act, N) for r in range(len(w))])
         assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale), isa
 
 
-@pytest.mark.parametrize("isa", [i for i in ISAS if cpu_lib.has_rows_kernel(i, cpu_lib.REPACKED[T.Q6_K][0])])
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("layout", ROW_LAYOUTS, ids=LAYOUT_NAMES.get)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_repacked_rows_of_the_largest_quants_stay_exact(isa, layout, sign):
+    """As test_largest_quants_and_activations_stay_exact, through the row layouts: their int16
+    sums over several registers (quants.h) must not saturate."""
+    qtype = source_type(layout)
+    w, x = largest_quants(qtype), np.full(N, sign, np.float32)
+    ref = float(dequantize(w, qtype).astype(np.float64)[0] @ x)
+    got = cpu_lib.vec_dot(isa, layout, cpu_lib.repack(layout, w, N)[0], cpu_lib.quantize_act(layout, x), N)
+    assert abs(got - ref) <= SIBLING_RTOL * abs(ref)
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if cpu_lib.has_rows_kernel(i, lib.FM_Q6_KP)])
 @pytest.mark.parametrize("nr", range(1, cpu_lib.ROWS_AT_ONCE + 1))
 @pytest.mark.parametrize("na", [1, 2, 3, 4])
 def test_q6_kp_rows_at_once_match_generic_rows(isa, nr, na, rng):
     """The kernel for several Q6_Kp rows at once: each row's generic dot, for every activation."""
-    qp = cpu_lib.REPACKED[T.Q6_K][0]
+    qp = lib.FM_Q6_KP
     w = random_rows(T.Q6_K, nr, N, rng)
-    packed = cpu_lib.repack(T.Q6_K, w, N)
+    packed = cpu_lib.repack(qp, w, N)
     xs = (rng.standard_normal((na, N)) * rng.uniform(0.1, 10, (na, 1))).astype(np.float32)
     got = cpu_lib.vec_dot_rows(isa, qp, packed, [cpu_lib.quantize_act(qp, x) for x in xs], N)
     assert got.shape == (na, nr)
@@ -289,15 +318,15 @@ def test_gdn_head_matches_generic_and_float(isa, dk, dv, rng):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
-def test_matvec_reads_repacked_rows_like_the_gguf_layout(threads, qtype, rng):
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_NAMES.get)
+def test_matvec_reads_repacked_rows_like_the_gguf_layout(threads, layout, rng):
     """The driver runs whole groups of repacked rows, at any batch, on any split of tasks."""
     pool = cpu_lib.Pool(threads)
-    rows, n = 8 * 200, 512
+    rows, n, qtype = 8 * 200, 512, source_type(layout)
     w = random_rows(qtype, rows, n, rng)
     x = rng.standard_normal((6, n)).astype(np.float32)
     expect = cpu_lib.matvec(pool, qtype, w, x)
-    got = cpu_lib.matvec(pool, cpu_lib.REPACKED[qtype][0], cpu_lib.repack(qtype, w, n), x)
+    got = cpu_lib.matvec(pool, layout, cpu_lib.repack(layout, w, n), x)
     scale = np.abs(dequantize(w, qtype)) @ np.abs(x).T
     assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale.T)
 
@@ -326,7 +355,7 @@ def test_matvec_reads_q6_kp_rows_in_any_number(threads, batch, rng):
     w = random_rows(T.Q6_K, rows, n, rng)
     x = rng.standard_normal((batch, n)).astype(np.float32)
     expect = cpu_lib.matvec(pool, T.Q6_K, w, x)
-    got = cpu_lib.matvec(pool, cpu_lib.REPACKED[T.Q6_K][0], cpu_lib.repack(T.Q6_K, w, n), x)
+    got = cpu_lib.matvec(pool, lib.FM_Q6_KP, cpu_lib.repack(lib.FM_Q6_KP, w, n), x)
     scale = np.abs(dequantize(w, T.Q6_K)) @ np.abs(x).T
     assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale.T)
 
@@ -343,8 +372,10 @@ def test_pool_runs_every_task_once_before_returning(threads):
 def test_repack_refuses_partial_groups_and_blocks(rng):
     w = random_rows(T.Q4_0, 12, 64, rng)
     with pytest.raises(ValueError, match="groups of 8"):
-        cpu_lib.repack(T.Q4_0, w, 64)
-    with pytest.raises(ValueError, match="no repacked layout"):
+        cpu_lib.repack(lib.FM_Q4_0X8, w, 64)
+    with pytest.raises(ValueError, match="blocks of 128 values"):
+        cpu_lib.repack(lib.FM_Q4_0P, w, 64)
+    with pytest.raises(ValueError, match="not a repacked layout"):
         cpu_lib.repack(T.Q8_0, w, 64)
     with pytest.raises(ValueError, match="repacked layout"):
         cpu_lib.vec_dot_group("generic", T.Q4_0, w[:8], [cpu_lib.quantize_act(T.Q4_0, np.ones(64, np.float32))], 64)

@@ -46,7 +46,8 @@ def test_builds_beside_the_model_with_every_repackable_matrix_but_the_embedding(
     assert sorted(cache.views) == sorted(names)
     for name in names:
         t = model.tensor(name)
-        expect = cpu_lib.repack(t.qtype, t.raw.reshape(-1, t.row_bytes), t.shape[-1])
+        assert cache.layouts[name] == repack.layouts_for()[int(t.qtype)]
+        expect = cpu_lib.repack(cache.layouts[name], t.raw.reshape(-1, t.row_bytes), t.shape[-1])
         assert np.array_equal(cache.views[name].reshape(expect.shape), expect), name
 
 
@@ -151,19 +152,37 @@ def test_prefault_leaves_the_pages_of_repacked_tensors_alone(model_path):
 
 
 def test_a_cache_without_the_tensors_wanted_now_is_rebuilt_with_them_added(model_path, monkeypatch, caplog):
-    """An ISA that repacks fewer types (SSSE3: Q6_K only) reuses a fuller cache; one that
-    repacks more rebuilds it with everything, once."""
-    model = GGUFModel(model_path)
-    q6 = repack.open_cache(model, (14,))
+    """A reader of fewer types reuses a fuller cache; one that reads more rebuilds it with
+    everything, once."""
+    model, avx = GGUFModel(model_path), repack.REPACK_LAYOUTS["avx2"]
+    q6 = repack.open_cache(model, {14: avx[14]})
     assert q6.views and all(model.tensor(n).qtype == 14 for n in q6.views)
     with caplog.at_level(logging.INFO, logger="fermium.decode"):
-        full = repack.open_cache(GGUFModel(model_path))
+        full = repack.open_cache(GGUFModel(model_path), avx)
     assert any("lacks" in r.getMessage() for r in caplog.records)
-    assert sorted(full.views) == sorted(repackable_names(model))
+    assert sorted(full.views) == sorted(n for n, t in model.tensors.items() if repack.repackable(t, avx))
     monkeypatch.setattr(repack, "build", lambda *a, **k: pytest.fail("rebuilt a cache that holds them"))
-    for types in ((14,), (2, 12), tuple(cpu_lib.REPACKED)):
-        again = repack.open_cache(GGUFModel(model_path), types)
+    for types in ((14,), (2, 12), (2, 12, 14)):
+        again = repack.open_cache(GGUFModel(model_path), {q: avx[q] for q in types})
         assert sorted(again.views) == sorted(n for n in full.views if model.tensor(n).qtype in types)
+
+
+def test_a_tensor_held_in_another_layout_is_rebuilt_in_the_one_wanted(model_path, caplog):
+    """SSSE3 and the AVX ISAs read Q4_0 and Q4_K in different layouts: a switch rebuilds those
+    tensors in the layout wanted now, keeps the tensors both read alike, and never hands out
+    bytes in the other layout."""
+    model = GGUFModel(model_path)
+    for isa in ("avx2", "ssse3", "avx2"):
+        layouts = repack.REPACK_LAYOUTS[isa]
+        with caplog.at_level(logging.INFO, logger="fermium.decode"):
+            caplog.clear()
+            cache = repack.open_cache(GGUFModel(model_path), layouts)
+        assert cache.views and cache.layouts == {n: layouts[int(model.tensor(n).qtype)] for n in cache.views}
+        for name, view in cache.views.items():
+            t = model.tensor(name)
+            expect = cpu_lib.repack(cache.layouts[name], t.raw.reshape(-1, t.row_bytes), t.shape[-1])
+            assert np.array_equal(view.reshape(expect.shape), expect), (isa, name)
+    assert any("lacks" in r.getMessage() for r in caplog.records)
 
 
 def assert_decodes_the_same(plain: NativeEngine, packed: NativeEngine) -> None:
@@ -191,14 +210,16 @@ def assert_decodes_the_same(plain: NativeEngine, packed: NativeEngine) -> None:
     assert np.median(errors) <= FLOAT_ORDER_REL_TOL and max(errors) <= NEAR_TIE_REL_TOL, errors
 
 
-@pytest.mark.parametrize("isa", [i for i in repack.REPACK_TYPES if i in cpu_lib.supported_isas()])
+@pytest.mark.parametrize("isa", [i for i in repack.REPACK_LAYOUTS if i in cpu_lib.supported_isas()])
 def test_engine_decodes_the_same_from_the_cache(model_path, isa):
-    """Each ISA reads the types of REPACK_TYPES from the cache, the rest from the GGUF file."""
+    """Each ISA reads the types of REPACK_LAYOUTS from the cache in its layouts, the rest from the
+    GGUF file."""
     with cpu_lib.isa_restored():
         plain = NativeEngine(GGUFModel(model_path), threads=2, isa=isa, repack=False)
         packed = NativeEngine(GGUFModel(model_path), threads=2, isa=isa, repack=True)
         assert packed.repacked is not None and plain.repacked is None
-        assert {int(packed.model.tensor(n).qtype) for n in packed.repacked.views} <= set(repack.REPACK_TYPES[isa])
+        layouts = repack.REPACK_LAYOUTS[isa]
+        assert packed.repacked.layouts == {n: layouts[int(packed.model.tensor(n).qtype)] for n in packed.repacked.views}
         assert_decodes_the_same(plain, packed)
 
 

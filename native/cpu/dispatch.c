@@ -19,11 +19,13 @@ typedef struct {
     fm_conv_fn conv;                   // its conv update
 } isa_row;
 
-// fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C)
-// gisa: the kernels of the repacked group layouts; disa: the fp32 DeltaNet and conv update
-#define ROW(name, isa, fisa, hisa, gisa, disa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, fm_dot_q8_0_a8_##isa, \
-    fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, fm_dot_f16_##hisa, \
-    fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##isa }, batched, \
+// fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C); pisa: the Q4_0p and
+// Q4_Kp dots (SSSE3's layouts); gisa: the kernels of the repacked group layouts; disa: the fp32
+// DeltaNet and conv update
+#define ROW(name, isa, fisa, hisa, pisa, gisa, disa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, \
+    fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, \
+    fm_dot_f16_##hisa, fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##isa, \
+    [KIND_Q4_0P] = fm_dot_q4_0p_a8_##pisa, [KIND_Q4_KP] = fm_dot_q4_Kp_a8_##pisa }, batched, \
     { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, rows, fm_gdn_head_##disa, \
     fm_conv_update_##disa }
 #define NO_DOTN { 0 }
@@ -35,10 +37,10 @@ typedef struct {
                       [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx512, DOTN_FLOAT_AVX2 }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
-    ROW("generic", generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
-    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, NO_DOTN, NO_DOTR),
-    ROW("avx2", avx2, avx2, avx2, avx2, avx2, DOTN_AVX2, NO_DOTR),
-    ROW("avx512", avx512, avx2, avx2, avx512, avx2, DOTN_AVX512, { [KIND_Q6_KP] = fm_dotr_q6_Kp_a8_avx512 }),
+    ROW("generic", generic, generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
+    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, ssse3, NO_DOTN, NO_DOTR),
+    ROW("avx2", avx2, avx2, avx2, generic, avx2, avx2, DOTN_AVX2, NO_DOTR),
+    ROW("avx512", avx512, avx2, avx2, generic, avx512, avx2, DOTN_AVX512, { [KIND_Q6_KP] = fm_dotr_q6_Kp_a8_avx512 }),
 };
 
 // GGML type -> traits; activation kind decides how x is quantized before the dot
@@ -54,6 +56,8 @@ const fm_type_traits FM_TYPES[KIND_COUNT] = {
     [KIND_Q4_0X8] = { FM_Q4_0X8, QK32, sizeof(block_q4_0), ACT_A8_32, FM_GROUP },   // bytes per row and block
     [KIND_Q4_KX8] = { FM_Q4_KX8, QK_K, sizeof(block_q4_K), ACT_A8_256, FM_GROUP },
     [KIND_Q6_KP] = { FM_Q6_KP, QK_K, sizeof(block_q6_Kp), ACT_A8_256P, 1 },
+    [KIND_Q4_0P] = { FM_Q4_0P, QK_Q4_0P, sizeof(block_q4_0p), ACT_A8_32P, 1 },
+    [KIND_Q4_KP] = { FM_Q4_KP, QK_K, sizeof(block_q4_K), ACT_A8_256K, 1 },
 };
 
 int fm_kind_of(int type) {

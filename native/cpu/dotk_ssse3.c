@@ -52,6 +52,38 @@ float fm_dot_q4_K_a8_ssse3(int n, const void *w, const void *a) {
     return hsum128_ps(_mm_sub_ps(acc, accm));
 }
 
+// Q4_Kp (quants.h): the low nibbles of all 8 registers hold sub-blocks 0..3, the high ones 4..7,
+// so their `pmaddubsw` products add up as int16 (lanes 2m, 2m+1: sub-block m or 4 + m, at most
+// 8 * 2 * 15 * 128 = 30720) and two `pmaddwd` apply the 8 scales, where the GGUF layout
+// broadcasts a scale and applies it for each sub-block. d and dmin go through fm_half: real
+// files hold subnormal f16 mins, which a conversion in vector registers (dot32_ssse3.c) leaves as
+// subnormal floats, one microcode assist each (a synthetic Q4_K_M model decoded at 0.6x)
+float fm_dot_q4_Kp_a8_ssse3(int n, const void *w, const void *a) {
+    const block_q4_K *x = w;
+    const block_a8_256 *y = a;
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
+    for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
+        __m128i md;
+        const __m128i sc = k4_scales16(x[b].scales, y[b].bsums, &md);
+        const uint8_t *q = x[b].qs;
+        const int8_t *v = y[b].qs;
+        __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < 8; r++, q += 16, v += 32) {
+            const __m128i qq = LOAD(q);
+            lo = _mm_add_epi16(lo, _mm_maddubs_epi16(_mm_and_si128(qq, m4), ALOAD(v)));
+            hi = _mm_add_epi16(hi, _mm_maddubs_epi16(_mm_and_si128(_mm_srli_epi16(qq, 4), m4), ALOAD(v + 16)));
+        }
+        const __m128i si = _mm_add_epi32(_mm_madd_epi16(lo, _mm_unpacklo_epi16(sc, sc)),
+                                         _mm_madd_epi16(hi, _mm_unpackhi_epi16(sc, sc)));
+        acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(si), _mm_set1_ps(fm_half(x[b].d) * y[b].d)));
+        accm = _mm_add_ps(accm, _mm_mul_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(fm_half(x[b].dmin) * y[b].d)));
+    }
+    return hsum128_ps(_mm_sub_ps(acc, accm));
+}
+
 float fm_dot_q5_K_a8_ssse3(int n, const void *w, const void *a) {
     const block_q5_K *x = w;
     const block_a8_256 *y = a;

@@ -35,6 +35,12 @@ int fm_repack_q4_Kx8(const void *src, size_t rows, int cols, void *dst);
 // Q6_K repacked row by row (quants.h), the same size; -1 when cols is not a multiple of 256
 #define FM_Q6_KP 270
 int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst);
+// Q4_0 and Q4_K repacked row by row for 128-bit registers (quants.h), the same size, as types of
+// their own (0x200 | the GGUF type); -1 when cols is not a multiple of 128 (Q4_0) or 256 (Q4_K)
+#define FM_Q4_0P 514
+#define FM_Q4_KP 524
+int fm_repack_q4_0p(const void *src, size_t rows, int cols, void *dst);
+int fm_repack_q4_Kp(const void *src, size_t rows, int cols, void *dst);
 // one group of repacked rows . na (1..4) activations: out[i * group + r]; -1 for a type
 // stored row by row (group 1)
 int fm_vec_dot_group(int isa, int type, int n, const void *w, const void *const *acts, int na, float *out);

@@ -46,21 +46,23 @@ static void quantize_a8_256(const float *x, int n, block_a8_256 *y) {
     }
 }
 
-// as quantize_a8_256, the quants of each block then reordered for Q6_Kp (quants.h)
-static void quantize_a8_256p(const float *x, int n, block_a8_256 *y) {
-    quantize_a8_256(x, n, y);
-    for (int b = 0; b < n / QK_K; b++) {
+// the quants of each group of `size` values reordered for a repacked layout (quants.h): position
+// p of a group takes the value value_at(p) of the group in natural order
+static void reorder_quants(int8_t *qs, int n, int size, size_t stride, int (*value_at)(int)) {
+    for (int g = 0; g < n / size; g++, qs += stride) {
         int8_t natural[QK_K];
-        memcpy(natural, y[b].qs, QK_K);
-        for (int p = 0; p < QK_K; p++) y[b].qs[p] = natural[fm_q6kp_value(p)];
+        memcpy(natural, qs, (size_t)size);
+        for (int p = 0; p < size; p++) qs[p] = natural[value_at(p)];
     }
 }
 
 size_t fm_act_bytes(int type, int n) {
     switch (FM_TYPES[fm_kind_of(type)].act) {
-    case ACT_A8_32: return FM_A32_BYTES(n / QK32);
+    case ACT_A8_32:
+    case ACT_A8_32P: return FM_A32_BYTES(n / QK32);
     case ACT_A8_256:
-    case ACT_A8_256P: return (size_t)(n / QK_K) * sizeof(block_a8_256);
+    case ACT_A8_256P:
+    case ACT_A8_256K: return (size_t)(n / QK_K) * sizeof(block_a8_256);
     default: return (size_t)n * sizeof(float);
     }
 }
@@ -68,8 +70,17 @@ size_t fm_act_bytes(int type, int n) {
 void fm_quantize_act(int type, const float *x, int n, void *act) {
     switch (FM_TYPES[fm_kind_of(type)].act) {
     case ACT_A8_32: quantize_a8_32(x, n, act); break;
+    case ACT_A8_32P:   // block scales and sums as ACT_A8_32, the quants in Q4_0p order
+        quantize_a8_32(x, n, act);
+        reorder_quants(act, n, QK_Q4_0P, QK_Q4_0P, fm_q4_0p_value);
+        break;
     case ACT_A8_256: quantize_a8_256(x, n, act); break;
-    case ACT_A8_256P: quantize_a8_256p(x, n, act); break;
+    case ACT_A8_256P:  // sums of each 16 values in natural order, the quants in Q6_Kp order
+    case ACT_A8_256K:  // or in Q4_Kp order
+        quantize_a8_256(x, n, act);
+        reorder_quants(((block_a8_256 *)act)->qs, n, QK_K, sizeof(block_a8_256),
+                       FM_TYPES[fm_kind_of(type)].act == ACT_A8_256P ? fm_q6kp_value : fm_q4kp_value);
+        break;
     default: memcpy(act, x, (size_t)n * sizeof(float));
     }
 }

@@ -42,6 +42,8 @@ enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K =
 #define FM_Q4_0X8 258
 #define FM_Q4_KX8 268
 #define FM_Q6_KP 270
+#define FM_Q4_0P 514
+#define FM_Q4_KP 524
 
 // ---- Q4_0 repacked for SIMD (repack.c): groups of FM_GROUP rows, interleaved in 4-byte pieces
 // so that one 256-bit register holds 4 values of each of 8 rows, and the block scales of 8 rows
@@ -75,6 +77,32 @@ typedef struct { uint8_t planes[3][64]; int8_t scales[QK_K / 16]; fm_f16 d; } bl
 static inline int fm_q6kp_value(int p) {
     const int r = p / 64, j = p % 64;
     return 16 * (j / 4) + 4 * r + j % 4;
+}
+
+// ---- Q4_0 and Q4_K repacked for 128-bit registers, row by row: the same bytes, with the nibbles
+// of four blocks (Q4_0) or sub-blocks (Q4_K) interleaved so that bytes 4m..4m+3 of every 16-byte
+// register belong to block or sub-block m. The `pmaddubsw` products of all of a group's registers
+// then add up as int16, lane by lane (lanes 2m and 2m+1 hold 16 values of block m at most:
+// 16 * 15 * 128 = 30720 < 32768), and one `pmaddwd` turns them into a sum per block (Q4_0) or
+// applies the scales (Q4_K), where the GGUF layout needs a horizontal reduction per block or a
+// broadcast scale per sub-block (dot32_ssse3.c, dotk_ssse3.c). The activations are stored in the
+// same order (ACT_A8_32P, ACT_A8_256K).
+// Q4_0p: 4 consecutive blocks (128 values): their scales, then register j (0..3), byte k: byte
+// 4j + k % 4 of the qs of block k / 4 (values 4j + k % 4 and 16 + 4j + k % 4 of that block).
+#define QK_Q4_0P 128
+typedef struct { fm_f16 d[4]; uint8_t qs[4][16]; } block_q4_0p;   // 72 B
+// Q4_Kp: a Q4_K super-block (block_q4_K) whose qs hold, in register r (0..7), byte k: value
+// 4r + k % 4 of sub-block k / 4 in the low nibble and of sub-block 4 + k / 4 in the high one.
+
+// the value (natural order) that position p of a Q4_0p group (0..127) or a Q4_Kp block (0..255)
+// and of its activations holds: p = 32 j + 16 h + k, with h 0 for low nibbles and 1 for high
+static inline int fm_q4_0p_value(int p) {
+    const int j = p / 32, h = p / 16 % 2, k = p % 16;
+    return QK32 * (k / 4) + 16 * h + 4 * j + k % 4;
+}
+static inline int fm_q4kp_value(int p) {
+    const int r = p / 32, h = p / 16 % 2, k = p % 16;
+    return 32 * (4 * h + k / 4) + 4 * r + k % 4;
 }
 
 // dot of one weight row (n values, n a multiple of the block) with one activation row
@@ -201,6 +229,13 @@ float fm_dot_q6_Kp_a8_avx512(int n, const void *w, const void *a);
 void fm_dotn_q6_Kp_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_Kp_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotr_q6_Kp_a8_avx512(int n, const void *w, size_t row_bytes, int nr, const void *const *acts, int na, float *out);
+
+// Q4_0p and Q4_Kp (row layouts, ACT_A8_32P and ACT_A8_256K activations): SSSE3 reads them faster
+// than the GGUF layouts; the other ISAs read the x8 layouts
+float fm_dot_q4_0p_a8_generic(int n, const void *w, const void *a);
+float fm_dot_q4_0p_a8_ssse3(int n, const void *w, const void *a);
+float fm_dot_q4_Kp_a8_generic(int n, const void *w, const void *a);
+float fm_dot_q4_Kp_a8_ssse3(int n, const void *w, const void *a);
 
 // one group of FM_GROUP repacked rows . na <= FM_DOTN_MAX activation rows: out[i * FM_GROUP + r]
 typedef void (*fm_vec_dot_g_fn)(int n, const void *w, const void *const *acts, int na, float *out);

@@ -63,6 +63,77 @@ int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst) {
     return 0;
 }
 
+int fm_repack_q4_0p(const void *src, size_t rows, int cols, void *dst) {
+    if (cols % QK_Q4_0P) return -1;
+    const block_q4_0 *x = src;
+    block_q4_0p *out = dst;
+    for (size_t g = 0; g < rows * (size_t)(cols / QK_Q4_0P); g++, x += 4, out++) {
+        for (int b = 0; b < 4; b++) out->d[b] = x[b].d;
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 16; k++) out->qs[j][k] = x[k / 4].qs[4 * j + k % 4];
+    }
+    return 0;
+}
+
+// the 4-bit quant of value v (0..31) of sub-block s of a Q4_K block (ggml's layout: the 32-byte
+// chunk s / 2 holds sub-block s in its low nibbles when s is even, in its high ones when odd)
+static int q4k_quant(const block_q4_K *b, int s, int v) {
+    const uint8_t byte = b->qs[32 * (s / 2) + v];
+    return s % 2 ? byte >> 4 : byte & 0xF;
+}
+
+int fm_repack_q4_Kp(const void *src, size_t rows, int cols, void *dst) {
+    if (cols % QK_K) return -1;
+    const block_q4_K *x = src;
+    block_q4_K *out = dst;
+    for (size_t b = 0; b < rows * (size_t)(cols / QK_K); b++, x++, out++) {
+        uint8_t qs[QK_K / 2];
+        for (int r = 0; r < 8; r++)
+            for (int k = 0; k < 16; k++)
+                qs[16 * r + k] = (uint8_t)(q4k_quant(x, k / 4, 4 * r + k % 4) | q4k_quant(x, 4 + k / 4, 4 * r + k % 4) << 4);
+        *out = *x;
+        memcpy(out->qs, qs, sizeof qs);
+    }
+    return 0;
+}
+
+// the references: the same sums as fm_dot_q4_0_a8_generic and fm_dot_q4_K_a8_generic, on
+// activations in ACT_A8_32P and ACT_A8_256K order
+float fm_dot_q4_0p_a8_generic(int n, const void *w, const void *a) {
+    const block_q4_0p *x = w;
+    const int nb = n / QK32;
+    const int8_t *q = a;
+    const float *dy = fm_a32_d(a, nb);
+    float sum = 0.0f;
+    for (int g = 0; g < n / QK_Q4_0P; g++, q += QK_Q4_0P) {
+        int s[4] = { 0 };
+        for (int p = 0; p < QK_Q4_0P; p++) {
+            const uint8_t byte = x[g].qs[p / 32][p % 16];
+            s[fm_q4_0p_value(p) / QK32] += ((p / 16 % 2 ? byte >> 4 : byte & 0xF) - 8) * q[p];
+        }
+        for (int b = 0; b < 4; b++) sum += fm_f16_to_f32(x[g].d[b]) * dy[4 * g + b] * (float)s[b];
+    }
+    return sum;
+}
+
+float fm_dot_q4_Kp_a8_generic(int n, const void *w, const void *a) {
+    const block_q4_K *x = w;
+    const block_a8_256 *y = a;
+    float sum = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) fm_scale_min_k4(j, x[b].scales, &sc[j], &mn[j]);
+        int si = 0, mins = 0;
+        for (int p = 0; p < QK_K; p++) {
+            const uint8_t byte = x[b].qs[p / 32 * 16 + p % 16];
+            si += sc[fm_q4kp_value(p) / 32] * (p / 16 % 2 ? byte >> 4 : byte & 0xF) * y[b].qs[p];
+        }
+        for (int j = 0; j < 8; j++) mins += mn[j] * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
+        sum += fm_f16_to_f32(x[b].d) * y[b].d * (float)si - fm_f16_to_f32(x[b].dmin) * y[b].d * (float)mins;
+    }
+    return sum;
+}
+
 // the reference: the same sums as fm_dot_q6_K_a8_generic, on activations in ACT_A8_256P order
 float fm_dot_q6_Kp_a8_generic(int n, const void *w, const void *a) {
     const block_q6_Kp *x = w;

@@ -19,7 +19,7 @@ from common.progress import byte_progress
 from common.state import SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
-from services.decode.repack import REPACK_TYPES, open_cache, source_ranges
+from services.decode.repack import REPACK_LAYOUTS, open_cache, source_ranges
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
 # prompt tokens per native prefill step. Each weight is read once per chunk; at 8 experts a token,
@@ -60,7 +60,7 @@ class NativeEngine:
         # their pages in the model file are then never touched
         if repack is None:
             repack = os.environ.get(REPACK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-        self.repacked = open_cache(model, REPACK_TYPES[self.isa]) if repack and self.isa in REPACK_TYPES else None
+        self.repacked = open_cache(model, REPACK_LAYOUTS[self.isa]) if repack and self.isa in REPACK_LAYOUTS else None
         skip = source_ranges(model, list(self.repacked.views)) if self.repacked else []
         self.prefaulted = prefault and prefault_weights(model, skip)
         self.cfg = model.config
@@ -92,7 +92,7 @@ class NativeEngine:
         rows, cols = (t.shape[-2], t.shape[-1]) if len(t.shape) > 1 else (1, t.shape[0])
         if self.repacked and name in self.repacked.views:
             w.data = ffi.cast("void *", self.repacked.views[name].ctypes.data)
-            w.type = cpu_lib.REPACKED[int(t.qtype)][0]
+            w.type = self.repacked.layouts[name]
         else:
             w.data, w.type = ffi.cast("void *", t.raw.ctypes.data), int(t.qtype)
         w.rows, w.cols = rows, cols

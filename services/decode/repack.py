@@ -1,16 +1,17 @@
 """Weights repacked for the SIMD kernels, cached on disk beside the model: built once, then
 mapped read-only at each start. The layouts (native/cpu/quants.h) hold the same bytes, reordered:
 Q4_0 and Q4_K matrices with 8 rows side by side, so that one register holds a few values of each
-and the block scales of 8 rows are applied at once; Q6_K row by row, its quants rearranged to
-unpack in fewer operations. REPACK_TYPES says which layouts each ISA reads faster than the GGUF
-one (native/cpu/selftest/selftest.c measures them).
+and the block scales of 8 rows are applied at once (AVX2, AVX-512), or row by row with the nibbles
+of 4 blocks side by side (SSSE3); Q6_K row by row, its quants rearranged to unpack in fewer
+operations. REPACK_LAYOUTS says which layout each ISA reads each type in
+(native/cpu/selftest/selftest.c and stream.c measure them).
 
 The file: a fixed prefix (magic, version, header length, data start, checksum of the header), a
 JSON header (the source file's size, modification time and tensor table; each tensor's offset,
-size and checksum), zero padding to a page, then the tensors, each at a page-aligned offset. A
-start checks the tensors it uses. A cache that does not match in every part, or whose data fails
-a checksum, is rebuilt, never trusted; one that lacks tensors that this ISA reads repacked is
-rebuilt with them added.
+size, layout and checksum), zero padding to a page, then the tensors, each at a page-aligned
+offset. A start checks the tensors it uses. A cache that does not match in every part, or whose
+data fails a checksum, is rebuilt, never trusted; one that lacks tensors that this ISA reads
+repacked is rebuilt with them added (a tensor held in another ISA's layout is one it lacks).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
@@ -32,18 +33,23 @@ from common.progress import byte_progress
 from native import cpu_lib
 
 MAGIC = b"FMREPACK"
-VERSION = 4                         # bumped with any change to the file or a repacked layout
+VERSION = 5                         # bumped with any change to the file or a repacked layout
 PREFIX = struct.Struct("<8sIIQQ")   # magic, version, header bytes, data start, header checksum
 PAGE = 4096
 SUFFIX = ".fermium-repack"
-# GGUF types (cpu_lib.REPACKED) whose repacked layout each ISA reads faster (selftest.c):
-# - SSSE3 keeps Q4_0 and Q4_K in the GGUF layout: in 128-bit registers the group kernels'
-#   broadcasts cost a shuffle each, and a whole Q4_K_M model decodes at 0.87x with Q4_K
-#   repacked (native/cpu/dotg_ssse3.c);
+# The layout (cpu_lib.LAYOUTS) that each ISA reads each GGUF type in, where it reads it faster
+# than the GGUF layout (native/cpu/selftest/selftest.c, stream.c):
+# - SSSE3 reads Q4_0 and Q4_K row by row with the nibbles of 4 blocks or sub-blocks side by side
+#   (Q4_0p, Q4_Kp): their `pmaddubsw` products add up as int16 before one `pmaddwd`. One Zen 5
+#   core streams them 1.28x and 1.11x as fast as the GGUF layouts. The groups of 8 rows cost it a
+#   shuffle per broadcast: a Q4_K_M model decoded at 0.87x with those (native/cpu/dotg_ssse3.c);
+# - AVX2 and AVX-512 read Q4_0 and Q4_K in groups of 8 rows;
 # - Q6_K is repacked everywhere: with AVX-512, where `vpdpbusd` sums a Q6_Kp block's four
 #   registers into one of 16 sub-block sums, the Q6_Kp kernel reads 1.28x (one activation)
 #   and 1.19x (four) what the GGUF-layout one does (selftest.c, cache-resident, Zen 5).
-REPACK_TYPES = {"ssse3": (Q.Q6_K,), "avx2": (Q.Q4_0, Q.Q4_K, Q.Q6_K), "avx512": (Q.Q4_0, Q.Q4_K, Q.Q6_K)}
+_AVX = {Q.Q4_0: cpu_lib.lib.FM_Q4_0X8, Q.Q4_K: cpu_lib.lib.FM_Q4_KX8, Q.Q6_K: cpu_lib.lib.FM_Q6_KP}
+REPACK_LAYOUTS = {"ssse3": {Q.Q4_0: cpu_lib.lib.FM_Q4_0P, Q.Q4_K: cpu_lib.lib.FM_Q4_KP, Q.Q6_K: cpu_lib.lib.FM_Q6_KP},
+                  "avx2": _AVX, "avx512": _AVX}
 NOT_REPACKED = ("token_embd.weight",)   # looked up a row at a time, in the GGUF layout
 PROGRESS_BYTES = 1 << 30
 
@@ -57,15 +63,29 @@ class StaleCache(Exception):
 class MissingTensors(StaleCache):
     """A sound cache without some tensors that are wanted now; `held` names those it has."""
 
-    def __init__(self, missing: list[str], held: list[str]):
-        super().__init__(f"lacks {len(missing)} tensors that this ISA reads repacked")
-        self.held = held
+    def __init__(self, missing: list[str], held: dict[str, int]):
+        super().__init__(f"lacks {len(missing)} tensors in the layouts that this ISA reads")
+        self.held = held   # tensor -> its layout in the cache
 
 
-def repackable(t: Tensor, types: Iterable[int] = tuple(cpu_lib.REPACKED)) -> bool:
-    q = int(t.qtype)
-    return (q in types and q in cpu_lib.REPACKED and len(t.shape) >= 2
-            and t.shape[-2] % cpu_lib.repack_group(q) == 0 and t.name not in NOT_REPACKED)
+def layouts_for(isa: str | None = None) -> dict[int, int]:
+    """GGUF type -> the layout that an ISA (default: the active one) reads it in."""
+    return REPACK_LAYOUTS.get(isa or cpu_lib.active_isa(), {})
+
+
+def repack_layout(t: Tensor, layouts: dict[int, int]) -> int | None:
+    """The layout of `layouts` that this matrix is read in; None: the GGUF layout (another type,
+    the embedding, or a shape that fills no whole group or block of the layout)."""
+    layout = layouts.get(int(t.qtype))
+    if layout is None or len(t.shape) < 2 or t.name in NOT_REPACKED:
+        return None
+    if t.shape[-2] % cpu_lib.repack_group(layout) or t.shape[-1] % cpu_lib.lib.fm_type_block(layout):
+        return None
+    return layout
+
+
+def repackable(t: Tensor, layouts: dict[int, int] | None = None) -> bool:
+    return repack_layout(t, layouts_for() if layouts is None else layouts) is not None
 
 
 def source_id(model: GGUFModel) -> dict:
@@ -89,18 +109,20 @@ def default_path(model: GGUFModel) -> Path:
 
 
 class RepackCache:
-    """A verified cache file, mapped read-only: the repacked bytes of the tensors asked for."""
+    """A verified cache file, mapped read-only: the repacked bytes of the tensors asked for, in
+    the layouts asked for (`layouts`: tensor -> layout)."""
 
-    def __init__(self, path: Path, model: GGUFModel, names: list[str]):
+    def __init__(self, path: Path, model: GGUFModel, wanted: dict[str, int]):
         self.path = path
         if path.stat().st_size < PREFIX.size:
             raise StaleCache("shorter than its prefix")
         with open(path, "rb") as f:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         advise_huge_pages(self._mmap)             # before the checksum reads it
-        self.views = self._verify(model, names)   # a refused file is unmapped when collected
+        self.views = self._verify(model, wanted)  # a refused file is unmapped when collected
+        self.layouts = dict(wanted)
 
-    def _verify(self, model: GGUFModel, names: list[str]) -> dict[str, np.ndarray]:
+    def _verify(self, model: GGUFModel, wanted: dict[str, int]) -> dict[str, np.ndarray]:
         mm = self._mmap
         magic, version, header_len, data_start, checksum = PREFIX.unpack_from(mm)
         if magic != MAGIC:
@@ -112,7 +134,7 @@ class RepackCache:
             raise StaleCache("its header fails the checksum")
         try:
             header = json.loads(raw)
-            tensors = {k: (int(o), int(b), int(c)) for k, (o, b, c) in header["tensors"].items()}
+            tensors = {k: (int(o), int(b), int(lay), int(c)) for k, (o, b, lay, c) in header["tensors"].items()}
         except (ValueError, KeyError, TypeError) as exc:
             raise StaleCache(f"unreadable header ({exc!r})") from None
         if header.get("source") != source_id(model):
@@ -120,13 +142,13 @@ class RepackCache:
         end = data_end(data_start, tensors)
         if len(mm) != end:
             raise StaleCache(f"{len(mm)} bytes, expected {end}")
-        missing = [n for n in names if n not in tensors]
+        missing = [n for n, lay in wanted.items() if n not in tensors or tensors[n][2] != lay]
         if missing:
-            raise MissingTensors(missing, [n for n in tensors if n in model.tensors])
+            raise MissingTensors(missing, {n: t[2] for n, t in tensors.items() if n in model.tensors})
         data = np.frombuffer(mm, np.uint8)
         views = {}
-        for name in names:
-            offset, nbytes, tensor_sum = tensors[name]
+        for name in wanted:
+            offset, nbytes, _, tensor_sum = tensors[name]
             t = model.tensor(name)
             if nbytes != t.nbytes:
                 raise StaleCache(f"{name}: {nbytes} bytes, the model's tensor has {t.nbytes}")
@@ -136,15 +158,15 @@ class RepackCache:
         return views
 
 
-def layout(model: GGUFModel, names: list[str]) -> tuple[int, dict[str, list[int]]]:
-    """The data start and each tensor's [offset from the data start, bytes]."""
+def file_layout(model: GGUFModel, plan: dict[str, int]) -> tuple[int, dict[str, list[int]]]:
+    """The data start and each tensor's [offset from the data start, bytes, layout]."""
     tensors, offset = {}, 0
-    for name in names:
+    for name, layout in plan.items():
         nbytes = model.tensor(name).nbytes
-        tensors[name] = [offset, nbytes]
+        tensors[name] = [offset, nbytes, layout]
         offset += (nbytes + PAGE - 1) // PAGE * PAGE
     # the header's room: its JSON with every checksum at its widest (20 digits)
-    room = len(header_bytes(model, {n: [o, b, 10**19] for n, (o, b) in tensors.items()}))
+    room = len(header_bytes(model, {n: [*t, 10**19] for n, t in tensors.items()}))
     return (PREFIX.size + room + PAGE - 1) // PAGE * PAGE, tensors
 
 
@@ -157,20 +179,22 @@ def data_end(data_start: int, tensors: dict) -> int:
     return data_start + max((t[0] + t[1] for t in tensors.values()), default=0)
 
 
-def build(path: Path, model: GGUFModel, names: list[str],
+def build(path: Path, model: GGUFModel, plan: dict[str, int],
           progress: Callable[[int, int], None] | None = None) -> None:
-    """Write the cache to a temporary file beside `path`, then move it into place. One tensor
-    at a time: repacked into a buffer and written, its source pages released from this process
-    at once, so that the build holds one tensor's worth of memory beyond the model's own."""
-    data_start, tensors = layout(model, names)
+    """Write the cache of the tensors of `plan`, each in its layout (tensor -> layout), to a
+    temporary file beside `path`, then move it into place. One tensor at a time: repacked into a
+    buffer and written, its source pages released from this process at once, so that the build
+    holds one tensor's worth of memory beyond the model's own."""
+    names = list(plan)
+    data_start, tensors = file_layout(model, plan)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    total, done = sum(b for _, b in tensors.values()), 0
+    total, done = sum(t[1] for t in tensors.values()), 0
     try:
         with open(tmp, "wb") as f:
             for name, source in zip(names, source_ranges(model, names)):
-                t, (offset, nbytes) = model.tensor(name), tensors[name]
-                packed = cpu_lib.repack(t.qtype, t.raw.reshape(-1, t.row_bytes), t.shape[-1])
+                t, (offset, nbytes, layout) = model.tensor(name), tensors[name]
+                packed = cpu_lib.repack(layout, t.raw.reshape(-1, t.row_bytes), t.shape[-1])
                 model.file.release([source])
                 tensors[name].append(cpu_lib.checksum(packed))
                 f.seek(data_start + offset)
@@ -191,36 +215,39 @@ def build(path: Path, model: GGUFModel, names: list[str],
         tmp.unlink(missing_ok=True)
 
 
-def open_cache(model: GGUFModel, types: Iterable[int] = tuple(cpu_lib.REPACKED),
+def open_cache(model: GGUFModel, layouts: dict[int, int] | None = None,
                path: Path | None = None) -> RepackCache | None:
-    """The repacked views of the model's tensors of these GGUF types, from its cache file; the
-    cache is built first where missing, stale or corrupt, and rebuilt with the tensors it lacks
-    added to those it holds. None when there is nothing to repack, or when the cache cannot be
-    written (no room, no permission): the engine then reads the GGUF layout. Building reads the
-    source tensors once; their pages are then released from this process."""
-    names = [n for n, t in model.tensors.items() if repackable(t, types)]
-    if not names:
+    """The repacked views of the model's tensors of the GGUF types of `layouts` (type -> layout;
+    default: the active ISA's), from its cache file; the cache is built first where missing,
+    stale or corrupt, and rebuilt with the tensors it lacks (or holds in another layout) added to
+    the others it holds. None when there is nothing to repack, or when the cache cannot be written
+    (no room, no permission): the engine then reads the GGUF layout. Building reads the source
+    tensors once; their pages are then released from this process."""
+    layouts = layouts_for() if layouts is None else layouts
+    wanted = {n: lay for n, t in model.tensors.items() if (lay := repack_layout(t, layouts)) is not None}
+    if not wanted:
         return None
     path = path or default_path(model)
-    build_names = names
+    plan = wanted
     try:
-        return RepackCache(path, model, names)
+        return RepackCache(path, model, wanted)
     except FileNotFoundError:
-        log.info("building the repack cache %s (%d tensors)", path, len(names))
+        log.info("building the repack cache %s (%d tensors)", path, len(wanted))
     except MissingTensors as why:
-        wanted = set(names) | {n for n in why.held if repackable(model.tensor(n))}
-        build_names = [n for n in model.tensors if n in wanted]
+        kept = {n: lay for n, lay in why.held.items() if n not in wanted and lay in cpu_lib.LAYOUTS
+                and repack_layout(model.tensor(n), {cpu_lib.LAYOUTS[lay][0]: lay}) == lay}
+        plan = {n: wanted.get(n, kept.get(n)) for n in model.tensors if n in wanted or n in kept}
         log.info("rebuilding the repack cache %s: it %s", path, why)
     except StaleCache as why:
         log.warning("rebuilding the repack cache %s: %s", path, why)
     try:
-        build(path, model, build_names, byte_progress(log, "repacking", PROGRESS_BYTES))
+        build(path, model, plan, byte_progress(log, "repacking", PROGRESS_BYTES))
     except OSError as exc:
         log.warning("could not write the repack cache %s (%s); decoding from the GGUF layout, "
                     "%.1f GiB more would be needed", path, exc.strerror or exc,
-                    sum(model.tensor(n).nbytes for n in build_names) / 2**30)
+                    sum(model.tensor(n).nbytes for n in plan) / 2**30)
         return None
-    return RepackCache(path, model, names)
+    return RepackCache(path, model, wanted)
 
 
 def source_ranges(model: GGUFModel, names: list[str]) -> list[tuple[int, int]]:

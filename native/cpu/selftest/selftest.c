@@ -23,6 +23,52 @@
 static const int TYPES[] = { FM_Q4_0, FM_Q8_0, FM_Q4_K, FM_Q5_K, FM_Q6_K, FM_F32, FM_F16, FM_BF16 };
 static const char *TYPE_NAMES[] = { "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16" };
 
+typedef int (*repack_fn)(const void *src, size_t rows, int cols, void *dst);
+
+// a GGUF type repacked row by row for 128-bit registers (Q4_0p, Q4_Kp), every ISA: against the
+// generic GGUF-layout kernel on the same rows, and its speed next to the GGUF layout's
+static int check_row_repack(const char *name, int source, int packed_type, repack_fn repack, const float *x) {
+    const size_t row_bytes = (size_t)COLS / fm_type_block(source) * fm_type_block_bytes(source);
+    uint8_t *w = malloc(row_bytes * ROWS), *packed = malloc(row_bytes * ROWS);
+    uint8_t *act = malloc(fm_act_bytes(source, COLS)), *pact = malloc(fm_act_bytes(packed_type, COLS));
+    int failures = 0;
+    fill_blocks(source, w, row_bytes * ROWS);
+    repack(w, ROWS, COLS, packed);
+    fm_quantize_act(source, x, COLS, act);
+    fm_quantize_act(packed_type, x, COLS, pact);
+    printf("%-6s", name);
+    for (int isa = 0; isa < 4; isa++) {
+        if (!fm_isa_supported(isa)) continue;
+        double worst = 0.0, ticks[2] = { 1e30, 1e30 };
+        for (int r = 0; r < ROWS; r++) {
+            const float ref = fm_vec_dot(0, source, COLS, w + r * row_bytes, act);
+            const float got = fm_vec_dot(isa, packed_type, COLS, packed + r * row_bytes, pact);
+            const double rel = fabs((double)got - ref) / (fabs(ref) + 1e-3);
+            worst = rel > worst ? rel : worst;
+        }
+        volatile float sink = 0.0f;
+        for (int rep = 0; rep < 50; rep++)
+            for (int k = 0; k < 2; k++) {   // GGUF layout, then repacked
+                const unsigned long long t0 = __rdtsc();
+                for (int r = 0; r < ROWS; r++)
+                    sink += k ? fm_vec_dot(isa, packed_type, COLS, packed + r * row_bytes, pact)
+                              : fm_vec_dot(isa, source, COLS, w + r * row_bytes, act);
+                const double d = (double)(__rdtsc() - t0);
+                ticks[k] = d < ticks[k] ? d : ticks[k];
+            }
+        const int ok = worst <= SIBLING_RTOL * 100;
+        failures += !ok;
+        printf("  %s %s %.1e %.2f (GGUF %.2f) B/tick", fm_isa_name(isa), ok ? "ok" : "FAIL", worst,
+               (double)row_bytes * ROWS / ticks[1], (double)row_bytes * ROWS / ticks[0]);
+    }
+    printf("\n");
+    free(w);
+    free(packed);
+    free(act);
+    free(pact);
+    return failures;
+}
+
 int main(void) {
     int failures = 0;
     const double tsc_hz = 0;  // ratios only: cycles are TSC ticks
@@ -236,6 +282,9 @@ int main(void) {
         free(act);
         free(pact);
     }
+    for (int c = 0; c < COLS; c++) x[c] = ((int)(next() % 2001) - 1000) / 500.0f;
+    failures += check_row_repack("Q4_0p", FM_Q4_0, FM_Q4_0P, fm_repack_q4_0p, x);
+    failures += check_row_repack("Q4_Kp", FM_Q4_K, FM_Q4_KP, fm_repack_q4_Kp, x);
     printf(failures ? "FAILED: %d kernel(s)\n" : "all kernels agree with generic\n", failures);
     return failures != 0;
 }

@@ -8,8 +8,8 @@
  *   /tmp/fm_stream TYPE ISA [COLS]    e.g. /tmp/fm_stream 270 1: Q6_Kp through SSSE3
  *
  * TYPE is the GGUF type number (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K) or a repacked one (258 Q4_0
- * and 268 Q4_K in groups of 8 rows, 270 Q6_Kp), ISA 0 generic, 1 ssse3, 2 avx2, 3 avx512; COLS
- * the row width (default 2048). Best of 5 passes each. */
+ * and 268 Q4_K in groups of 8 rows; 270 Q6_Kp, 514 Q4_0p and 524 Q4_Kp row by row), ISA 0
+ * generic, 1 ssse3, 2 avx2, 3 avx512; COLS the row width (default 2048). Best of 5 passes each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,11 +53,16 @@ int main(int argc, char **argv) {
     const size_t rows = MATRIX_BYTES / row_bytes / group * group, bytes = rows * row_bytes;
     uint8_t *w = aligned_alloc(64, (bytes + 63) / 64 * 64), *act = aligned_alloc(64, (fm_act_bytes(type, cols) + 63) / 64 * 64);
     float *x = malloc(sizeof(float) * cols);
-    if (group > 1) {   // random rows of the source type, repacked
-        const int source = type == FM_Q4_0X8 ? FM_Q4_0 : FM_Q4_K;
+    static const struct { int type, source; int (*repack)(const void *, size_t, int, void *); } REPACKS[] = {
+        { FM_Q4_0X8, FM_Q4_0, fm_repack_q4_0x8 }, { FM_Q4_KX8, FM_Q4_K, fm_repack_q4_Kx8 },
+        { FM_Q4_0P, FM_Q4_0, fm_repack_q4_0p }, { FM_Q4_KP, FM_Q4_K, fm_repack_q4_Kp } };
+    int repacked = -1;
+    for (int i = 0; i < (int)(sizeof REPACKS / sizeof REPACKS[0]); i++)
+        if (REPACKS[i].type == type) repacked = i;
+    if (repacked >= 0) {   // random rows of the source type, repacked
         uint8_t *src = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        fill_blocks(source, src, bytes);
-        (type == FM_Q4_0X8 ? fm_repack_q4_0x8 : fm_repack_q4_Kx8)(src, rows, cols, w);
+        fill_blocks(REPACKS[repacked].source, src, bytes);
+        REPACKS[repacked].repack(src, rows, cols, w);
         free(src);
     } else {
         fill_blocks(type, w, bytes);
