@@ -255,7 +255,8 @@ class MemBandwidth:
         buf = lib.fm_membw_new(pool.ptr, nbytes)
         if buf == ffi.NULL:
             raise MemoryError(f"could not allocate {nbytes} bytes for the bandwidth measurement")
-        self.pool, self.nbytes, self.buf = pool, nbytes // (1 << 20) * (1 << 20), ffi.gc(buf, lib.fm_membw_free)
+        # whole 2 MB pages (membw.c)
+        self.pool, self.nbytes, self.buf = pool, nbytes // (2 << 20) * (2 << 20), ffi.gc(buf, lib.fm_membw_free)
 
     def measure(self, reps: int = 1) -> float:
         """Bytes/s: the best of reps, each a plain and a software-prefetched stream."""

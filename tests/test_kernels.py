@@ -444,15 +444,15 @@ def test_physical_cores_respects_cpu_affinity():
         os.sched_setaffinity(0, before)
 
 
-def test_bandwidth_buffer_measures_again_and_refuses_less_than_a_chunk():
-    """A kept buffer gives a positive figure on every call, rounded down to whole MiB; a size
-    below one MiB is refused with a clear error, not a crash."""
+def test_bandwidth_buffer_measures_again_and_refuses_less_than_a_huge_page():
+    """A kept buffer gives a positive figure on every call, rounded down to whole 2 MiB pages; a
+    size below one page is refused with a clear error, not a crash."""
     pool = cpu_lib.Pool(2)
-    probe = cpu_lib.MemBandwidth(pool, (64 << 20) + 12345)
+    probe = cpu_lib.MemBandwidth(pool, (65 << 20) + 12345)
     assert probe.nbytes == 64 << 20
     assert all(probe.measure() > 1e8 for _ in range(3))
     with pytest.raises(MemoryError):
-        cpu_lib.MemBandwidth(pool, 1000)
+        cpu_lib.MemBandwidth(pool, (2 << 20) - 1)
 
 
 def test_bandwidth_streams_of_each_kind():

@@ -77,8 +77,8 @@ void fm_matvec(fm_pool *pool, int type, const void *w, size_t row_bytes, int row
 // streaming read bandwidth: bytes/s of summing `bytes` of memory, the best of `reps` times
 // two streams (plain loads, and loads with software prefetch)
 double fm_membw(fm_pool *pool, size_t bytes, int reps);
-// the same with a buffer kept between measurements (allocated and touched once); NULL when
-// `bytes` holds no MiB or cannot be allocated
+// the same with a buffer kept between measurements (allocated in 2 MiB pages where the kernel
+// gives them, and touched once); NULL when `bytes` holds no 2 MiB or cannot be allocated
 typedef struct fm_membw_buf fm_membw_buf;
 fm_membw_buf *fm_membw_new(fm_pool *pool, size_t bytes);
 double fm_membw_run(fm_pool *pool, fm_membw_buf *b, int reps);
