@@ -27,62 +27,60 @@ static inline __m128i dot32_scaled(__m128i u0, __m128i u1, const int8_t *v, __m1
     return _mm_madd_epi16(p, scale);
 }
 
-float fm_dot_q4_K_a8_ssse3(int n, const void *w, const void *a) {
+// the scaled integer sums of one super-block of Q4_K quants (qs) . its 256 activations (v), with
+// the 8 sub-block scales as int16 (sc), in the GGUF layout or in Q4_Kp's
+typedef __m128i (*k4_sums_fn)(const uint8_t *qs, const int8_t *v, __m128i sc);
+
+static inline __m128i q4k_sums(const uint8_t *q, const int8_t *v, __m128i sc) {
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    __m128i si = _mm_setzero_si128();
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < 4; j++, q += 32, v += 64) {
+        const __m128i q0 = LOAD(q), q1 = LOAD(q + 16);
+        si = _mm_add_epi32(si, dot32_scaled(_mm_and_si128(q0, m4), _mm_and_si128(q1, m4), v, bcast16(sc, 2 * j)));
+        si = _mm_add_epi32(si, dot32_scaled(_mm_and_si128(_mm_srli_epi16(q0, 4), m4),
+                                            _mm_and_si128(_mm_srli_epi16(q1, 4), m4), v + 32, bcast16(sc, 2 * j + 1)));
+    }
+    return si;
+}
+
+// Q4_Kp (quants.h): the low nibbles of all 8 registers hold sub-blocks 0..3, the high ones 4..7,
+// so their `pmaddubsw` products add up as int16 (lanes 2m, 2m+1: sub-block m or 4 + m, at most
+// 8 * 2 * 15 * 128 = 30720) and two `pmaddwd` apply the 8 scales, where the GGUF layout
+// broadcasts a scale and applies it for each sub-block
+static inline __m128i q4kp_sums(const uint8_t *q, const int8_t *v, __m128i sc) {
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < 8; r++, q += 16, v += 32) {
+        const __m128i qq = LOAD(q);
+        lo = _mm_add_epi16(lo, _mm_maddubs_epi16(_mm_and_si128(qq, m4), ALOAD(v)));
+        hi = _mm_add_epi16(hi, _mm_maddubs_epi16(_mm_and_si128(_mm_srli_epi16(qq, 4), m4), ALOAD(v + 16)));
+    }
+    return _mm_add_epi32(_mm_madd_epi16(lo, _mm_unpacklo_epi16(sc, sc)), _mm_madd_epi16(hi, _mm_unpackhi_epi16(sc, sc)));
+}
+
+// sum over super-blocks of d * (scaled sums) - dmin * (mins . activation sums). d and dmin go
+// through fm_half: real files hold subnormal f16 mins, which a conversion in vector registers
+// (dot32_ssse3.c) leaves as subnormal floats, one microcode assist each (a synthetic Q4_K_M
+// model decoded at 0.6x that way)
+static inline __attribute__((always_inline)) float dot_k4(int n, const void *w, const void *a, k4_sums_fn sums) {
     const block_q4_K *x = w;
     const block_a8_256 *y = a;
-    const __m128i m4 = _mm_set1_epi8(0xF);
     __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
         const __m128i sc = k4_scales16(x[b].scales, y[b].bsums, &md);
-        const uint8_t *q = x[b].qs;
-        const int8_t *v = y[b].qs;
-        __m128i si = _mm_setzero_si128();
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < 4; j++, q += 32, v += 64) {
-            const __m128i q0 = LOAD(q), q1 = LOAD(q + 16);
-            si = _mm_add_epi32(si, dot32_scaled(_mm_and_si128(q0, m4), _mm_and_si128(q1, m4), v, bcast16(sc, 2 * j)));
-            si = _mm_add_epi32(si, dot32_scaled(_mm_and_si128(_mm_srli_epi16(q0, 4), m4),
-                                                _mm_and_si128(_mm_srli_epi16(q1, 4), m4), v + 32, bcast16(sc, 2 * j + 1)));
-        }
+        const __m128i si = sums(x[b].qs, y[b].qs, sc);
         acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(si), _mm_set1_ps(fm_half(x[b].d) * y[b].d)));
         accm = _mm_add_ps(accm, _mm_mul_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(fm_half(x[b].dmin) * y[b].d)));
     }
     return hsum128_ps(_mm_sub_ps(acc, accm));
 }
 
-// Q4_Kp (quants.h): the low nibbles of all 8 registers hold sub-blocks 0..3, the high ones 4..7,
-// so their `pmaddubsw` products add up as int16 (lanes 2m, 2m+1: sub-block m or 4 + m, at most
-// 8 * 2 * 15 * 128 = 30720) and two `pmaddwd` apply the 8 scales, where the GGUF layout
-// broadcasts a scale and applies it for each sub-block. d and dmin go through fm_half: real
-// files hold subnormal f16 mins, which a conversion in vector registers (dot32_ssse3.c) leaves as
-// subnormal floats, one microcode assist each (a synthetic Q4_K_M model decoded at 0.6x)
-float fm_dot_q4_Kp_a8_ssse3(int n, const void *w, const void *a) {
-    const block_q4_K *x = w;
-    const block_a8_256 *y = a;
-    const __m128i m4 = _mm_set1_epi8(0xF);
-    __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
-    for (int b = 0; b < n / QK_K; b++) {
-        fm_prefetch_ahead(x + b, sizeof *x);
-        __m128i md;
-        const __m128i sc = k4_scales16(x[b].scales, y[b].bsums, &md);
-        const uint8_t *q = x[b].qs;
-        const int8_t *v = y[b].qs;
-        __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();
-        _Pragma("GCC unroll 4")
-        for (int r = 0; r < 8; r++, q += 16, v += 32) {
-            const __m128i qq = LOAD(q);
-            lo = _mm_add_epi16(lo, _mm_maddubs_epi16(_mm_and_si128(qq, m4), ALOAD(v)));
-            hi = _mm_add_epi16(hi, _mm_maddubs_epi16(_mm_and_si128(_mm_srli_epi16(qq, 4), m4), ALOAD(v + 16)));
-        }
-        const __m128i si = _mm_add_epi32(_mm_madd_epi16(lo, _mm_unpacklo_epi16(sc, sc)),
-                                         _mm_madd_epi16(hi, _mm_unpackhi_epi16(sc, sc)));
-        acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(si), _mm_set1_ps(fm_half(x[b].d) * y[b].d)));
-        accm = _mm_add_ps(accm, _mm_mul_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(fm_half(x[b].dmin) * y[b].d)));
-    }
-    return hsum128_ps(_mm_sub_ps(acc, accm));
-}
+float fm_dot_q4_K_a8_ssse3(int n, const void *w, const void *a) { return dot_k4(n, w, a, q4k_sums); }
+float fm_dot_q4_Kp_a8_ssse3(int n, const void *w, const void *a) { return dot_k4(n, w, a, q4kp_sums); }
 
 float fm_dot_q5_K_a8_ssse3(int n, const void *w, const void *a) {
     const block_q5_K *x = w;

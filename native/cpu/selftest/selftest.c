@@ -25,6 +25,20 @@ static const char *TYPE_NAMES[] = { "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32
 
 typedef int (*repack_fn)(const void *src, size_t rows, int cols, void *dst);
 
+// the largest difference, relative to the dot, between the generic kernel of `ref_type` on rows
+// `ref_w` and ISA `isa`'s kernel of `type` on rows `w` (the same rows, maybe repacked)
+static double worst_rel(int isa, int ref_type, const uint8_t *ref_w, const void *ref_act, int type,
+                        const uint8_t *w, const void *act, size_t row_bytes) {
+    double worst = 0.0;
+    for (int r = 0; r < ROWS; r++) {
+        const float g = fm_vec_dot(0, ref_type, COLS, ref_w + r * row_bytes, ref_act);
+        const float s = fm_vec_dot(isa, type, COLS, w + r * row_bytes, act);
+        const double rel = fabs((double)s - g) / (fabs(g) + 1e-3);
+        worst = rel > worst ? rel : worst;
+    }
+    return worst;
+}
+
 // a GGUF type repacked row by row for 128-bit registers (Q4_0p, Q4_Kp), every ISA: against the
 // generic GGUF-layout kernel on the same rows, and its speed next to the GGUF layout's
 static int check_row_repack(const char *name, int source, int packed_type, repack_fn repack, const float *x) {
@@ -39,13 +53,8 @@ static int check_row_repack(const char *name, int source, int packed_type, repac
     printf("%-6s", name);
     for (int isa = 0; isa < 4; isa++) {
         if (!fm_isa_supported(isa)) continue;
-        double worst = 0.0, ticks[2] = { 1e30, 1e30 };
-        for (int r = 0; r < ROWS; r++) {
-            const float ref = fm_vec_dot(0, source, COLS, w + r * row_bytes, act);
-            const float got = fm_vec_dot(isa, packed_type, COLS, packed + r * row_bytes, pact);
-            const double rel = fabs((double)got - ref) / (fabs(ref) + 1e-3);
-            worst = rel > worst ? rel : worst;
-        }
+        const double worst = worst_rel(isa, source, w, act, packed_type, packed, pact, row_bytes);
+        double ticks[2] = { 1e30, 1e30 };
         volatile float sink = 0.0f;
         for (int rep = 0; rep < 50; rep++)
             for (int k = 0; k < 2; k++) {   // GGUF layout, then repacked
@@ -85,13 +94,7 @@ int main(void) {
         printf("%-5s", TYPE_NAMES[t]);
         for (int isa = 0; isa < 4; isa++) {
             if (!fm_isa_supported(isa)) continue;
-            double worst = 0.0;
-            for (int r = 0; r < ROWS; r++) {
-                const float g = fm_vec_dot(0, type, COLS, w + r * row_bytes, act);
-                const float s = fm_vec_dot(isa, type, COLS, w + r * row_bytes, act);
-                const double rel = fabs((double)s - g) / (fabs(g) + 1e-3);
-                worst = rel > worst ? rel : worst;
-            }
+            const double worst = worst_rel(isa, type, w, act, type, w, act, row_bytes);
             volatile float sink = 0.0f;
             double best = 1e30;
             for (int rep = 0; rep < 50; rep++) {
