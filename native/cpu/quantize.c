@@ -56,13 +56,25 @@ static void reorder_quants(int8_t *qs, int n, int size, size_t stride, int (*val
     }
 }
 
+// the offset corrections that follow the blocks of an ACT_A8_256P row (quants.h)
+static void q6kp_offsets(const block_a8_256 *y, int nb) {
+    int16_t *corr = (int16_t *)fm_q6kp_offsets(y, nb);
+    for (int b = 0; b < nb; b++)
+        for (int q = 0; q < 4; q++)
+            for (int l = 0; l < 8; l++, corr++) {
+                int s = 0;
+                for (int r = 0; r < 4; r++) s += y[b].qs[64 * r + 16 * q + 2 * l] + y[b].qs[64 * r + 16 * q + 2 * l + 1];
+                *corr = (int16_t)(-32 * s);
+            }
+}
+
 size_t fm_act_bytes(int type, int n) {
     switch (FM_TYPES[fm_kind_of(type)].act) {
     case ACT_A8_32:
     case ACT_A8_32P: return FM_A32_BYTES(n / QK32);
     case ACT_A8_256:
-    case ACT_A8_256P:
     case ACT_A8_256K: return (size_t)(n / QK_K) * sizeof(block_a8_256);
+    case ACT_A8_256P: return (size_t)(n / QK_K) * (sizeof(block_a8_256) + 4 * 8 * sizeof(int16_t));
     default: return (size_t)n * sizeof(float);
     }
 }
@@ -80,6 +92,7 @@ void fm_quantize_act(int type, const float *x, int n, void *act) {
         quantize_a8_256(x, n, act);
         reorder_quants(((block_a8_256 *)act)->qs, n, QK_K, sizeof(block_a8_256),
                        FM_TYPES[fm_kind_of(type)].act == ACT_A8_256P ? fm_q6kp_value : fm_q4kp_value);
+        if (FM_TYPES[fm_kind_of(type)].act == ACT_A8_256P) q6kp_offsets(act, n / QK_K);
         break;
     default: memcpy(act, x, (size_t)n * sizeof(float));
     }

@@ -69,7 +69,12 @@ typedef struct { fm_f16 d[FM_GROUP], dmin[FM_GROUP]; uint8_t scales[12][FM_GROUP
 //     scaled once per block (AVX-512), and in narrower registers two registers' `pmaddubsw`
 //     products add up as int16 (2 * 2 * 63 * 128 < 32768) before one `pmaddwd` applies one
 //     scale vector to both.
-// The activations are stored in the same order (ACT_A8_256P), so SIMD loads line up.
+// The activations are stored in the same order (ACT_A8_256P), so SIMD loads line up; after the
+// row's blocks they carry, per block and 16-byte lane q, the int16 vector of -32 times the sums
+// of the activations under each int16 lane of the four registers' `pmaddubsw` products
+// (fm_q6kp_offsets): added to those products it takes out the +32 of the stored quants, and the
+// four products then add up as int16 (8 * 32 * 127 = 32512 < 32768 once offset; their wrapping
+// sum lands there exactly) before one `pmaddwd` per lane applies the scales (q6kp_ssse3.c).
 typedef struct { uint8_t planes[3][64]; int8_t scales[QK_K / 16]; fm_f16 d; } block_q6_Kp;   // 210 B
 
 // the value (0..255, natural order) at position p = 64 R + j of a Q6_Kp block and its
@@ -103,6 +108,11 @@ static inline int fm_q4_0p_value(int p) {
 static inline int fm_q4kp_value(int p) {
     const int r = p / 32, h = p / 16 % 2, k = p % 16;
     return 32 * (4 * h + k / 4) + 4 * r + k % 4;
+}
+
+// the offset corrections of an ACT_A8_256P row of nb blocks: 4 x 8 int16 per block, after them
+static inline const int16_t *fm_q6kp_offsets(const void *a, int nb) {
+    return (const int16_t *)((const block_a8_256 *)a + nb);
 }
 
 // dot of one weight row (n values, n a multiple of the block) with one activation row

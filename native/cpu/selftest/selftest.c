@@ -214,17 +214,18 @@ int main(void) {
     // same rows, and the speed of one and of FM_DOTN_MAX activations next to the GGUF layout
     {
         const size_t row_bytes = (size_t)COLS / QK_K * sizeof(block_q6_K), ab = fm_act_bytes(FM_Q6_K, COLS);
+        const size_t pab = fm_act_bytes(FM_Q6_KP, COLS);   // with the offset corrections (quants.h)
         uint8_t *w = malloc(row_bytes * ROWS), *packed = malloc(row_bytes * ROWS);
-        uint8_t *act = malloc(ab * FM_DOTN_MAX), *pact = malloc(ab * FM_DOTN_MAX);
+        uint8_t *act = malloc(ab * FM_DOTN_MAX), *pact = malloc(pab * FM_DOTN_MAX);
         const void *acts[FM_DOTN_MAX], *pacts[FM_DOTN_MAX];
         fill_blocks(FM_Q6_K, w, row_bytes * ROWS);
         fm_repack_q6_Kp(w, ROWS, COLS, packed);
         for (int i = 0; i < FM_DOTN_MAX; i++) {
             for (int c = 0; c < COLS; c++) x[c] = ((int)(next() % 2001) - 1000) / 500.0f;
             acts[i] = act + ab * i;
-            pacts[i] = pact + ab * i;
+            pacts[i] = pact + pab * i;
             fm_quantize_act(FM_Q6_K, x, COLS, act + ab * i);
-            fm_quantize_act(FM_Q6_KP, x, COLS, pact + ab * i);
+            fm_quantize_act(FM_Q6_KP, x, COLS, pact + pab * i);
         }
         printf("Q6_Kp");
         for (int isa = 0; isa < 4; isa++) {
