@@ -7,6 +7,7 @@ import os
 import struct
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -235,3 +236,14 @@ def test_the_environment_can_turn_the_repack_off(model_path, monkeypatch):
 def test_the_generic_kernels_read_the_gguf_layout(model_path):
     with cpu_lib.isa_restored():
         assert NativeEngine(GGUFModel(model_path), threads=1, isa="generic").repacked is None
+
+
+@pytest.mark.parametrize("shape, isa, expect", [
+    ((512, 2048), "ssse3", "FM_Q4_0P"), ((512, 2048), "avx2", "FM_Q4_0X8"),
+    ((512, 2080), "ssse3", None),        # 65 blocks of 32: no whole Q4_0p group of 128 values
+    ((508, 2048), "avx2", None),         # rows that fill no whole group of 8
+    ((2048,), "ssse3", None)])           # a vector
+def test_a_matrix_is_repacked_only_in_whole_groups_and_blocks(shape, isa, expect):
+    t = SimpleNamespace(qtype=2, shape=shape, name="blk.0.ffn_gate_exps.weight")
+    layout = repack.repack_layout(t, repack.REPACK_LAYOUTS[isa])
+    assert layout == (None if expect is None else getattr(cpu_lib.lib, expect))
