@@ -121,6 +121,9 @@ def quantize_act(qtype: int, x: np.ndarray) -> np.ndarray:
     """x: (n,) float32 -> the activation blocks that pair with weights of `qtype` (bytes)."""
     check_type(qtype)
     x = np.ascontiguousarray(x, np.float32)
+    block = lib.fm_type_block(int(qtype))
+    if x.size % block:
+        raise ValueError(f"{x.size} values: the activations of type {int(qtype)} come in whole blocks of {block}")
     out = aligned(np.empty(lib.fm_act_bytes(int(qtype), x.size), np.uint8))
     lib.fm_quantize_act(int(qtype), ptr(x, "float *"), x.size, ptr(out))
     return out

@@ -377,6 +377,8 @@ def test_repack_refuses_partial_groups_and_blocks(rng):
         cpu_lib.repack(lib.FM_Q4_0P, w, 64)
     with pytest.raises(ValueError, match="not a repacked layout"):
         cpu_lib.repack(T.Q8_0, w, 64)
+    with pytest.raises(ValueError, match="whole blocks of 128"):
+        cpu_lib.quantize_act(lib.FM_Q4_0P, np.ones(96, np.float32))
     with pytest.raises(ValueError, match="repacked layout"):
         cpu_lib.vec_dot_group("generic", T.Q4_0, w[:8], [cpu_lib.quantize_act(T.Q4_0, np.ones(64, np.float32))], 64)
 
