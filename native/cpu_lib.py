@@ -195,12 +195,11 @@ def vec_dot_rows(isa: str, qtype: int, w_rows: np.ndarray, acts: list[np.ndarray
     return out[:, :w_rows.shape[0]]
 
 
-# repacked layout (quants.h) -> the GGUF type whose bytes it holds, reordered, and the function that
-# repacks them: Q4_0 and Q4_K in groups of 8 rows (the AVX kernels), Q6_K row by row (every ISA),
-# Q4_0 and Q4_K row by row for 128-bit registers (SSSE3)
-LAYOUTS = {lib.FM_Q4_0X8: (2, lib.fm_repack_q4_0x8), lib.FM_Q4_KX8: (12, lib.fm_repack_q4_Kx8),
-           lib.FM_Q6_KP: (14, lib.fm_repack_q6_Kp), lib.FM_Q4_0P: (2, lib.fm_repack_q4_0p),
-           lib.FM_Q4_KP: (12, lib.fm_repack_q4_Kp)}
+# repacked layout (quants.h) -> the GGUF type whose bytes it holds, reordered (repack.c): Q4_0 and
+# Q4_K in groups of 8 rows (the AVX kernels), Q6_K row by row (every ISA), Q4_0 and Q4_K row by
+# row for 128-bit registers (SSSE3)
+LAYOUTS = {layout: lib.fm_repack_source(layout)
+           for layout in (lib.FM_Q4_0X8, lib.FM_Q4_KX8, lib.FM_Q6_KP, lib.FM_Q4_0P, lib.FM_Q4_KP)}
 
 
 def repack_group(layout: int) -> int:
@@ -217,7 +216,7 @@ def repack(layout: int, w: np.ndarray, cols: int, out: np.ndarray | None = None)
     w = np.ascontiguousarray(w)
     out = np.empty_like(w) if out is None else out
     group, block = repack_group(layout), lib.fm_type_block(int(layout))
-    if out.nbytes != w.nbytes or w.shape[0] % group or LAYOUTS[int(layout)][1](ptr(w), w.shape[0], cols, ptr(out)):
+    if out.nbytes != w.nbytes or w.shape[0] % group or lib.fm_repack(int(layout), ptr(w), w.shape[0], cols, ptr(out)):
         raise ValueError(f"a repack needs rows in groups of {group} and blocks of {block} values: "
                          f"{w.shape[0]} x {cols}")
     return out

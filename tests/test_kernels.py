@@ -204,7 +204,7 @@ ROW_LAYOUTS = [lay for lay in LAYOUTS if cpu_lib.repack_group(lay) == 1]
 
 
 def source_type(layout: int) -> T:
-    return T(cpu_lib.LAYOUTS[layout][0])
+    return T(cpu_lib.LAYOUTS[layout])
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -2,17 +2,6 @@
  * in blocks of 256 with per-16 sums. The reference for the SIMD siblings; not tuned. */
 #include "quants.h"
 
-// sum over sub-blocks of min * (sum of the 32 activations under it)
-static int mins_dot(const uint8_t *scales, const int16_t *bsums) {
-    int s = 0;
-    for (int j = 0; j < QK_K / 32; j++) {
-        uint8_t sc, m;
-        fm_scale_min_k4(j, scales, &sc, &m);
-        s += m * (bsums[2 * j] + bsums[2 * j + 1]);
-    }
-    return s;
-}
-
 float fm_dot_q4_K_a8_generic(int n, const void *w, const void *a) {
     const block_q4_K *x = w;
     const block_a8_256 *y = a;
@@ -34,7 +23,7 @@ float fm_dot_q4_K_a8_generic(int n, const void *w, const void *a) {
         }
         float d = fm_f16_to_f32(x[b].d) * y[b].d;
         float dmin = fm_f16_to_f32(x[b].dmin) * y[b].d;
-        sum += d * (float)si - dmin * (float)mins_dot(x[b].scales, y[b].bsums);
+        sum += d * (float)si - dmin * (float)fm_mins_dot_k4(x[b].scales, y[b].bsums);
     }
     return sum;
 }
@@ -60,7 +49,7 @@ float fm_dot_q5_K_a8_generic(int n, const void *w, const void *a) {
         }
         float d = fm_f16_to_f32(x[b].d) * y[b].d;
         float dmin = fm_f16_to_f32(x[b].dmin) * y[b].d;
-        sum += d * (float)si - dmin * (float)mins_dot(x[b].scales, y[b].bsums);
+        sum += d * (float)si - dmin * (float)fm_mins_dot_k4(x[b].scales, y[b].bsums);
     }
     return sum;
 }

@@ -25,22 +25,19 @@ void fm_quantize_act(int type, const float *x, int n, void *act);
 float fm_vec_dot(int isa, int type, int n, const void *w, const void *act);
 void fm_dequant_row(int type, const void *w, float *out, int n);
 
-// weights repacked for SIMD (quants.h): rows in groups of 8, the same size as the source, as
-// types of their own (0x100 | the GGUF type); -1 when rows is not a multiple of 8 or cols not of
-// the block
+// weights repacked for SIMD (quants.h), the same size as the source, as types of their own:
+// Q4_0 and Q4_K in groups of 8 rows (0x100 | the GGUF type), Q6_K row by row, and Q4_0 and Q4_K
+// row by row for 128-bit registers (0x200 | the GGUF type)
 #define FM_Q4_0X8 258
 #define FM_Q4_KX8 268
-int fm_repack_q4_0x8(const void *src, size_t rows, int cols, void *dst);
-int fm_repack_q4_Kx8(const void *src, size_t rows, int cols, void *dst);
-// Q6_K repacked row by row (quants.h), the same size; -1 when cols is not a multiple of 256
 #define FM_Q6_KP 270
-int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst);
-// Q4_0 and Q4_K repacked row by row for 128-bit registers (quants.h), the same size, as types of
-// their own (0x200 | the GGUF type); -1 when cols is not a multiple of 128 (Q4_0) or 256 (Q4_K)
 #define FM_Q4_0P 514
 #define FM_Q4_KP 524
-int fm_repack_q4_0p(const void *src, size_t rows, int cols, void *dst);
-int fm_repack_q4_Kp(const void *src, size_t rows, int cols, void *dst);
+// the GGUF type whose bytes `layout` holds; -1 for a type that is no repacked layout
+int fm_repack_source(int layout);
+// rows of that GGUF type -> the same bytes in `layout`; -1 for no repacked layout, or rows that
+// are no whole number of its groups of rows, or cols of its blocks
+int fm_repack(int layout, const void *src, size_t rows, int cols, void *dst);
 // one group of repacked rows . na (1..4) activations: out[i * group + r]; -1 for a type
 // stored row by row (group 1)
 int fm_vec_dot_group(int isa, int type, int n, const void *w, const void *const *acts, int na, float *out);

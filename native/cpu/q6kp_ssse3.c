@@ -20,8 +20,8 @@ float fm_dot_q6_Kp_a8_ssse3(int n, const void *w, const void *a) {
     __m128 acc = _mm_setzero_ps();
     for (int b = 0; b < n / QK_K; b++, corr += 32) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        const __m128i s8 = LOAD(x[b].scales);
-        const __m128i s16[2] = { _mm_srai_epi16(_mm_unpacklo_epi8(s8, s8), 8), _mm_srai_epi16(_mm_unpackhi_epi8(s8, s8), 8) };
+        __m128i s16[2];
+        q6_scales16(x[b].scales, s16);
         __m128i si = _mm_setzero_si128();
         _Pragma("GCC unroll 4")
         for (int q = 0; q < 4; q++) {   // lane q: 32-bit lane m holds sub-block 4q + m

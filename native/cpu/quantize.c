@@ -80,6 +80,7 @@ size_t fm_act_bytes(int type, int n) {
 }
 
 void fm_quantize_act(int type, const float *x, int n, void *act) {
+    block_a8_256 *blocks = act;
     switch (FM_TYPES[fm_kind_of(type)].act) {
     case ACT_A8_32: quantize_a8_32(x, n, act); break;
     case ACT_A8_32P:   // block scales and sums as ACT_A8_32, the quants in Q4_0p order
@@ -88,11 +89,13 @@ void fm_quantize_act(int type, const float *x, int n, void *act) {
         break;
     case ACT_A8_256: quantize_a8_256(x, n, act); break;
     case ACT_A8_256P:  // sums of each 16 values in natural order, the quants in Q6_Kp order
-    case ACT_A8_256K:  // or in Q4_Kp order
-        quantize_a8_256(x, n, act);
-        reorder_quants(((block_a8_256 *)act)->qs, n, QK_K, sizeof(block_a8_256),
-                       FM_TYPES[fm_kind_of(type)].act == ACT_A8_256P ? fm_q6kp_value : fm_q4kp_value);
-        if (FM_TYPES[fm_kind_of(type)].act == ACT_A8_256P) q6kp_offsets(act, n / QK_K);
+        quantize_a8_256(x, n, blocks);
+        reorder_quants(blocks->qs, n, QK_K, sizeof *blocks, fm_q6kp_value);
+        q6kp_offsets(blocks, n / QK_K);
+        break;
+    case ACT_A8_256K:  // the same, the quants in Q4_Kp order
+        quantize_a8_256(x, n, blocks);
+        reorder_quants(blocks->qs, n, QK_K, sizeof *blocks, fm_q4kp_value);
         break;
     default: memcpy(act, x, (size_t)n * sizeof(float));
     }

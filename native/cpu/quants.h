@@ -158,6 +158,18 @@ static inline void fm_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t
     }
 }
 
+// sum over the 8 sub-blocks of a Q4_K/Q5_K super-block of min * (sum of the 32 activations
+// under it), from its packed scales and the activations' sums of each 16 values
+static inline int fm_mins_dot_k4(const uint8_t *scales, const int16_t *bsums) {
+    int s = 0;
+    for (int j = 0; j < QK_K / 32; j++) {
+        uint8_t sc, m;
+        fm_scale_min_k4(j, scales, &sc, &m);
+        s += m * (bsums[2 * j] + bsums[2 * j + 1]);
+    }
+    return s;
+}
+
 // ---- software prefetch inside the kernels
 // Each SIMD kernel requests the weights FM_PREFETCH_AHEAD bytes ahead of what it reads, one
 // line per 64 bytes it consumes, spread through its block loop. A row's worth of requests

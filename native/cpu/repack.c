@@ -4,7 +4,7 @@
 #include "quants.h"
 #include "fermium_cpu.h"
 
-int fm_repack_q4_0x8(const void *src, size_t rows, int cols, void *dst) {
+static int repack_q4_0x8(const void *src, size_t rows, int cols, void *dst) {
     if (rows % FM_GROUP || cols % QK32) return -1;
     const size_t nb = (size_t)cols / QK32;
     const block_q4_0 *x = src;
@@ -19,7 +19,7 @@ int fm_repack_q4_0x8(const void *src, size_t rows, int cols, void *dst) {
     return 0;
 }
 
-int fm_repack_q4_Kx8(const void *src, size_t rows, int cols, void *dst) {
+static int repack_q4_Kx8(const void *src, size_t rows, int cols, void *dst) {
     if (rows % FM_GROUP || cols % QK_K) return -1;
     const size_t nb = (size_t)cols / QK_K;
     const block_q4_K *x = src;
@@ -45,7 +45,7 @@ static int q6_quant(const block_q6_K *b, int v) {
     return ((g < 2 ? lo : lo >> 4) & 0xF) | ((b->qh[32 * h + l] >> (2 * g)) & 3) << 4;
 }
 
-int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst) {
+static int repack_q6_Kp(const void *src, size_t rows, int cols, void *dst) {
     if (cols % QK_K) return -1;
     const block_q6_K *x = src;
     block_q6_Kp *out = dst;
@@ -63,7 +63,7 @@ int fm_repack_q6_Kp(const void *src, size_t rows, int cols, void *dst) {
     return 0;
 }
 
-int fm_repack_q4_0p(const void *src, size_t rows, int cols, void *dst) {
+static int repack_q4_0p(const void *src, size_t rows, int cols, void *dst) {
     if (cols % QK_Q4_0P) return -1;
     const block_q4_0 *x = src;
     block_q4_0p *out = dst;
@@ -82,7 +82,7 @@ static int q4k_quant(const block_q4_K *b, int s, int v) {
     return s % 2 ? byte >> 4 : byte & 0xF;
 }
 
-int fm_repack_q4_Kp(const void *src, size_t rows, int cols, void *dst) {
+static int repack_q4_Kp(const void *src, size_t rows, int cols, void *dst) {
     if (cols % QK_K) return -1;
     const block_q4_K *x = src;
     block_q4_K *out = dst;
@@ -95,6 +95,28 @@ int fm_repack_q4_Kp(const void *src, size_t rows, int cols, void *dst) {
         memcpy(out->qs, qs, sizeof qs);
     }
     return 0;
+}
+
+// each repacked layout: the GGUF type it holds and its repack
+static const struct { int layout, source; int (*repack)(const void *src, size_t rows, int cols, void *dst); } LAYOUTS[] = {
+    { FM_Q4_0X8, FM_Q4_0, repack_q4_0x8 }, { FM_Q4_KX8, FM_Q4_K, repack_q4_Kx8 }, { FM_Q6_KP, FM_Q6_K, repack_q6_Kp },
+    { FM_Q4_0P, FM_Q4_0, repack_q4_0p }, { FM_Q4_KP, FM_Q4_K, repack_q4_Kp },
+};
+
+static int layout_index(int layout) {
+    for (int i = 0; i < (int)(sizeof LAYOUTS / sizeof LAYOUTS[0]); i++)
+        if (LAYOUTS[i].layout == layout) return i;
+    return -1;
+}
+
+int fm_repack_source(int layout) {
+    const int i = layout_index(layout);
+    return i < 0 ? -1 : LAYOUTS[i].source;
+}
+
+int fm_repack(int layout, const void *src, size_t rows, int cols, void *dst) {
+    const int i = layout_index(layout);
+    return i < 0 ? -1 : LAYOUTS[i].repack(src, rows, cols, dst);
 }
 
 // the references: the same sums as fm_dot_q4_0_a8_generic and fm_dot_q4_K_a8_generic, on
@@ -121,15 +143,15 @@ float fm_dot_q4_Kp_a8_generic(int n, const void *w, const void *a) {
     const block_a8_256 *y = a;
     float sum = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) fm_scale_min_k4(j, x[b].scales, &sc[j], &mn[j]);
-        int si = 0, mins = 0;
+        uint8_t sc[8], mn;
+        for (int j = 0; j < 8; j++) fm_scale_min_k4(j, x[b].scales, &sc[j], &mn);
+        int si = 0;
         for (int p = 0; p < QK_K; p++) {
             const uint8_t byte = x[b].qs[p / 32 * 16 + p % 16];
             si += sc[fm_q4kp_value(p) / 32] * (p / 16 % 2 ? byte >> 4 : byte & 0xF) * y[b].qs[p];
         }
-        for (int j = 0; j < 8; j++) mins += mn[j] * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
-        sum += fm_f16_to_f32(x[b].d) * y[b].d * (float)si - fm_f16_to_f32(x[b].dmin) * y[b].d * (float)mins;
+        sum += fm_f16_to_f32(x[b].d) * y[b].d * (float)si
+             - fm_f16_to_f32(x[b].dmin) * y[b].d * (float)fm_mins_dot_k4(x[b].scales, y[b].bsums);
     }
     return sum;
 }

@@ -39,13 +39,17 @@ static inline __attribute__((always_inline)) void a8_bsum_pairs(const int16_t *b
                                                       _mm_load_si128((const __m128i *)(bsums + 8))));
 }
 
-// a Q6_K super-block's 16 scales as int16 (s16[0]: scales 0..7, s16[1]: 8..15), and the start
-// of its integer sum: the stored quants are offset by +32, so -32 * sum_g scale[g] * bsum[g]
-// (4 int32 partial sums)
-static inline __attribute__((always_inline)) __m128i q6_scales_offset(const int8_t *scales, const int16_t *bsums, __m128i s16[2]) {
+// a Q6_K super-block's 16 int8 scales as int16: s16[0] scales 0..7, s16[1] 8..15
+static inline __attribute__((always_inline)) void q6_scales16(const int8_t *scales, __m128i s16[2]) {
     const __m128i s8 = _mm_loadu_si128((const __m128i *)scales);
     s16[0] = _mm_srai_epi16(_mm_unpacklo_epi8(s8, s8), 8);
     s16[1] = _mm_srai_epi16(_mm_unpackhi_epi8(s8, s8), 8);
+}
+
+// those scales (q6_scales16), and the start of the block's integer sum: the stored quants are
+// offset by +32, so -32 * sum_g scale[g] * bsum[g] (4 int32 partial sums)
+static inline __attribute__((always_inline)) __m128i q6_scales_offset(const int8_t *scales, const int16_t *bsums, __m128i s16[2]) {
+    q6_scales16(scales, s16);
     const __m128i c = _mm_add_epi32(_mm_madd_epi16(s16[0], _mm_load_si128((const __m128i *)bsums)),
                                     _mm_madd_epi16(s16[1], _mm_load_si128((const __m128i *)(bsums + 8))));
     return _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(c, 5));

@@ -235,7 +235,7 @@ def open_cache(model: GGUFModel, layouts: dict[int, int] | None = None,
         log.info("building the repack cache %s (%d tensors)", path, len(wanted))
     except MissingTensors as why:
         kept = {n: lay for n, lay in why.held.items() if n not in wanted and lay in cpu_lib.LAYOUTS
-                and repack_layout(model.tensor(n), {cpu_lib.LAYOUTS[lay][0]: lay}) == lay}
+                and repack_layout(model.tensor(n), {cpu_lib.LAYOUTS[lay]: lay}) == lay}
         plan = {n: wanted.get(n, kept.get(n)) for n in model.tensors if n in wanted or n in kept}
         log.info("rebuilding the repack cache %s: it %s", path, why)
     except StaleCache as why:

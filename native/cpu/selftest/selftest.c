@@ -23,8 +23,6 @@
 static const int TYPES[] = { FM_Q4_0, FM_Q8_0, FM_Q4_K, FM_Q5_K, FM_Q6_K, FM_F32, FM_F16, FM_BF16 };
 static const char *TYPE_NAMES[] = { "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16" };
 
-typedef int (*repack_fn)(const void *src, size_t rows, int cols, void *dst);
-
 // the largest difference, relative to the dot, between the generic kernel of `ref_type` on rows
 // `ref_w` and ISA `isa`'s kernel of `type` on rows `w` (the same rows, maybe repacked)
 static double worst_rel(int isa, int ref_type, const uint8_t *ref_w, const void *ref_act, int type,
@@ -41,13 +39,14 @@ static double worst_rel(int isa, int ref_type, const uint8_t *ref_w, const void 
 
 // a GGUF type repacked row by row for 128-bit registers (Q4_0p, Q4_Kp), every ISA: against the
 // generic GGUF-layout kernel on the same rows, and its speed next to the GGUF layout's
-static int check_row_repack(const char *name, int source, int packed_type, repack_fn repack, const float *x) {
+static int check_row_repack(const char *name, int packed_type, const float *x) {
+    const int source = fm_repack_source(packed_type);
     const size_t row_bytes = (size_t)COLS / fm_type_block(source) * fm_type_block_bytes(source);
     uint8_t *w = malloc(row_bytes * ROWS), *packed = malloc(row_bytes * ROWS);
     uint8_t *act = malloc(fm_act_bytes(source, COLS)), *pact = malloc(fm_act_bytes(packed_type, COLS));
     int failures = 0;
     fill_blocks(source, w, row_bytes * ROWS);
-    repack(w, ROWS, COLS, packed);
+    fm_repack(packed_type, w, ROWS, COLS, packed);
     fm_quantize_act(source, x, COLS, act);
     fm_quantize_act(packed_type, x, COLS, pact);
     printf("%-6s", name);
@@ -151,16 +150,14 @@ int main(void) {
     }
     // repacked groups of 8 rows, every ISA: against the generic row kernel, and the speed of one
     // and of FM_DOTN_MAX activations next to the GGUF-layout kernels of the same ISA
-    static const struct { int type, packed; int (*repack)(const void *, size_t, int, void *); const char *name; } GROUPED[] = {
-        { FM_Q4_0, FM_Q4_0X8, fm_repack_q4_0x8, "Q4_0" }, { FM_Q4_K, FM_Q4_KX8, fm_repack_q4_Kx8, "Q4_K" },
-    };
+    static const struct { int packed; const char *name; } GROUPED[] = { { FM_Q4_0X8, "Q4_0" }, { FM_Q4_KX8, "Q4_K" } };
     for (size_t t = 0; t < sizeof GROUPED / sizeof GROUPED[0]; t++) {
-        const int type = GROUPED[t].type;
+        const int type = fm_repack_source(GROUPED[t].packed);
         const size_t row_bytes = (size_t)COLS / fm_type_block(type) * fm_type_block_bytes(type);
         uint8_t *w = malloc(row_bytes * ROWS), *packed = malloc(row_bytes * ROWS), *act = malloc(fm_act_bytes(type, COLS) * FM_DOTN_MAX);
         const void *acts[FM_DOTN_MAX];
         fill_blocks(type, w, row_bytes * ROWS);
-        GROUPED[t].repack(w, ROWS, COLS, packed);
+        fm_repack(GROUPED[t].packed, w, ROWS, COLS, packed);
         for (int i = 0; i < FM_DOTN_MAX; i++) {
             acts[i] = act + fm_act_bytes(type, COLS) * i;
             fm_quantize_act(type, x, COLS, act + fm_act_bytes(type, COLS) * i);
@@ -219,7 +216,7 @@ int main(void) {
         uint8_t *act = malloc(ab * FM_DOTN_MAX), *pact = malloc(pab * FM_DOTN_MAX);
         const void *acts[FM_DOTN_MAX], *pacts[FM_DOTN_MAX];
         fill_blocks(FM_Q6_K, w, row_bytes * ROWS);
-        fm_repack_q6_Kp(w, ROWS, COLS, packed);
+        fm_repack(FM_Q6_KP, w, ROWS, COLS, packed);
         for (int i = 0; i < FM_DOTN_MAX; i++) {
             for (int c = 0; c < COLS; c++) x[c] = ((int)(next() % 2001) - 1000) / 500.0f;
             acts[i] = act + ab * i;
@@ -287,8 +284,8 @@ int main(void) {
         free(pact);
     }
     for (int c = 0; c < COLS; c++) x[c] = ((int)(next() % 2001) - 1000) / 500.0f;
-    failures += check_row_repack("Q4_0p", FM_Q4_0, FM_Q4_0P, fm_repack_q4_0p, x);
-    failures += check_row_repack("Q4_Kp", FM_Q4_K, FM_Q4_KP, fm_repack_q4_Kp, x);
+    failures += check_row_repack("Q4_0p", FM_Q4_0P, x);
+    failures += check_row_repack("Q4_Kp", FM_Q4_KP, x);
     printf(failures ? "FAILED: %d kernel(s)\n" : "all kernels agree with generic\n", failures);
     return failures != 0;
 }

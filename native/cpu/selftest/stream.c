@@ -53,16 +53,11 @@ int main(int argc, char **argv) {
     const size_t rows = MATRIX_BYTES / row_bytes / group * group, bytes = rows * row_bytes;
     uint8_t *w = aligned_alloc(64, (bytes + 63) / 64 * 64), *act = aligned_alloc(64, (fm_act_bytes(type, cols) + 63) / 64 * 64);
     float *x = malloc(sizeof(float) * cols);
-    static const struct { int type, source; int (*repack)(const void *, size_t, int, void *); } REPACKS[] = {
-        { FM_Q4_0X8, FM_Q4_0, fm_repack_q4_0x8 }, { FM_Q4_KX8, FM_Q4_K, fm_repack_q4_Kx8 },
-        { FM_Q4_0P, FM_Q4_0, fm_repack_q4_0p }, { FM_Q4_KP, FM_Q4_K, fm_repack_q4_Kp } };
-    int repacked = -1;
-    for (int i = 0; i < (int)(sizeof REPACKS / sizeof REPACKS[0]); i++)
-        if (REPACKS[i].type == type) repacked = i;
-    if (repacked >= 0) {   // random rows of the source type, repacked
+    const int source = fm_repack_source(type);
+    if (source >= 0) {   // random rows of the source type, repacked
         uint8_t *src = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        fill_blocks(REPACKS[repacked].source, src, bytes);
-        REPACKS[repacked].repack(src, rows, cols, w);
+        fill_blocks(source, src, bytes);
+        fm_repack(type, src, rows, cols, w);
         free(src);
     } else {
         fill_blocks(type, w, bytes);
