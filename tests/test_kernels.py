@@ -405,11 +405,13 @@ def test_activation_blocks_round_trip(rng):
     d, s = a32[512:].view(np.float32).reshape(2, 16)
     assert np.all(np.abs((q * d[:, None]).reshape(-1) - x) <= act_values(T.Q4_0, x) * ROUNDING_SLACK)
     np.testing.assert_allclose(s, d * q.sum(axis=1), rtol=1e-6)
-    a256 = cpu_lib.quantize_act(T.Q4_K, x).reshape(-1, 256 + 32 + 4 + 12)   # qs | bsums | d | padding
+    a256 = cpu_lib.quantize_act(T.Q4_K, x).reshape(-1, 256 + 32 + 16 + 4 + 12)   # qs | bsums | sums32 | d | padding
     qs = a256[:, :256].view(np.int8).astype(np.float32)
     bsums = a256[:, 256:288].copy().view(np.int16)
-    d = a256[:, 288:292].copy().view(np.float32)
+    sums32 = a256[:, 288:304].copy().view(np.int16)
+    d = a256[:, 304:308].copy().view(np.float32)
     np.testing.assert_array_equal(bsums, qs.reshape(-1, 16, 16).sum(axis=2))
+    np.testing.assert_array_equal(sums32, qs.reshape(-1, 8, 32).sum(axis=2))
     assert np.all(np.abs((qs * d).reshape(-1) - x) <= act_values(T.Q4_K, x) * ROUNDING_SLACK)
 
 

@@ -21,6 +21,12 @@ float fm_f16_to_f32(fm_f16 h) {
     return f;
 }
 
+float fm_f16_table[1 << 16];
+
+__attribute__((constructor)) static void fill_f16_table(void) {
+    for (uint32_t h = 0; h < 1u << 16; h++) fm_f16_table[h] = fm_f16_to_f32((fm_f16)h);
+}
+
 fm_f16 fm_f32_to_f16(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);

@@ -116,7 +116,7 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->dmin));
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++)   // the mins last: held through the loop, they took 4 registers
-            q4k_accumulate8(sums[i], si[i], q4k_mins_dot8(mn8, y[i]->bsums), d, dmin, y[i]->d);
+            q4k_accumulate8(sums[i], si[i], q4k_mins_dot8(mn8, y[i]->sums32), d, dmin, y[i]->d);
         __asm__ volatile("" ::: "memory");   // keep the sums in memory, out of the register budget
     }
     _Pragma("GCC unroll 4")

@@ -89,7 +89,7 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
         __m256i mins[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) {
-            mins[i] = q4k_mins_dot8(mn8, y[i]->bsums);
+            mins[i] = q4k_mins_dot8(mn8, y[i]->sums32);
             si[i] = _mm512_setzero_si512();
         }
         _Pragma("GCC unroll 4")

@@ -86,19 +86,15 @@ INLINE void q4_Kx8_half(int n, const block_q4_Kx8 *x, const void *const *acts, c
         for (int i = 0; i < na; i++) y[i] = (const block_a8_256 *)acts[i] + b;
         __m128i sc8[4], mn8[4];
         q4k_scales8(blk->scales, sc8, mn8);
-        int32_t pairs[FM_DOTN_MAX][4];
         __m128i si[FM_DOTN_MAX], mins[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) {
-            a8_bsum_pairs(y[i]->bsums, pairs[i]);
-            si[i] = mins[i] = _mm_setzero_si128();
-        }
+        for (int i = 0; i < na; i++) si[i] = mins[i] = _mm_setzero_si128();
         _Pragma("GCC unroll 4")
         for (int t = 0; t < 4; t++) {   // [m_r(2t), m_r(2t+1)] of the 4 rows . (bsum 2t, bsum 2t+1)
             const __m128i mp = _mm_unpacklo_epi8(_mm_unpacklo_epi8(_mm_srli_si128(mn8[t], HALF * half),
                                                                    _mm_srli_si128(mn8[t], 8 + HALF * half)), zero);
             _Pragma("GCC unroll 4")
-            for (int i = 0; i < na; i++) mins[i] = _mm_add_epi32(mins[i], _mm_madd_epi16(mp, _mm_set1_epi32(pairs[i][t])));
+            for (int i = 0; i < na; i++) mins[i] = _mm_add_epi32(mins[i], _mm_madd_epi16(mp, _mm_set1_epi32(a8_sums32_pair(y[i]->sums32, t))));
         }
         _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++)

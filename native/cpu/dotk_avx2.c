@@ -15,7 +15,7 @@ float fm_dot_q4_K_a8_avx2(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m256i sc = _mm256_broadcastsi128_si256(k4_scales16(x[b].scales, y[b].bsums, &md));
+        const __m256i sc = _mm256_broadcastsi128_si256(k4_scales16(x[b].scales, y[b].sums32, &md));
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m256i si = _mm256_setzero_si256();
@@ -41,7 +41,7 @@ float fm_dot_q5_K_a8_avx2(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m256i sc = _mm256_broadcastsi128_si256(k4_scales16(x[b].scales, y[b].bsums, &md));
+        const __m256i sc = _mm256_broadcastsi128_si256(k4_scales16(x[b].scales, y[b].sums32, &md));
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m256i hb = LOAD(x[b].qh);

@@ -16,7 +16,7 @@ float fm_dot_q4_K_a8_avx512(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m512i sc = _mm512_broadcast_i32x4(k4_scales16(x[b].scales, y[b].bsums, &md));
+        const __m512i sc = _mm512_broadcast_i32x4(k4_scales16(x[b].scales, y[b].sums32, &md));
         __m512i si = _mm512_setzero_si512();
         _Pragma("GCC unroll 4")
         for (int j = 0; j < 4; j++) {
@@ -39,7 +39,7 @@ float fm_dot_q5_K_a8_avx512(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m512i sc = _mm512_broadcast_i32x4(k4_scales16(x[b].scales, y[b].bsums, &md));
+        const __m512i sc = _mm512_broadcast_i32x4(k4_scales16(x[b].scales, y[b].sums32, &md));
         __m256i hb = _mm256_loadu_si256((const __m256i *)x[b].qh);
         __m512i si = _mm512_setzero_si512();
         _Pragma("GCC unroll 4")

@@ -71,7 +71,7 @@ static inline __attribute__((always_inline)) float dot_k4(int n, const void *w, 
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m128i sc = k4_scales16(x[b].scales, y[b].bsums, &md);
+        const __m128i sc = k4_scales16(x[b].scales, y[b].sums32, &md);
         const __m128i si = sums(x[b].qs, y[b].qs, sc);
         acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(si), _mm_set1_ps(fm_half(x[b].d) * y[b].d)));
         accm = _mm_add_ps(accm, _mm_mul_ps(_mm_cvtepi32_ps(md), _mm_set1_ps(fm_half(x[b].dmin) * y[b].d)));
@@ -90,7 +90,7 @@ float fm_dot_q5_K_a8_ssse3(int n, const void *w, const void *a) {
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         __m128i md;
-        const __m128i sc = k4_scales16(x[b].scales, y[b].bsums, &md);
+        const __m128i sc = k4_scales16(x[b].scales, y[b].sums32, &md);
         const uint8_t *q = x[b].qs;
         const int8_t *v = y[b].qs;
         __m128i h0 = LOAD(x[b].qh), h1 = LOAD(x[b].qh + 16);

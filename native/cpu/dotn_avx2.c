@@ -75,11 +75,10 @@ INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const in
         const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(v8, 8));
         const float d = _cvtsh_ss(x[b].d), dmin = _cvtsh_ss(x[b].dmin);
         _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) {   // the mins . the pair sums of each 32 activations
+        for (int i = 0; i < na; i++) {   // the mins . the sums of each 32 activations
             const block_a8_256 *y = (const block_a8_256 *)acts[i] + b;
-            const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums),
-                                                 _mm_loadu_si128((const __m128i *)(y->bsums + 8)));
-            _mm_store_ps(mins[i], _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(m16, pairs)),
+            const __m128i sums32 = _mm_load_si128((const __m128i *)y->sums32);
+            _mm_store_ps(mins[i], _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(m16, sums32)),
                                                _mm_set1_ps(dmin * y->d), _mm_load_ps(mins[i])));
         }
         const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v8));

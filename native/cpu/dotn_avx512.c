@@ -76,10 +76,9 @@ INLINE void q4_K_n(int n, const block_q4_K *x, const void *const *acts, const in
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) {
             const block_a8_256 *y = ACT(i) + b;
-            const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums),
-                                                 _mm_loadu_si128((const __m128i *)(y->bsums + 8)));
+            const __m128i sums32 = _mm_load_si128((const __m128i *)y->sums32);
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si[i]), _mm512_set1_ps(d * y->d), acc[i]);
-            accm[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, pairs)), _mm_set1_ps(dmin * y->d), accm[i]);
+            accm[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, sums32)), _mm_set1_ps(dmin * y->d), accm[i]);
         }
     }
     _Pragma("GCC unroll 4")

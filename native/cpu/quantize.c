@@ -43,6 +43,7 @@ static void quantize_a8_256(const float *x, int n, block_a8_256 *y) {
             for (int i = 0; i < 16; i++) s += y[b].qs[16 * g + i];
             y[b].bsums[g] = (int16_t)s;
         }
+        for (int j = 0; j < QK_K / 32; j++) y[b].sums32[j] = (int16_t)(y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
     }
 }
 

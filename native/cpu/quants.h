@@ -28,11 +28,12 @@ typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K 
 static inline const float *fm_a32_d(const void *a, int nb) { return (const float *)((const int8_t *)a + QK32 * nb); }
 static inline const float *fm_a32_s(const void *a, int nb) { return fm_a32_d(a, nb) + nb; }
 #define FM_A32_BYTES(nb) (((size_t)(nb) * (QK32 + 2 * sizeof(float)) + 15) & ~(size_t)15)
-// For K-quants, blocks of 256 with the sums of each 16 values; quants first and the block padded
-// to 16 bytes. So in a row that starts 16-byte aligned (every buffer here: malloc, the engine's
+// For K-quants, blocks of 256 with the sums of each 16 values (Q6_K's sub-blocks) and of each 32
+// (Q4_K's and Q5_K's: their mins dot takes them straight into one `pmaddwd`, where summing pairs
+// of the 16-value sums took a `phaddw` per block); quants first and the block padded to 16 bytes. So in a row that starts 16-byte aligned (every buffer here: malloc, the engine's
 // arena, numpy through cpu_lib.aligned) the SSSE3 kernels of both kinds load the activation
 // quants aligned, straight into `pmaddubsw` (SSE memory operands must be aligned).
-typedef struct { int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; float d; int32_t pad[3]; } block_a8_256;   // 304 B
+typedef struct { int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; int16_t sums32[QK_K / 32]; float d; int32_t pad[3]; } block_a8_256;   // 320 B
 _Static_assert(sizeof(block_a8_256) % 16 == 0, "activation blocks keep 16-byte alignment");
 
 // GGML type ids (gguf.GGMLQuantizationType), and Fermium's own for a repacked layout (the same
@@ -121,19 +122,14 @@ typedef float (*fm_vec_dot_fn)(int n, const void *w, const void *a);
 float fm_f16_to_f32(fm_f16 h);
 fm_f16 fm_f32_to_f16(float f);
 
-// f16 -> f32 for block scales without F16C. Subnormal f16 scales are common in real files
-// (Q6_K d ~ 1e-5), and a float operation on a subnormal float costs a microcode assist, so
-// they are built as integer mantissa * 2^-24 instead: no subnormal float is ever touched.
-static inline float fm_half(fm_f16 h) {
-    union { uint32_t u; float f; } v;
-    if (h & 0x7C00) {
-        v.u = ((uint32_t)(h & 0x7FFF) << 13) + 0x38000000u;   // rebias the exponent: 127 - 15
-    } else {
-        v.f = (float)(h & 0x3FF) * 0x1p-24f;
-    }
-    v.u |= (uint32_t)(h & 0x8000) << 16;
-    return v.f;
-}
+// f16 -> f32 for block scales without F16C: every f16 value's float, filled from
+// fm_f16_to_f32 when the library loads (dotf_generic.c). Two instructions and no branch, where a
+// conversion in integer operations took about ten, in kernels bound by their instruction count:
+// the SSSE3 row kernels of Q4_K and Q4_Kp stream 1.04-1.09x as fast with it (selftest/stream.c,
+// one Zen 5 core), Q6_Kp as fast. The floats are exact and never subnormal (a subnormal f16 is
+// a normal float), so no float operation on them costs a microcode assist.
+extern float fm_f16_table[1 << 16];
+static inline float fm_half(fm_f16 h) { return fm_f16_table[h]; }
 
 // the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K/Q5_K super-block, unpacked
 static inline void fm_unpack_scales_k4(const uint8_t *q, uint32_t out[4]) {

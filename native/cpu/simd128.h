@@ -22,21 +22,20 @@ static inline __attribute__((always_inline)) __m128i k4_scales_mins(const uint8_
                               _mm_cvtsi64_si128((long long)(sm[2] | (uint64_t)sm[3] << 32)));
 }
 
-// a Q4_K/Q5_K super-block's 8 scales as int16, and sum_j min_j * (bsum 2j + bsum 2j+1) as 4
-// int32 partial sums (the activation sums 16-byte aligned, quants.h)
-static inline __attribute__((always_inline)) __m128i k4_scales16(const uint8_t *packed, const int16_t *bsums,
+// a Q4_K/Q5_K super-block's 8 scales as int16, and sum_j min_j * sums32[j] as 4 int32 partial
+// sums (sums32: the activation block's sums of each 32 values, 16-byte aligned, quants.h)
+static inline __attribute__((always_inline)) __m128i k4_scales16(const uint8_t *packed, const int16_t *sums32,
                                                                   __m128i *mins_dot) {
     const __m128i v = k4_scales_mins(packed), zero = _mm_setzero_si128();
-    *mins_dot = _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), _mm_hadd_epi16(_mm_load_si128((const __m128i *)bsums),
-                                                                          _mm_load_si128((const __m128i *)(bsums + 8))));
+    *mins_dot = _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), _mm_load_si128((const __m128i *)sums32));
     return _mm_unpacklo_epi8(v, zero);
 }
 
-// the activation sums of each 32 values of a 256-value block: sums 2t and 2t+1 as the int16
-// halves of pairs[t]
-static inline __attribute__((always_inline)) void a8_bsum_pairs(const int16_t *bsums, int32_t pairs[4]) {
-    _mm_storeu_si128((__m128i *)pairs, _mm_hadd_epi16(_mm_load_si128((const __m128i *)bsums),
-                                                      _mm_load_si128((const __m128i *)(bsums + 8))));
+// the activation sums of values 64t..64t+31 and 64t+32..64t+63 as the int16 halves of one int32
+static inline __attribute__((always_inline)) int32_t a8_sums32_pair(const int16_t *sums32, int t) {
+    int32_t pair;
+    __builtin_memcpy(&pair, sums32 + 2 * t, sizeof pair);
+    return pair;
 }
 
 // a Q6_K super-block's 16 int8 scales as int16: s16[0] scales 0..7, s16[1] 8..15

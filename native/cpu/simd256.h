@@ -72,14 +72,12 @@ static inline __attribute__((always_inline)) __m256i q6_group(const uint8_t *ql,
 }
 
 // sum over the sub-blocks j of a repacked Q4_K group of min_j . (activation sum of sub-block j),
-// one int32 per row; mn8 as q4k_scales8 (simd128.h) gives them, bsums those of the activation block
-static inline __attribute__((always_inline)) __m256i q4k_mins_dot8(const __m128i mn8[4], const int16_t *bsums) {
-    int32_t pairs[4];
-    a8_bsum_pairs(bsums, pairs);
+// one int32 per row; mn8 as q4k_scales8 (simd128.h) gives them, sums32 those of the activation block
+static inline __attribute__((always_inline)) __m256i q4k_mins_dot8(const __m128i mn8[4], const int16_t *sums32) {
     __m256i m = _mm256_setzero_si256();
     for (int t = 0; t < 4; t++) {   // mins of sub-blocks 2t, 2t+1 as int16 pairs per row
         const __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8[t], _mm_srli_si128(mn8[t], 8)));
-        m = _mm256_add_epi32(m, _mm256_madd_epi16(mp, _mm256_set1_epi32(pairs[t])));
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(mp, _mm256_set1_epi32(a8_sums32_pair(sums32, t))));
     }
     return m;
 }
