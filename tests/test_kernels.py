@@ -105,11 +105,12 @@ def test_subnormal_block_scales(isa, qtype, rng):
         assert abs(got - float(wf[r] @ x)) <= bound
 
 
-def largest_quants(qtype: T) -> np.ndarray:
-    """One row (1, row_bytes) of N values, every quant at its largest, block scales 1 (Q6_K's
-    sub-block scales 127), mins 0."""
+def extreme_quants(qtype: T, byte: int = 0xFF) -> np.ndarray:
+    """One row (1, row_bytes) of N values, every quant byte `byte` (0xFF: each quant at its
+    largest; 0: at its smallest, the most negative for the offset types Q4_0 and Q6_K), block
+    scales 1 (Q6_K's sub-block scales 127), mins 0."""
     block, nbytes = GGML_QUANT_SIZES[qtype]
-    blocks = np.full((N // block, nbytes), 0xFF, np.uint8)
+    blocks = np.full((N // block, nbytes), byte, np.uint8)
     one = np.array([1.0], np.float16).view(np.uint8)
     if qtype == T.Q6_K:
         blocks[:, 192:208] = 127                      # int8 sub-block scales
@@ -118,16 +119,19 @@ def largest_quants(qtype: T) -> np.ndarray:
         blocks[:, 0:2] = one
         if qtype in (T.Q4_K, T.Q5_K):
             blocks[:, 2:4] = 0                        # dmin 0: only the scaled quants count
+            blocks[:, 4:16] = 0xFF                    # sub-block scales 63
     return blocks.reshape(1, -1)
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_largest_quants_and_activations_stay_exact(isa, qtype, sign):
-    """Every quant at its largest value against activations all at +-127: the widest int16
-    sums the SIMD kernels form (pmaddubsw pairs and their reductions) must not saturate."""
-    w = largest_quants(qtype)
+@pytest.mark.parametrize("byte", [0xFF, 0x00], ids=["largest", "smallest"])
+def test_extreme_quants_and_activations_stay_exact(isa, qtype, sign, byte):
+    """Every quant at its largest or smallest value against activations all at +-127: the widest
+    int16 sums the SIMD kernels form (pmaddubsw pairs and their reductions, with the offset
+    corrections) must not saturate."""
+    w = extreme_quants(qtype, byte)
     x = np.full(N, sign, np.float32)
     act = cpu_lib.quantize_act(qtype, x)
     ref = float(dequantize(w, qtype).astype(np.float64)[0] @ x)
@@ -247,11 +251,12 @@ def test_repacked_rows_match_generic_rows(isa, layout, rng):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("layout", ROW_LAYOUTS, ids=LAYOUT_NAMES.get)
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_repacked_rows_of_the_largest_quants_stay_exact(isa, layout, sign):
-    """As test_largest_quants_and_activations_stay_exact, through the row layouts: their int16
-    sums over several registers (quants.h) must not saturate."""
+@pytest.mark.parametrize("byte", [0xFF, 0x00], ids=["largest", "smallest"])
+def test_repacked_rows_of_extreme_quants_stay_exact(isa, layout, sign, byte):
+    """As test_extreme_quants_and_activations_stay_exact, through the row layouts: their int16
+    sums over several registers, offset corrections included (quants.h), must not saturate."""
     qtype = source_type(layout)
-    w, x = largest_quants(qtype), np.full(N, sign, np.float32)
+    w, x = extreme_quants(qtype, byte), np.full(N, sign, np.float32)
     ref = float(dequantize(w, qtype).astype(np.float64)[0] @ x)
     got = cpu_lib.vec_dot(isa, layout, cpu_lib.repack(layout, w, N)[0], cpu_lib.quantize_act(layout, x), N)
     assert abs(got - ref) <= SIBLING_RTOL * abs(ref)

@@ -69,10 +69,21 @@ static void q6kp_offsets(const block_a8_256 *y, int nb) {
             }
 }
 
+// the offset corrections that follow an ACT_A8_32P row (quants.h)
+static void q4_0p_offsets(const int8_t *qs, int n) {
+    int16_t *corr = (int16_t *)fm_q4_0p_offsets(qs, n / QK32);
+    for (int g = 0; g < n / QK_Q4_0P; g++, qs += QK_Q4_0P)
+        for (int l = 0; l < 8; l++, corr++) {
+            int s = 0;
+            for (int r = 0; r < 8; r++) s += qs[16 * r + 2 * l] + qs[16 * r + 2 * l + 1];
+            *corr = (int16_t)(-8 * s);
+        }
+}
+
 size_t fm_act_bytes(int type, int n) {
     switch (FM_TYPES[fm_kind_of(type)].act) {
-    case ACT_A8_32:
-    case ACT_A8_32P: return FM_A32_BYTES(n / QK32);
+    case ACT_A8_32: return FM_A32_BYTES(n / QK32);
+    case ACT_A8_32P: return FM_A32_BYTES(n / QK32) + (size_t)(n / QK_Q4_0P) * 8 * sizeof(int16_t);
     case ACT_A8_256:
     case ACT_A8_256K: return (size_t)(n / QK_K) * sizeof(block_a8_256);
     case ACT_A8_256P: return (size_t)(n / QK_K) * (sizeof(block_a8_256) + 4 * 8 * sizeof(int16_t));
@@ -84,9 +95,10 @@ void fm_quantize_act(int type, const float *x, int n, void *act) {
     block_a8_256 *blocks = act;
     switch (FM_TYPES[fm_kind_of(type)].act) {
     case ACT_A8_32: quantize_a8_32(x, n, act); break;
-    case ACT_A8_32P:   // block scales and sums as ACT_A8_32, the quants in Q4_0p order
+    case ACT_A8_32P:   // block scales and sums as ACT_A8_32, the quants in Q4_0p order, then the offsets
         quantize_a8_32(x, n, act);
         reorder_quants(act, n, QK_Q4_0P, QK_Q4_0P, fm_q4_0p_value);
+        q4_0p_offsets(act, n);
         break;
     case ACT_A8_256: quantize_a8_256(x, n, act); break;
     case ACT_A8_256P:  // sums of each 16 values in natural order, the quants in Q6_Kp order

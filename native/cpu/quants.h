@@ -116,6 +116,15 @@ static inline const int16_t *fm_q6kp_offsets(const void *a, int nb) {
     return (const int16_t *)((const block_a8_256 *)a + nb);
 }
 
+// those of an ACT_A8_32P row of nb blocks of 32, after its quants, scales and sums: per group of
+// 128 values, the int16 vector of -8 times the sums of the activations under each int16 lane of
+// the group's 8 `pmaddubsw` products. Added to those products, it takes out the offset of 8 of
+// the stored nibbles (|sum| <= 8 * 2 * 8 * 128 = 16384 once offset; their wrapping sum lands there
+// exactly), where a multiply-add of the block sums by the scales took it out per group.
+static inline const int16_t *fm_q4_0p_offsets(const void *a, int nb) {
+    return (const int16_t *)((const uint8_t *)a + FM_A32_BYTES(nb));
+}
+
 // dot of one weight row (n values, n a multiple of the block) with one activation row
 typedef float (*fm_vec_dot_fn)(int n, const void *w, const void *a);
 
