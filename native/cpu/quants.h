@@ -30,9 +30,10 @@ static inline const float *fm_a32_s(const void *a, int nb) { return fm_a32_d(a, 
 #define FM_A32_BYTES(nb) (((size_t)(nb) * (QK32 + 2 * sizeof(float)) + 15) & ~(size_t)15)
 // For K-quants, blocks of 256 with the sums of each 16 values (Q6_K's sub-blocks) and of each 32
 // (Q4_K's and Q5_K's: their mins dot takes them straight into one `pmaddwd`, where summing pairs
-// of the 16-value sums took a `phaddw` per block); quants first and the block padded to 16 bytes. So in a row that starts 16-byte aligned (every buffer here: malloc, the engine's
-// arena, numpy through cpu_lib.aligned) the SSSE3 kernels of both kinds load the activation
-// quants aligned, straight into `pmaddubsw` (SSE memory operands must be aligned).
+// of the 16-value sums took a `phaddw` per block); quants first and the block padded to 16
+// bytes. So in a row that starts 16-byte aligned (every buffer here: malloc, the engine's arena,
+// numpy through cpu_lib.aligned) the SSSE3 kernels of both kinds load the activation quants
+// aligned, straight into `pmaddubsw` (SSE memory operands must be aligned).
 typedef struct { int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; int16_t sums32[QK_K / 32]; float d; int32_t pad[3]; } block_a8_256;   // 320 B
 _Static_assert(sizeof(block_a8_256) % 16 == 0, "activation blocks keep 16-byte alignment");
 
