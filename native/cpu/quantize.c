@@ -57,27 +57,29 @@ static void reorder_quants(int8_t *qs, int n, int size, size_t stride, int (*val
     }
 }
 
-// the offset corrections that follow the blocks of an ACT_A8_256P row (quants.h)
+// the offset corrections of one 16-byte lane (quants.h): for each of its 8 int16 lanes, -offset
+// times the sum of the activations under it in `regs` registers, `stride` bytes apart
+static void lane_offsets(const int8_t *qs, int regs, size_t stride, int offset, int16_t *corr) {
+    for (int l = 0; l < 8; l++) {
+        int s = 0;
+        for (int r = 0; r < regs; r++) s += qs[stride * r + 2 * l] + qs[stride * r + 2 * l + 1];
+        corr[l] = (int16_t)(-offset * s);
+    }
+}
+
+// those that follow the blocks of an ACT_A8_256P row: per block, its 4 lanes of the 4 registers
+// R0..R3 (64 bytes apart), for the +32 of Q6_Kp's quants
 static void q6kp_offsets(const block_a8_256 *y, int nb) {
     int16_t *corr = (int16_t *)fm_q6kp_offsets(y, nb);
     for (int b = 0; b < nb; b++)
-        for (int q = 0; q < 4; q++)
-            for (int l = 0; l < 8; l++, corr++) {
-                int s = 0;
-                for (int r = 0; r < 4; r++) s += y[b].qs[64 * r + 16 * q + 2 * l] + y[b].qs[64 * r + 16 * q + 2 * l + 1];
-                *corr = (int16_t)(-32 * s);
-            }
+        for (int q = 0; q < 4; q++, corr += 8) lane_offsets(y[b].qs + 16 * q, 4, 64, 32, corr);
 }
 
-// the offset corrections that follow an ACT_A8_32P row (quants.h)
+// those that follow an ACT_A8_32P row: per group of 128 values, its 8 registers (16 bytes
+// apart), for the 8 of Q4_0p's nibbles
 static void q4_0p_offsets(const int8_t *qs, int n) {
     int16_t *corr = (int16_t *)fm_q4_0p_offsets(qs, n / QK32);
-    for (int g = 0; g < n / QK_Q4_0P; g++, qs += QK_Q4_0P)
-        for (int l = 0; l < 8; l++, corr++) {
-            int s = 0;
-            for (int r = 0; r < 8; r++) s += qs[16 * r + 2 * l] + qs[16 * r + 2 * l + 1];
-            *corr = (int16_t)(-8 * s);
-        }
+    for (int g = 0; g < n / QK_Q4_0P; g++, qs += QK_Q4_0P, corr += 8) lane_offsets(qs, 8, 16, 8, corr);
 }
 
 size_t fm_act_bytes(int type, int n) {
