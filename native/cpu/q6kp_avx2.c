@@ -1,6 +1,6 @@
 /* AVX2 dot products of a Q6_Kp row (Q6_K repacked, quants.h) with up to FM_DOTN_MAX
  * activation rows in the same order: each 32-byte half of the four registers (128 values,
- * sub-blocks 8H..8H+7) is unpacked once (11 operations) and dotted with every activation,
+ * sub-blocks 8H..8H+7) is unpacked once (9 operations) and dotted with every activation,
  * each pair of registers through one `vpmaddwd` with the half's scale vector. Per 32 values
  * and activation that is 2.5 operations, 1.5 of them multiplies, against 3 and 2 for the GGUF
  * layout (dotn_avx2.c). Built with -mavx2 -mfma -mf16c. */
@@ -12,7 +12,7 @@
 #define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 
 INLINE void q6_Kp_n(int n, const block_q6_Kp *x, const void *const *acts, const int na, float *out) {
-    const __m256i m6 = _mm256_set1_epi8(63), m4 = _mm256_set1_epi8(0xF), top = _mm256_set1_epi8(0x30);
+    const __m256i m6 = _mm256_set1_epi8(63);
     float sums[FM_DOTN_MAX][8] __attribute__((aligned(32))) = { { 0 } };
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
@@ -35,9 +35,8 @@ INLINE void q6_Kp_n(int n, const block_q6_Kp *x, const void *const *acts, const 
                 si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(p, sc));
                 __asm__("" : "+x"(si[i]));   // one running sum per activation, not a tree of temporaries
             }
-            const __m256i R2 = _mm256_or_si256(_mm256_and_si256(Z, m4), _mm256_and_si256(_mm256_srli_epi16(X, 2), top));
-            const __m256i R3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Z, 4), m4),
-                                               _mm256_and_si256(_mm256_srli_epi16(Y, 2), top));
+            const __m256i R2 = _mm256_and_si256(_mm256_xor_si256(Z, _mm256_srli_epi16(X, 2)), m6);
+            const __m256i R3 = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi16(Z, 2), _mm256_srli_epi16(Y, 6)), m6);
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++) {
                 const int8_t *v = ((const block_a8_256 *)acts[i])[b].qs + 32 * h;

@@ -1,9 +1,9 @@
 /* AVX-512 VNNI dot products of a Q6_Kp row (Q6_K repacked, quants.h) with up to FM_DOTN_MAX
- * activation rows in the same order. The block's four 64-byte registers unpack in 9
- * operations (`vpternlogd` merges the top bits), and since 32-bit lane k of every register
+ * activation rows in the same order. The block's four 64-byte registers unpack in 7
+ * operations (`vpternlogd` merges each shifted pair), and since 32-bit lane k of every register
  * holds sub-block k, `vpdpbusd` sums all four into one register of 16 sub-block sums per
  * activation, scaled once in floats: 4 multiplies per block and activation where the
- * GGUF-layout kernel (dotn_avx512.c) takes 8, and 9 unpacking operations where it takes 48.
+ * GGUF-layout kernel (dotn_avx512.c) takes 8, and 7 unpacking operations where it takes 48.
  * The matvec driver hands it two rows at once (fm_dotr_q6_Kp_a8_avx512).
  * Built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni. */
 #include <immintrin.h>
@@ -13,16 +13,16 @@
 #define ACT(i) ((const block_a8_256 *)acts[i])
 #define LOAD(p) _mm512_loadu_si512((const void *)(p))
 
-// the 6-bit quants of registers R0..R3 (quants.h: X = R0 | R2.hi2 << 6, Y = R1 | R3.hi2 << 6,
-// Z = R2.lo4 | R3.lo4 << 4)
+// the 6-bit quants of registers R0..R3 (quants.h: R0 = X & 63, R1 = Y & 63, R2 = (Z ^ X >> 2) & 63,
+// R3 = (Z >> 2 ^ Y >> 6) & 63)
 INLINE void q6kp_unpack(const uint8_t planes[3][64], __m512i r[4]) {
     const __m512i X = LOAD(planes[0]), Y = LOAD(planes[1]), Z = LOAD(planes[2]);
-    const __m512i m6 = _mm512_set1_epi8(63), m4 = _mm512_set1_epi8(0xF), hi2 = _mm512_set1_epi8((char)0xC0);
+    const __m512i m6 = _mm512_set1_epi8(63);
     r[0] = _mm512_and_si512(X, m6);
     r[1] = _mm512_and_si512(Y, m6);
-    // bits 0..3 from Z (0xE4: c ? a : b, c the mask), bits 4..5 from the top of X or Y, 6..7 clear
-    r[2] = _mm512_ternarylogic_epi32(Z, _mm512_srli_epi16(_mm512_and_si512(X, hi2), 2), m4, 0xE4);
-    r[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(Z, 4), _mm512_srli_epi16(_mm512_and_si512(Y, hi2), 2), m4, 0xE4);
+    // 0x28: (a ^ b) & c
+    r[2] = _mm512_ternarylogic_epi32(Z, _mm512_srli_epi16(X, 2), m6, 0x28);
+    r[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(Z, 2), _mm512_srli_epi16(Y, 6), m6, 0x28);
 }
 
 // the float scales of a block: scale k times d in lane k

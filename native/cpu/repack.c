@@ -50,12 +50,19 @@ static int repack_q6_Kp(const void *src, size_t rows, int cols, void *dst) {
     const block_q6_K *x = src;
     block_q6_Kp *out = dst;
     for (size_t b = 0; b < rows * (size_t)(cols / QK_K); b++, x++, out++) {
-        for (int j = 0; j < 64; j++) {   // byte j of each plane: byte j of registers R0..R3
-            int q[4];
-            for (int r = 0; r < 4; r++) q[r] = q6_quant(x, fm_q6kp_value(64 * r + j));
-            out->planes[0][j] = (uint8_t)(q[0] | (q[2] >> 4) << 6);
-            out->planes[1][j] = (uint8_t)(q[1] | (q[3] >> 4) << 6);
-            out->planes[2][j] = (uint8_t)((q[2] & 0xF) | (q[3] & 0xF) << 4);
+        int q[4][64];   // register r, byte j
+        for (int r = 0; r < 4; r++)
+            for (int j = 0; j < 64; j++) q[r][j] = q6_quant(x, fm_q6kp_value(64 * r + j));
+        for (int j = 0; j < 64; j++) {   // solved bit by bit from the decode (quants.h)
+            // the bits that a 16-bit shift by 6 brings into byte j of Y from its neighbour: bits
+            // 0..3 of the byte above it in the word, none for the upper byte
+            const int carry = j % 2 ? 0 : q[1][j + 1] & 0xF;
+            const int z_lo = (q[2][j] ^ q[0][j] >> 2) & 0xF;          // R2 bits 0..3 = Z ^ R0 bits 2..5
+            const int z_hi = (q[3][j] >> 2 ^ carry) & 0xF;            // R3 bits 2..5 = Z bits 4..7 ^ carry
+            const int z = z_lo | z_hi << 4;
+            out->planes[0][j] = (uint8_t)(q[0][j] | ((q[2][j] >> 4 ^ z >> 4) & 3) << 6);   // R2 bits 4..5
+            out->planes[1][j] = (uint8_t)(q[1][j] | ((q[3][j] ^ z >> 2) & 3) << 6);        // R3 bits 0..1
+            out->planes[2][j] = (uint8_t)z;
         }
         memcpy(out->scales, x->scales, sizeof out->scales);
         out->d = x->d;
@@ -166,8 +173,8 @@ float fm_dot_q6_Kp_a8_generic(int n, const void *w, const void *a) {
         for (int p = 0; p < QK_K; p++) {
             const uint8_t *X = x[b].planes[0], *Y = x[b].planes[1], *Z = x[b].planes[2];
             const int r = p / 64, j = p % 64;
-            const int q = r == 0 ? X[j] & 63 : r == 1 ? Y[j] & 63
-                        : r == 2 ? (Z[j] & 0xF) | (X[j] >> 6) << 4 : (Z[j] >> 4) | (Y[j] >> 6) << 4;
+            const int q = r == 0 ? X[j] & 63 : r == 1 ? Y[j] & 63 : r == 2 ? (Z[j] ^ X[j] >> 2) & 63
+                        : (Z[j] >> 2 ^ Y[j] >> 6 ^ (j % 2 ? 0 : Y[j + 1] << 2)) & 63;
             si += x[b].scales[fm_q6kp_value(p) / 16] * (q - 32) * y[b].qs[p];
         }
         sum += fm_f16_to_f32(x[b].d) * y[b].d * (float)si;

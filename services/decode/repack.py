@@ -33,7 +33,7 @@ from common.progress import byte_progress
 from native import cpu_lib
 
 MAGIC = b"FMREPACK"
-VERSION = 5                         # bumped with any change to the file or a repacked layout
+VERSION = 6                         # bumped with any change to the file or a repacked layout
 PREFIX = struct.Struct("<8sIIQQ")   # magic, version, header bytes, data start, header checksum
 PAGE = 4096
 SUFFIX = ".fermium-repack"
