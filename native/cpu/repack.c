@@ -54,11 +54,11 @@ static int repack_q6_Kp(const void *src, size_t rows, int cols, void *dst) {
         for (int r = 0; r < 4; r++)
             for (int j = 0; j < 64; j++) q[r][j] = q6_quant(x, fm_q6kp_value(64 * r + j));
         for (int j = 0; j < 64; j++) {   // solved bit by bit from the decode (quants.h)
-            // the bits that a 16-bit shift by 6 brings into byte j of Y from its neighbour: bits
-            // 0..3 of the byte above it in the word, none for the upper byte
+            // what Y >> 6 (16-bit lanes) puts in bits 2..5 of byte j: bits 0..3 of the byte above
+            // it in its lane (R1's), nothing in the upper byte of a lane
             const int carry = j % 2 ? 0 : q[1][j + 1] & 0xF;
-            const int z_lo = (q[2][j] ^ q[0][j] >> 2) & 0xF;          // R2 bits 0..3 = Z ^ R0 bits 2..5
-            const int z_hi = (q[3][j] >> 2 ^ carry) & 0xF;            // R3 bits 2..5 = Z bits 4..7 ^ carry
+            const int z_lo = (q[2][j] ^ q[0][j] >> 2) & 0xF;   // R2 bits 0..3 = Z bits 0..3 ^ R0 bits 2..5
+            const int z_hi = (q[3][j] >> 2 ^ carry) & 0xF;     // R3 bits 2..5 = Z bits 4..7 ^ carry
             const int z = z_lo | z_hi << 4;
             out->planes[0][j] = (uint8_t)(q[0][j] | ((q[2][j] >> 4 ^ z >> 4) & 3) << 6);   // R2 bits 4..5
             out->planes[1][j] = (uint8_t)(q[1][j] | ((q[3][j] ^ z >> 2) & 3) << 6);        // R3 bits 0..1
