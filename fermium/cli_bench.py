@@ -1,13 +1,14 @@
 """`fermium bench decode`: native decode speed against this machine's memory bandwidth.
 
-The bandwidth (a streaming sum over a large buffer with the same threads) is measured right
-before and right after each decode round, in the same process, and the round is compared with
-the mean of the two: on a shared machine whose bandwidth drifts, the bracket sees the load the
-decode saw, where a best-of-several figure would sit above it.
+The bandwidth (a streaming sum with the same threads over a buffer several times the last-level
+cache) is measured after every decode step, in the same process, and a round is compared with
+the bytes those streams read over the time they took: on a shared machine whose bandwidth drifts,
+the streams meet the load the decode met, where a best-of-several figure would sit above it.
 """
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -63,6 +64,30 @@ def _round(engine, runs: list[list], tokens: int, probe, prefetch: bool) -> tupl
     return out, tokens * probe.nbytes / bw_seconds
 
 
+LLC_MULTIPLE = 4   # a stream this many times the last-level cache reads from memory, not the cache
+
+
+def probe_mib(llc: int | None) -> int:
+    """The bandwidth buffer, MiB: LLC_MULTIPLE times the last-level cache in whole 2 MB pages, at
+    least 256 and at most an eighth of the RAM (a 300 MiB cache would otherwise serve part of a
+    256 MiB stream, and the ratio would be taken against a cache's speed)."""
+    want = max(256, -(-LLC_MULTIPLE * (llc or 0) // (2 << 20)) * 2)
+    ram_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    return max(64, min(want, ram_mib // 8 // 2 * 2))
+
+
+def cache_resident_note(step_bytes: int, llc: int | None) -> str | None:
+    """A warning where a step reads less than LLC_MULTIPLE times the last-level cache: part of the
+    weights may then come from the cache, and the share of bandwidth can read high (even above
+    100%). None where the step is large enough or the cache size is unknown."""
+    if not llc or step_bytes >= LLC_MULTIPLE * llc:
+        return None
+    return (f"a step reads {step_bytes / 2**20:.0f} MiB, less than {LLC_MULTIPLE}x this CPU's "
+            f"{llc / 2**20:.0f} MiB last-level cache: part of the weights may come from the cache and the "
+            "share of bandwidth read high; a model with more layers (tools/make_synthetic_gguf.py "
+            "--layers) keeps it honest")
+
+
 def _huge_page_shares(engine) -> dict[str, float | None]:
     """How much of each weight mapping (the GGUF, the repack cache) is in 2 MB pages: a TLB miss
     every 4 KB costs scattered expert reads a few percent on some hosts."""
@@ -102,8 +127,9 @@ def decode_command(
                                               "measurement; with --batch, a round's steps alternate with "
                                               "those of one sequence."),
     context: int = typer.Option(16, min=0, help="Tokens of context each sequence holds before timing."),
-    bw_mib: int = typer.Option(256, min=64, help="Buffer for the bandwidth measurement after each step, MiB "
-                                                 "(several times the last-level cache)."),
+    bw_mib: Optional[int] = typer.Option(None, min=64, help="Buffer for the bandwidth measurement after each "
+                                                           "step, MiB (default: 4 x the last-level cache, at "
+                                                           "least 256)."),
     prefault: bool = typer.Option(True, help="Map every page of the model before timing (as serving does)."),
     repack: bool = typer.Option(True, help="Read the matrices this ISA reads faster repacked from the cache "
                                            "beside the model (built on first use), as serving does."),
@@ -121,7 +147,10 @@ def decode_command(
         engine.decode([(step * 31 + b) % engine.cfg.vocab_size for b in range(batch)], states)
         if single:
             engine.decode([(step * 31 + 7) % engine.cfg.vocab_size], single)
+    llc = cpu_lib.last_level_cache_bytes()
+    bw_mib = bw_mib or probe_mib(llc)
     probe = cpu_lib.MemBandwidth(engine.pool, bw_mib << 20)
+    cache_note = cache_resident_note(engine.last_bytes, llc)
     prefetch = probe.faster_stream()   # the kind of stream that reads faster here, chosen once
     results = []
     for _ in range(rounds):
@@ -144,7 +173,9 @@ def decode_command(
     report = {
         "command": command, "model": str(model), "isa": engine.isa, "repacked": bool(engine.repacked),
         "threads": engine.threads, "batch": batch, "membw_stream": "prefetched" if prefetch else "plain",
-        "huge_page_share": huge, "rounds": results, "best": best,
+        "huge_page_share": huge, "bw_buffer_mib": bw_mib,
+        "last_level_cache_mib": llc / 2**20 if llc else None, "cache_note": cache_note,
+        "rounds": results, "best": best,
         "median_bw_ratio": statistics.median(x["bw_ratio"] for x in results),
         "median_tok_s": statistics.median(x["tok_s"] for x in results),
     }
@@ -156,6 +187,8 @@ def decode_command(
     typer.echo(f"$ {command}")
     typer.echo(f"model {model.name}  isa {engine.isa}{' (repacked)' if engine.repacked else ''}  threads {engine.threads}  "
                f"batch {batch}  bandwidth: a {report['membw_stream']} stream of {bw_mib} MiB after each step")
+    if cache_note:
+        typer.echo(f"note: {cache_note}")
     typer.echo("weights mapped in 2 MB pages: " + ", ".join(
         f"{name} {'unknown' if share is None else f'{100 * share:.0f}%'}" for name, share in huge.items()))
     for i, x in enumerate(results):

@@ -82,6 +82,25 @@ def physical_cores() -> int:
     return len(cores) or len(allowed) or 1
 
 
+def last_level_cache_bytes(cpu: Path = Path("/sys/devices/system/cpu/cpu0")) -> int | None:
+    """The largest data or unified cache that a CPU reports in sysfs (its last level, shared by
+    the cores that a decode runs on), in bytes; None where sysfs does not say."""
+    best = None
+    for index in cpu.joinpath("cache").glob("index[0-9]*"):
+        try:
+            if index.joinpath("type").read_text().strip() == "Instruction":
+                continue
+            text = index.joinpath("size").read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            size = int(digits) * scale
+            best = size if best is None or size > best else best
+    return best
+
+
 class Pool:
     """A persistent pthread pool (one thread per physical core unless told otherwise)."""
 

@@ -286,7 +286,9 @@ def test_bench_decode_reports_bandwidth_share(files):
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
     best = report["best"]
-    assert report["batch"] == 2 and report["threads"] == 2
+    assert report["batch"] == 2 and report["threads"] == 2 and report["bw_buffer_mib"] == 64
+    # a tiny model's step is far smaller than any last-level cache: the report says so
+    assert report["last_level_cache_mib"] is None or "last-level cache" in report["cache_note"]
     assert best["membw_gbs"] > 0 and best["tok_s"] > 0 and 0 < best["weights_gb_per_step"] < 0.1
     assert abs(best["effective_gbs"] / best["membw_gbs"] - best["bw_ratio"]) < 1e-9
     # a batch is timed against a batch of one in the same rounds
@@ -306,3 +308,25 @@ def test_bench_decode_reports_bandwidth_share(files):
     assert text.exit_code == 0 and "LM head" in text.output and "the rest" in text.output, text.output
     bad = CliRunner().invoke(app, ["bench", "decode", "--model", str(files["q4_0"]), "--isa", "sse9"])
     assert bad.exit_code != 0 and "unknown ISA" in bad.output
+
+
+def test_bench_probe_outgrows_the_last_level_cache():
+    from fermium.cli_bench import cache_resident_note, probe_mib
+    assert probe_mib(None) == 256 and probe_mib(32 << 20) == 256
+    ram_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    assert probe_mib(300 << 20) == min(1200, ram_mib // 8 // 2 * 2)   # a 300 MiB Xeon cache
+    assert probe_mib(1 << 40) <= ram_mib // 8   # never more than an eighth of the RAM
+    assert cache_resident_note(563 << 20, 32 << 20) is None and cache_resident_note(563 << 20, None) is None
+    note = cache_resident_note(563 << 20, 300 << 20)
+    assert "563 MiB" in note and "300 MiB" in note and "--layers" in note
+
+
+def test_last_level_cache_is_the_largest_data_cache(tmp_path):
+    for index, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "64M"),
+                                                  (2, "Unified", "2048K"), (3, "Unified", "300M")]):
+        d = tmp_path / "cache" / f"index{index}"
+        d.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(f"{value}\n")
+    assert cpu_lib.last_level_cache_bytes(tmp_path) == 300 << 20
+    assert cpu_lib.last_level_cache_bytes(tmp_path / "absent") is None
