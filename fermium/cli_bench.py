@@ -8,7 +8,6 @@ the streams meet the load the decode met, where a best-of-several figure would s
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -69,11 +68,14 @@ LLC_MULTIPLE = 4   # a stream this many times the last-level cache reads from me
 
 def probe_mib(llc: int | None) -> int:
     """The bandwidth buffer, MiB: LLC_MULTIPLE times the last-level cache in whole 2 MB pages, at
-    least 256 and at most an eighth of the RAM (a 300 MiB cache would otherwise serve part of a
-    256 MiB stream, and the ratio would be taken against a cache's speed)."""
-    want = max(256, -(-LLC_MULTIPLE * (llc or 0) // (2 << 20)) * 2)
-    ram_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
-    return max(64, min(want, ram_mib // 8 // 2 * 2))
+    least 256 MiB and at most an eighth of the RAM (a 300 MiB cache would otherwise serve part of
+    a 256 MiB stream, and the ratio would be taken against a cache's speed)."""
+    from common.model.huge_pages import HUGE_PAGE
+    from native import cpu_lib
+
+    want = max(256 << 20, -(-LLC_MULTIPLE * (llc or 0) // HUGE_PAGE) * HUGE_PAGE)
+    cap = cpu_lib.ram_bytes() // 8 // HUGE_PAGE * HUGE_PAGE
+    return max(64 << 20, min(want, cap)) >> 20
 
 
 def cache_resident_note(step_bytes: int, llc: int | None) -> str | None:

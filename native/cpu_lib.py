@@ -85,7 +85,7 @@ def physical_cores() -> int:
 def last_level_cache_bytes(cpu: Path = Path("/sys/devices/system/cpu/cpu0")) -> int | None:
     """The largest data or unified cache that a CPU reports in sysfs (its last level, shared by
     the cores that a decode runs on), in bytes; None where sysfs does not say."""
-    best = None
+    sizes = []
     for index in cpu.joinpath("cache").glob("index[0-9]*"):
         try:
             if index.joinpath("type").read_text().strip() == "Instruction":
@@ -93,12 +93,15 @@ def last_level_cache_bytes(cpu: Path = Path("/sys/devices/system/cpu/cpu0")) -> 
             text = index.joinpath("size").read_text().strip().upper()
         except OSError:
             continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
+        digits = text.rstrip("KMG")   # sysfs writes binary units: 32768K, 300M
         if digits.isdigit():
-            size = int(digits) * scale
-            best = size if best is None or size > best else best
-    return best
+            sizes.append(int(digits) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1))
+    return max(sizes, default=None)
+
+
+def ram_bytes() -> int:
+    """This machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class Pool:

@@ -40,7 +40,7 @@ def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool
     afterwards no decode step stops on a page fault. Logs progress for large files. False when
     skipped."""
     size = model.path.stat().st_size
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ram = cpu_lib.ram_bytes()
     if size > PREFAULT_RAM_SHARE * ram:
         log.info("not mapping %s up front: %.1f GiB against %.1f GiB of RAM", model.path.name,
                  size / 2**30, ram / 2**30)
