@@ -190,8 +190,11 @@ static inline int fm_mins_dot_k4(const uint8_t *scales, const int16_t *bsums) {
 // of the measured bandwidth that way, and at 0.79-0.88 with the requests spread). The distance
 // covers the latency of a core that reads fast: a 38 GB/s core (Zen 5, 1 thread) decoded the
 // 4-layer Q4_K_M model at 0.83 of its bandwidth 4 KB ahead (AVX2), 0.94 8 KB ahead, and no
-// better 16 KB ahead, where its SSSE3 path and batches lost some of the gain.
+// better 16 KB ahead, where its SSSE3 path and batches lost some of the gain. Another distance
+// is built with -DFM_PREFETCH_AHEAD=N, to measure it (selftest/stream.c).
+#ifndef FM_PREFETCH_AHEAD
 #define FM_PREFETCH_AHEAD 8192
+#endif
 static inline __attribute__((always_inline)) void fm_prefetch_ahead(const void *at, size_t bytes) {
     const char *p = (const char *)at + FM_PREFETCH_AHEAD;
     _Pragma("GCC unroll 16")   // bytes is a block size, known where this inlines; -O2 left a loop

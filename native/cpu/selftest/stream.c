@@ -9,7 +9,10 @@
  *
  * TYPE is the GGUF type number (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K) or a repacked one (258 Q4_0
  * and 268 Q4_K in groups of 8 rows; 270 Q6_Kp, 514 Q4_0p and 524 Q4_Kp row by row), ISA 0
- * generic, 1 ssse3, 2 avx2, 3 avx512; COLS the row width (default 2048). Best of 5 passes each. */
+ * generic, 1 ssse3, 2 avx2, 3 avx512; COLS the row width (default 2048). Best of 5 passes each.
+ * Built with -DFM_PREFETCH_AHEAD=N (every file of the command, the per-ISA objects compiled with
+ * their flags from native/cpu/build.py), it measures another prefetch distance; the prefetched
+ * sum moves with it, so compare the kernels' GB/s of alternating runs, not only the ratio. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
