@@ -34,8 +34,10 @@ def compiler() -> str:
     return os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
 
 
-def compile_isa_objects(out_dir: Path, src_dir: Path = HERE) -> list[Path]:
-    """Compile every per-ISA source of src_dir with its own flags; returns the object paths."""
+def compile_isa_objects(out_dir: Path, src_dir: Path = HERE, extra_flags: tuple[str, ...] = ()) -> list[Path]:
+    """Compile every per-ISA source of src_dir with its own flags (and extra_flags, such as a
+    -D for a measurement; give each set of them its own out_dir, as an object newer than its
+    sources is kept); returns the object paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     objects = []
     for src in sorted(src_dir.glob("*.c")):
@@ -45,7 +47,7 @@ def compile_isa_objects(out_dir: Path, src_dir: Path = HERE) -> list[Path]:
         obj = out_dir / f"{src.stem}.o"
         if not obj.exists() or obj.stat().st_mtime < max(src.stat().st_mtime, *(
                 h.stat().st_mtime for h in src_dir.glob("*.h"))):
-            subprocess.run([compiler(), *COMMON_FLAGS, *ISA_FLAGS[isa], "-c", str(src), "-o", str(obj)],
+            subprocess.run([compiler(), *COMMON_FLAGS, *ISA_FLAGS[isa], *extra_flags, "-c", str(src), "-o", str(obj)],
                            check=True)
         objects.append(obj)
     return objects

@@ -10,9 +10,15 @@
  * TYPE is the GGUF type number (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K) or a repacked one (258 Q4_0
  * and 268 Q4_K in groups of 8 rows; 270 Q6_Kp, 514 Q4_0p and 524 Q4_Kp row by row), ISA 0
  * generic, 1 ssse3, 2 avx2, 3 avx512; COLS the row width (default 2048). Best of 5 passes each.
- * Built with -DFM_PREFETCH_AHEAD=N (every file of the command, the per-ISA objects compiled with
- * their flags from native/cpu/build.py), it measures another prefetch distance; the prefetched
- * sum moves with it, so compare the kernels' GB/s of alternating runs, not only the ratio. */
+ * Built with -DFM_PREFETCH_AHEAD=N in every file, it measures another prefetch distance, e.g. 4 KB:
+ *
+ *   python3 -c "import sys, pathlib; sys.path.insert(0, 'native/cpu'); import build; \
+ *      build.compile_isa_objects(pathlib.Path('/tmp/pf4096'), extra_flags=('-DFM_PREFETCH_AHEAD=4096',))"
+ *   cc -O2 -DFM_PREFETCH_AHEAD=4096 -Inative/cpu native/cpu/selftest/stream.c \
+ *      native/cpu/{dispatch,quantize,repack,ops}.c native/cpu/dot*_generic.c /tmp/pf4096/*.o -lm -o /tmp/fm_stream4096
+ *
+ * The prefetched sum moves with the distance, so compare the kernels' GB/s of alternating runs,
+ * not only the ratio. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
