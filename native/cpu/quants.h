@@ -66,7 +66,9 @@ typedef struct { fm_f16 d[FM_GROUP], dmin[FM_GROUP]; uint8_t scales[12][FM_GROUP
 //   - the 256 values are four 64-byte registers R0..R3, stored as three planes X, Y, Z that
 //     decode, with 16-bit shifts, as
 //       R0 = X & 63,  R1 = Y & 63,  R2 = (Z ^ X >> 2) & 63,  R3 = (Z >> 2 ^ Y >> 6) & 63:
-//     9 vector operations (7 with `vpternlogd`), against 17 for the GGUF layout. The bits that
+//     9 vector operations (7 with `vpternlogd`), against 17 for the GGUF layout, and no program
+//     of up to 4 shifts and xors before the 4 masks decodes every block (selftest/
+//     q6_decode_search.c searches them all). The bits that
 //     the shifts bring in from the other byte of a 16-bit lane are known once R0 and R1 are, so
 //     the repack solves X's and Y's top two bits and Z from them (repack.c). A plain split
 //     (X = R0 | R2.hi2 << 6, Z = R2.lo4 | R3.lo4 << 4, ...) took 11 operations: SSSE3 streams
