@@ -119,8 +119,9 @@ int main(int argc, char **argv) {
     const value x2 = shifted(&pool[0], 2, 1), z2 = shifted(&pool[2], 2, 1), y6 = shifted(&pool[1], 6, 1);
     const value r2 = xored(&pool[2], &x2), r3 = xored(&z2, &y6);
     const value *layout[4] = { &pool[0], &pool[1], &r2, &r3 };
-    printf("the layout's 9 operations decode every lane: %s\n", decodes(layout) ? "yes" : "NO");
-    if (!decodes(layout)) return 1;
+    const int layout_decodes = decodes(layout);
+    printf("the layout's 9 operations decode every lane: %s\n", layout_decodes ? "yes" : "NO");
+    if (!layout_decodes) return 1;
     search(ops);
     printf("programs of %d operations or fewer that decode every lane: %ld\n", ops + 4, found);
     return 0;
