@@ -1,10 +1,19 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seed."""
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seed.
+
+Any finite parameters in range give a token, never NaN or an exception: a NaN logit is never
+picked, the logits are clipped before the max is taken off and the temperature divides, so a
+tiny temperature or penalty overflows only to -inf, and a distribution with nothing left in it
+falls back to the argmax.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+LOGIT_LIMIT = 1e30              # far beyond any real logit, far from float64's overflow
 
 
 @dataclass(frozen=True)
@@ -17,8 +26,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        checks = [(self.temperature >= 0, "temperature must be >= 0"),
-                  (self.top_k >= 0, "top_k must be >= 0"),
+        floats = (self.temperature, self.top_p, self.min_p, self.repetition_penalty)
+        checks = [(all(isinstance(v, (int, float)) and math.isfinite(v) for v in floats),
+                   "sampling parameters must be finite numbers"),
+                  (self.temperature >= 0, "temperature must be >= 0"),
+                  (isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be an integer >= 0"),
                   (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
                   (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
                   (self.repetition_penalty > 0, "repetition_penalty must be > 0")]
@@ -35,24 +47,34 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         p = self.params
         logits = np.asarray(logits, dtype=np.float64).copy()
-        if p.repetition_penalty != 1.0 and len(history):
-            seen = np.unique(np.asarray(history, dtype=np.int64))
-            vals = logits[seen]
-            logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if p.temperature == 0.0:
-            return int(np.argmax(logits))
-        logits /= p.temperature
-        if p.top_k > 0 and p.top_k < logits.size:
-            kth = np.partition(logits, -p.top_k)[-p.top_k]
-            logits[logits < kth] = -np.inf
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
+        with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+            logits[np.isnan(logits)] = -np.inf
+            if p.repetition_penalty != 1.0 and len(history):
+                seen = np.unique(np.asarray(history, dtype=np.int64))
+                vals = logits[seen]
+                logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+            alive = logits > -np.inf
+            if p.temperature == 0.0 or not alive.any():
+                return int(np.argmax(logits))
+            # z: [vocab], <= 0 with the best at exactly 0; the dead are -inf
+            z = np.where(alive, np.clip(logits, -LOGIT_LIMIT, LOGIT_LIMIT), -np.inf)
+            z = (z - z.max()) / p.temperature
+            return self._draw(z)
+
+    def _draw(self, z: np.ndarray) -> int:
+        p = self.params
+        if p.top_k > 0 and p.top_k < z.size:
+            kth = np.partition(z, -p.top_k)[-p.top_k]
+            z[z < kth] = -np.inf
+        probs = np.exp(z)
         if p.min_p > 0.0:
             probs[probs < p.min_p * probs.max()] = 0.0
         if p.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")
-            cum = np.cumsum(probs[order])
+            cum = np.cumsum(probs[order]) / probs.sum()
             drop = order[np.searchsorted(cum, p.top_p) + 1:]                 # keep the smallest set reaching top_p
             probs[drop] = 0.0
-        probs /= probs.sum()
-        return int(self.rng.choice(probs.size, p=probs))
+        total = probs.sum()
+        if not (total > 0 and math.isfinite(total)):
+            return int(np.argmax(z))
+        return int(self.rng.choice(probs.size, p=probs / total))

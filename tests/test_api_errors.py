@@ -76,7 +76,7 @@ def make_app(dispatcher, max_running: int = 4, max_queue: int = 4, request_timeo
     api = API(gen, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
               render=lambda msgs, kw: "".join(f"{m['role']}:{m['content']}\n" for m in msgs),
               health=lambda: {"prefill_workers": 1, "decode_workers": 1})
-    return Starlette(routes=api.routes())
+    return api.app()
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_unknown_field(client):
 
 
 @pytest.mark.parametrize("field, value, needle", [
-    ("n", 2, "only n=1"), ("temperature", -0.5, "in [0, 2]"), ("top_p", 0, "in (0, 1]"),
+    ("n", 2, "only n=1"), ("temperature", -0.5, "0 (greedy) or in [0.001, 2]"), ("top_p", 0, "in (0, 1]"),
     ("logprobs", 3, "logprobs are not supported"), ("presence_penalty", 0.5, "repetition_penalty"),
     ("stop", ["a", "b", "c", "d", "e"], "at most 4"), ("seed", "x", "integer")])
 def test_bad_values(client, field, value, needle):
@@ -265,3 +265,19 @@ def test_queued_tokens_join_into_one_chunk():
     assert merged.tokens == [1, 2, 3, 4] and isinstance(q.get_nowait(), Finished)
     done = Finished("r", "w", "stop", 1, 1, None, None)
     assert _coalesce(done, q) is done
+
+
+class BrokenDispatcher(LocalDispatcher):
+    """A submit that raises what msgpack raised on an integer past int64."""
+
+    def submit(self, job, stop_ids):
+        raise OverflowError("int too big to convert")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failing_submit_gives_its_slot_back(stream):
+    app = make_app(BrokenDispatcher(CountingEngine()), max_running=2, max_queue=0)
+    with TestClient(app) as c:
+        for _ in range(64):                       # a leaked slot would make these 429 from the third on
+            assert_error(c.post("/v1/completions", json=completion(stream=stream)), 500, "could not be dispatched")
+        assert c.get("/health").json()["status"] == "ok"

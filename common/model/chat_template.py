@@ -79,7 +79,7 @@ def render_chat(messages: Sequence[Mapping[str, Any]], *, add_generation_prompt:
     variables.update(messages=messages, tools=list(tools) if tools else None,
                      add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
     try:
-        return compiled.render(**variables)
+        return compiled.render(variables)          # a mapping: a variable named `self` is no keyword clash
     except ChatTemplateError:
         raise
     except TemplateError as exc:

@@ -152,7 +152,8 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode takes a str, got {type(text).__name__}")
-        ids = self._hf.encode(text, add_special_tokens=False).ids
+        # encode_batch lets go of the GIL while it runs (encode does not), so other threads go on
+        ids = self._hf.encode_batch([text], add_special_tokens=False)[0].ids
         if self._specials.add_bos and self._specials.bos_id is not None:
             ids.insert(0, self._specials.bos_id)
         return ids

@@ -2,7 +2,12 @@
 
 The first Delta of a request is awaited before the response starts, so admission (429),
 missing workers (503) and early worker failures come back as HTTP errors; after that, a
-failure is sent as an SSE `error` event. A client that disconnects cancels its request.
+failure is sent as an SSE `error` event, then `[DONE]`. A client that disconnects cancels its
+request. Parsing, validation, the chat template and tokenizing run on a small thread pool, so a
+large body never holds up the event loop.
+
+Draining (on SIGTERM, see server.py): new requests get 503, the ones under way have
+`drain_timeout` seconds to finish, and those left then end with an error.
 """
 from __future__ import annotations
 
@@ -11,21 +16,43 @@ import json
 import logging
 import time
 import uuid
-from typing import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import AsyncIterator, Callable, Sequence
 
-from starlette.requests import Request
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import APIError, GenerationError
-from .generation import Delta, Generation
+from .errors import APIError, CatchAll, Drained, GenerationError, http_exception, server_error
+from .generation import RETRY_AFTER_S, Delta, Generation
 from .schema import Job, parse_body, validate
 
 log = logging.getLogger("fermium.router")
 
+MAX_BODY = 8 << 20              # bytes; a full 262k-token context as text is about 1 MB
+VALIDATE_THREADS = 2            # bodies parsed and tokenized at once, off the event loop
+DRAIN_POLL_S = 0.05
+ABORT_GRACE_S = 1.0             # after the drain time, for the ended requests to send their error
+COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
+
 
 def _error(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    return e.response()
+
+
+def _failure(e: Exception) -> APIError:
+    """What a run that failed after admission answers with."""
+    if isinstance(e, Drained):
+        return APIError(503, str(e), type="service_unavailable", code="shutting_down",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(e, GenerationError):
+        return APIError(500, str(e), type="server_error", code="worker_failed")
+    log.error("router: a request failed", exc_info=e)
+    return server_error("the server failed on this request", e)
 
 
 def _sse(obj: dict | str) -> bytes:
@@ -40,9 +67,35 @@ async def _until_disconnect(request: Request) -> None:
 class API:
     def __init__(self, generation: Generation, *, served: tuple[str, ...], context: int, vocab: int,
                  encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
-                 health: Callable[[], dict]):
+                 health: Callable[[], dict], max_body: int = MAX_BODY):
         self.gen, self.served, self.context, self.vocab = generation, served, context, vocab
         self.encode, self.render, self.health_info = encode, render, health
+        self.max_body = max_body
+        self.draining = False
+        self.live = 0                   # completion requests under way, counted by _Inflight
+        self._pool = ThreadPoolExecutor(VALIDATE_THREADS, thread_name_prefix="router-validate")
+
+    def app(self, *, lifespan=None, middleware: Sequence[Middleware] = ()) -> Starlette:
+        """The ASGI app: these routes, OpenAI error bodies for every status, requests counted."""
+        return Starlette(routes=self.routes(), lifespan=lifespan,
+                         middleware=[Middleware(CatchAll), Middleware(_Inflight, api=self), *middleware],
+                         exception_handlers={HTTPException: http_exception})
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new requests; wait up to `timeout` s for those under way, then end the rest."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        log.info("router: draining %d requests (at most %.0f s)", self.live, timeout)
+        while self.live and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if self.live:
+            n = self.gen.abort_all(f"the server is shutting down; the request did not finish within "
+                                   f"the drain time of {timeout:g} s")
+            log.warning("router: drain time ran out; ending %d requests", n)
+            deadline = loop.time() + ABORT_GRACE_S
+            while self.live and loop.time() < deadline:
+                await asyncio.sleep(DRAIN_POLL_S)
 
     def routes(self) -> list[Route]:
         return [Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -57,6 +110,8 @@ class API:
 
     async def health(self, request: Request) -> Response:
         info = self.health_info()
+        if self.draining:
+            return JSONResponse({"status": "draining", **info}, status_code=503)
         ok = info["prefill_workers"] > 0 and info["decode_workers"] > 0
         return JSONResponse({"status": "ok" if ok else "degraded", **info}, status_code=200 if ok else 503)
 
@@ -69,12 +124,17 @@ class API:
     async def _serve(self, request: Request, *, chat: bool) -> Response:
         arrived = time.perf_counter()
         try:
-            body = parse_body(await request.body())
-            job = validate(body, chat=chat, served=self.served, context=self.context, vocab=self.vocab,
-                           encode=self.encode, render=self.render)
+            if self.draining:
+                raise APIError(503, "the server is shutting down; send the request to another instance or "
+                               "retry once it is back", type="service_unavailable", code="shutting_down",
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+            raw = await _read_body(request, self.max_body)
+            job = await asyncio.get_running_loop().run_in_executor(self._pool, self._job, raw, chat)
             await self.gen.admit()
         except APIError as e:
             return _error(e)
+        except ClientDisconnect:
+            return Response(status_code=499)
         deltas = self.gen.run(job, arrived)
         first: list[Delta] = []
 
@@ -85,8 +145,8 @@ class API:
             await _first_of(head(), _until_disconnect(request))
         except APIError as e:
             return _error(e)
-        except GenerationError as e:
-            return _error(APIError(500, str(e), type="server_error", code="worker_failed"))
+        except Exception as e:
+            return _error(_failure(e))
         if not first:  # the client left before the first token
             await deltas.aclose()
             return Response(status_code=499)
@@ -95,6 +155,10 @@ class API:
             return StreamingResponse(self._stream(job, cid, first[0], deltas), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         return await self._whole(request, job, cid, first[0], deltas)
+
+    def _job(self, raw: bytes, chat: bool) -> Job:
+        return validate(parse_body(raw), chat=chat, served=self.served, context=self.context, vocab=self.vocab,
+                        encode=self.encode, render=self.render)
 
     async def _whole(self, request: Request, job: Job, cid: str, head: Delta,
                      deltas: AsyncIterator[Delta]) -> Response:
@@ -108,8 +172,8 @@ class API:
 
         try:
             await _first_of(rest(), _until_disconnect(request))     # also closes a run that ended at once
-        except GenerationError as e:
-            return _error(APIError(500, str(e), type="server_error", code="worker_failed"))
+        except Exception as e:
+            return _error(_failure(e))
         if final.finish_reason is None:
             return Response(status_code=499)
         text = "".join(parts)
@@ -138,8 +202,9 @@ class API:
             async for d in deltas:
                 final = d
                 yield _sse(chunk(d))
-        except GenerationError as e:
-            yield _sse(APIError(500, str(e), type="server_error", code="worker_failed").body())
+        except Exception as e:
+            yield _sse(_failure(e).body())
+            yield _sse("[DONE]")
             return
         if job.include_usage:
             yield _sse({"id": cid, "object": kind, "created": created, "model": job.model, "choices": [],
@@ -150,6 +215,36 @@ class API:
 def _usage(d: Delta) -> dict:
     return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
             "total_tokens": d.prompt_tokens + d.completion_tokens}
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 past `limit` bytes; uvicorn discards the unread rest."""
+    too_large = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+class _Inflight:
+    """Counts the completion requests under way, streams included, until their last byte."""
+
+    def __init__(self, app: ASGIApp, api: API):
+        self.app, self.api = app, api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in COMPLETION_PATHS:
+            return await self.app(scope, receive, send)
+        self.api.live += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.api.live -= 1
 
 
 async def _first_of(*coros) -> None:

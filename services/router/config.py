@@ -15,6 +15,8 @@ class RouterConfig:
     max_running: int = 64                       # requests dispatched to workers at once
     max_queue: int = 256                        # requests waiting for a slot; beyond that, 429
     heartbeat_timeout: float = 2.5              # seconds of silence before a worker is dead
+    worker_token: str | None = None             # workers must show it; None: common.worker_token's default
+    max_workers: int = 64                       # workers held per role; more are refused
     request_timeout: float = 600.0              # seconds a request may wait for its next event
     metrics_port: int = 0
     log_level: str = "info"
@@ -23,3 +25,5 @@ class RouterConfig:
     snapshot_dir: str | None = None             # disk tier that survives a restart
     snapshot_every: int = 1024                  # prefill checkpoints, a multiple of the 64-token chunk
     preserve_thinking: bool = True              # render past reasoning as generated, so turns share a prefix
+    drain_timeout: float = 30.0                 # seconds in-flight requests get after SIGTERM
+    max_body_bytes: int = 8 << 20               # larger request bodies get 413

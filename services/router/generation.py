@@ -2,10 +2,13 @@
 stop strings, metrics, and cancellation when the client goes away or a stop string matches.
 
 `Generation.run(job)` yields Deltas: text pieces, then one with the finish reason and usage.
+Whatever goes wrong, the admission slot is given back exactly once, in run's `finally` or at a
+submit that fails.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -14,9 +17,11 @@ from common.metrics import RouterMetrics
 from common.protocol.router import Failed, Finished, PrefillDone, Tokens
 
 from .admission import Admission, QueueFull
-from .dispatch import Dispatcher, NoWorkers
-from .errors import APIError, GenerationError
+from .dispatch import Dispatcher, NoWorkers, Track
+from .errors import APIError, Drained, GenerationError, server_error
 from .schema import Job
+
+log = logging.getLogger("fermium.router")
 
 RETRY_AFTER_S = 1
 
@@ -72,6 +77,9 @@ class Generation:
         self.admission = admission
         self.metrics = metrics
         self.stop_ids = tuple(sorted(tokenizer.eos_ids))
+        self.active: dict[str, Track] = {}       # rid -> Track, of the runs under way
+        self._drained: set[str] = set()
+        self.closing: str | None = None             # set when the drain time ran out: no new runs
 
     async def admit(self) -> float:
         """Wait for a slot; returns the seconds waited. Raises APIError 429 when the queue is full."""
@@ -93,12 +101,21 @@ class Generation:
     async def run(self, job: Job, arrived: float) -> AsyncIterator[Delta]:
         """Yields text Deltas and a final one; the caller has already called admit()."""
         outcome = "cancelled"
+        if self.closing:
+            self._release("error")
+            raise APIError(503, self.closing, type="service_unavailable", code="shutting_down",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
             track = self.dispatcher.submit(job, self.stop_ids)
         except NoWorkers as e:
             self._release("error")
             raise APIError(503, str(e), type="service_unavailable", code="no_workers",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except Exception as e:
+            log.exception("router: dispatching a request failed")
+            self._release("error")
+            raise server_error("the request could not be dispatched", e, "dispatch_failed") from None
+        self.active[track.rid] = track
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
         detok, stops = self.tokenizer.stream(), StopMatcher(job.stop)
         dispatched = time.perf_counter()
@@ -117,7 +134,7 @@ class Generation:
                     continue
                 if isinstance(msg, Failed):
                     outcome = "error"
-                    raise GenerationError(msg.error)
+                    raise (Drained if track.rid in self._drained else GenerationError)(msg.error)
                 if isinstance(msg, Finished):
                     outcome = msg.reason
                     tail = stops.flush() + detok.finish()
@@ -149,12 +166,23 @@ class Generation:
         finally:
             if outcome == "cancelled":
                 self.dispatcher.cancel(track.rid, "client disconnected")
+            self.active.pop(track.rid, None)
+            self._drained.discard(track.rid)
             self.dispatcher.forget(track.rid)
             now = time.perf_counter()
             self.metrics.e2e.observe(now - arrived)
             if first is not None:
                 self.metrics.decode_time.observe(now - first)
             self._release(outcome)
+
+    def abort_all(self, why: str) -> int:
+        """End every run under way with `why` (a Drained error), and refuse new ones; returns how many."""
+        self.closing = why
+        for rid, track in self.active.items():
+            self._drained.add(rid)
+            self.dispatcher.cancel(rid, why)
+            track.events.put_nowait(Failed(rid, "router", why))
+        return len(self.active)
 
     def _release(self, outcome: str) -> None:
         self.metrics.requests.labels(outcome).inc()

@@ -3,10 +3,16 @@
 Fields OpenAI documents are accepted; those Fermium cannot honour are refused when set to a
 value that would change the answer (n > 1, logprobs, penalties). A field OpenAI does not know
 is refused, as OpenAI does, except the sampling extensions vLLM accepts too.
+
+The body as a whole is checked before any field is read: valid UTF-8 and JSON, nesting at most
+MAX_DEPTH deep, no lone surrogate in any string, every float finite (Python's json reads `NaN`,
+`Infinity` and `1e400`), every integer within int64 (what msgpack carries to the workers).
 """
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,6 +29,14 @@ COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix"}
 EXTENSION_FIELDS = {"top_k", "min_p", "repetition_penalty", "chat_template_kwargs"}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_STRINGS = 4
+MAX_DEPTH = 64                  # JSON nesting; real requests stay under 10
+INT64 = (-2 ** 63, 2 ** 63)
+# below 1e-3 a distribution is greedy to within float64 rounding; OpenAI's range ends at 2
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 2.0
+# HF, vLLM and llama.cpp users set 1.0-1.5; outside this the logits are all but erased or inverted
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0
+TEMPLATE_FLAGS = ("enable_thinking", "preserve_thinking")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -46,11 +60,49 @@ def parse_body(raw: bytes) -> dict:
         raise bad_request(f"the request body is not valid UTF-8 (byte {e.start})") from None
     try:
         body = json.loads(text)
-    except json.JSONDecodeError as e:
+    except RecursionError:
+        raise bad_request(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:                        # JSONDecodeError, or an integer of over 4300 digits
         raise bad_request(f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    _check_tree(body)
     return body
+
+
+def _check_tree(body: dict) -> None:
+    """Depth, strings, floats and integers of the whole body, without recursion."""
+    todo: list[tuple[Any, tuple, int]] = [(body, (), 0)]
+    while todo:
+        value, path, depth = todo.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _SURROGATE.search(value):
+                raise bad_request(f"'{_name(path)}' holds a lone UTF-16 surrogate, which is not text", _name(path))
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif isinstance(value, int):
+            if not INT64[0] <= value < INT64[1]:
+                raise bad_request(f"'{_name(path)}' does not fit a 64-bit integer", _name(path))
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise bad_request(f"'{_name(path)}' is {value}; numbers must be finite", _name(path))
+        elif depth >= MAX_DEPTH:
+            raise bad_request(f"the request body is nested deeper than {MAX_DEPTH} levels", _name(path))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if not k.isascii() and _SURROGATE.search(k):
+                    raise bad_request(f"a key in '{_name(path)}' holds a lone UTF-16 surrogate", _name(path))
+                todo.append((v, (*path, k), depth + 1))
+        else:
+            todo.extend((v, (*path, i), depth + 1) for i, v in enumerate(value))
+
+
+def _name(path: tuple) -> str:
+    """('messages', 0, 'content') -> 'messages[0].content'."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out or "body"
 
 
 def _num(body: dict, name: str, kind: type, default: Any, ok: Callable[[Any], bool], rule: str) -> Any:
@@ -59,6 +111,10 @@ def _num(body: dict, name: str, kind: type, default: Any, ok: Callable[[Any], bo
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
         raise bad_request(f"'{name}' must be {'a number' if kind is float else 'an integer'}", name)
+    if isinstance(value, int) and not INT64[0] <= value < INT64[1]:
+        raise bad_request(f"'{name}' does not fit a 64-bit integer", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad_request(f"'{name}' is {value}; it must be a finite number", name)
     if not ok(value):
         raise bad_request(f"'{name}' is {value}; it must be {rule}", name)
     return kind(value)
@@ -105,7 +161,7 @@ def _messages(body: dict) -> list[dict]:
         raise bad_request("'messages' must be a non-empty list", "messages")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
             raise bad_request(f"messages[{i}] needs a 'role', one of {sorted(ROLES)}", f"messages[{i}].role")
         content = m.get("content")
         if isinstance(content, list):
@@ -133,6 +189,19 @@ def _prompt(body: dict, encode: Callable[[str], list[int]], vocab: int) -> list[
     raise bad_request("'prompt' must be a string, a list of one string, or a list of token ids", "prompt")
 
 
+def _template_kwargs(body: dict) -> dict:
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    for key, value in kwargs.items():
+        if not key.isidentifier():
+            raise bad_request(f"chat_template_kwargs: {key!r} is not a template variable name",
+                              f"chat_template_kwargs.{key}")
+        if key in TEMPLATE_FLAGS and not isinstance(value, bool):
+            raise bad_request(f"chat_template_kwargs.{key} must be a boolean", f"chat_template_kwargs.{key}")
+    return kwargs
+
+
 def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, vocab: int,
              encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str]) -> Job:
     allowed = (CHAT_FIELDS if chat else COMPLETION_FIELDS) | EXTENSION_FIELDS
@@ -153,17 +222,19 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
     sampling = {
-        "temperature": _num(body, "temperature", float, 1.0, lambda v: 0 <= v <= 2, "in [0, 2]"),
+        "temperature": _num(body, "temperature", float, 1.0,
+                            lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+                            f"0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]"),
         "top_p": _num(body, "top_p", float, 1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
-        "top_k": max(0, _num(body, "top_k", int, 0, lambda v: v >= -1, ">= -1 (-1 or 0: off)")),
+        "top_k": min(vocab, max(0, _num(body, "top_k", int, 0, lambda v: v >= -1, ">= -1 (-1 or 0: off)"))),
         "min_p": _num(body, "min_p", float, 0.0, lambda v: 0 <= v <= 1, "in [0, 1]"),
-        "repetition_penalty": _num(body, "repetition_penalty", float, 1.0, lambda v: v > 0, "> 0"),
+        "repetition_penalty": _num(body, "repetition_penalty", float, 1.0,
+                                   lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY,
+                                   f"in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}]"),
         "seed": _num(body, "seed", int, None, lambda v: 0 <= v < 2 ** 63, "in [0, 2^63)"),
     }
     if chat:
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+        kwargs = _template_kwargs(body)
         try:
             prompt_ids = encode(render(_messages(body), kwargs))
         except ValueError as e:                      # the chat template refused the conversation
