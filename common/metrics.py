@@ -37,6 +37,11 @@ decode
     fermium_decode_step_seconds                histogram  one batched engine step
     fermium_decode_batch_size                  histogram  sequences per step
     fermium_num_requests_running / _waiting    gauge
+every service
+    fermium_protocol_errors_total{service,reason}  counter  messages rejected at the inbox or by the
+        service: decode (undecodable) | too_large | recv | handler (the handler raised) |
+        invalid (a request that fails the model's checks) | unexpected (a kind this service
+        does not take) | unauthorized (a worker without the shared token)
 Every service also exports prometheus_client's process_* series (process_cpu_seconds_total,
 process_resident_memory_bytes, ...).
 """
@@ -48,6 +53,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PROTOCOL_ERROR_REASONS = ("decode", "too_large", "recv", "handler", "invalid", "unexpected", "unauthorized")
 BACKEND_STAT_KEYS = ("h2d_bytes", "copy_seconds", "compute_seconds", "peak_device_bytes",
                      "vram_budget_bytes")  # the dashboard's series
 
@@ -60,9 +66,19 @@ def _with_values(metric, values: tuple[str, ...]):
 
 
 class _Metrics:
+    SERVICE = ""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
+        self.protocol_errors = self.counter("fermium_protocol_errors", "Messages rejected, by reason",
+                                            ("service", "reason"))
+        for reason in PROTOCOL_ERROR_REASONS:
+            self.protocol_errors.labels(self.SERVICE, reason)
+
+    def protocol_error(self, reason: str) -> None:
+        """Count one rejected message (reason: one of PROTOCOL_ERROR_REASONS)."""
+        self.protocol_errors.labels(self.SERVICE, reason).inc()
 
     def counter(self, name: str, doc: str, labels: tuple[str, ...] = (), values: tuple[str, ...] = ()) -> Counter:
         return _with_values(Counter(name, doc, labels, registry=self.registry), values)
@@ -84,6 +100,8 @@ class _Metrics:
 
 
 class RouterMetrics(_Metrics):
+    SERVICE = "router"
+
     def __init__(self) -> None:
         super().__init__()
         self.requests = self.counter("fermium_requests", "Finished requests by outcome", ("outcome",),
@@ -111,6 +129,8 @@ class RouterMetrics(_Metrics):
 
 
 class PrefillMetrics(_Metrics):
+    SERVICE = "prefill"
+
     def __init__(self) -> None:
         super().__init__()
         self.requests = self.counter("fermium_prefill_requests", "Prefill requests by outcome", ("outcome",),
@@ -125,6 +145,8 @@ class PrefillMetrics(_Metrics):
 
 
 class DecodeMetrics(_Metrics):
+    SERVICE = "decode"
+
     def __init__(self) -> None:
         super().__init__()
         self.requests = self.counter("fermium_decode_requests", "Decoded sequences by outcome", ("outcome",),

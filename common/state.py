@@ -2,6 +2,8 @@
 
 Per linear-attention layer: the conv tail and the Gated DeltaNet matrix.
 Per full-attention layer: the K and V caches up to `pos`.
+`check_state` holds arrays from the wire to the model's shapes before any native code reads
+them; `wire_limits` is the largest message that can legitimately carry a state.
 """
 from __future__ import annotations
 
@@ -10,6 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .model.config import ModelConfig
+from .protocol.codec import WireLimits
+
+STATE_DTYPE = np.float32           # what prefill and decode ship (SequenceState.empty)
+HEADER_SLACK = 1 << 20             # bytes of a header beyond its token lists: ids, sampling, addresses
+MSGPACK_INT = 9                    # the most bytes msgpack spends on one int
 
 
 @dataclass
@@ -41,9 +48,9 @@ class SequenceState:
 
     @classmethod
     def from_arrays(cls, pos: int, arrays: list[np.ndarray], cfg: ModelConfig) -> "SequenceState":
+        """Arrays in arrays() order at position `pos`, checked by check_state (ValueError)."""
+        check_state(pos, arrays, cfg)
         n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
-        if len(arrays) != 2 * n_lin + 2 * n_full:
-            raise ValueError(f"state needs {2 * n_lin + 2 * n_full} arrays, got {len(arrays)}")
         a = list(arrays)
         return cls(pos, a[:n_lin], a[n_lin:2 * n_lin], a[2 * n_lin:2 * n_lin + n_full],
                    a[2 * n_lin + n_full:])
@@ -51,3 +58,49 @@ class SequenceState:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())
+
+
+def state_shapes(pos: int, cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every array of a state at `pos`, in arrays() order."""
+    n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
+    kv = (pos, cfg.n_kv_heads, cfg.head_dim)
+    return ([(f"conv[{i}]", (cfg.conv_channels, cfg.conv_kernel - 1)) for i in range(n_lin)]
+            + [(f"ssm[{i}]", (cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim)) for i in range(n_lin)]
+            + [(f"k[{i}]", kv) for i in range(n_full)] + [(f"v[{i}]", kv) for i in range(n_full)])
+
+
+def check_state(pos: int, arrays, cfg: ModelConfig) -> None:
+    """Raise ValueError, naming the array, unless `arrays` is a state of this model at `pos`."""
+    if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or not 0 <= pos <= cfg.context_length:
+        raise ValueError(f"state position {pos!r} is outside [0, {cfg.context_length}]")
+    if not isinstance(arrays, (list, tuple)):
+        raise ValueError(f"state must be a list of arrays, got {type(arrays).__name__}")
+    want = state_shapes(pos, cfg)
+    if len(arrays) != len(want):
+        raise ValueError(f"state needs {len(want)} arrays, got {len(arrays)}")
+    for (name, shape), a in zip(want, arrays):
+        if not isinstance(a, np.ndarray):
+            raise ValueError(f"state {name} is a {type(a).__name__}, not an array")
+        if a.dtype != STATE_DTYPE or a.shape != shape:
+            raise ValueError(f"state {name} is {a.dtype}{list(a.shape)}, the model needs "
+                             f"{np.dtype(STATE_DTYPE)}{list(shape)}")
+
+
+def check_logits(logits, cfg: ModelConfig) -> None:
+    """Raise ValueError unless `logits` is (vocab,) float32. Non-finite values pass: the sampler
+    meets them like the engine's own, and fails only that sequence."""
+    if not isinstance(logits, np.ndarray) or logits.dtype != STATE_DTYPE or logits.shape != (cfg.vocab_size,):
+        got = f"{logits.dtype}{list(logits.shape)}" if isinstance(logits, np.ndarray) else type(logits).__name__
+        raise ValueError(f"logits are {got}, the model needs float32[{cfg.vocab_size}]")
+
+
+def wire_limits(cfg: ModelConfig) -> WireLimits:
+    """The largest message a service of this model can legitimately receive: a whole state at the
+    context length plus logits (a Snapshot, Finished or DecodeRequest), and a header holding two
+    token lists of that length (a PrefillRequest's tokens and history)."""
+    itemsize = np.dtype(STATE_DTYPE).itemsize
+    shapes = [s for _, s in state_shapes(cfg.context_length, cfg)] + [(cfg.vocab_size,)]
+    sizes = [int(np.prod(s)) * itemsize for s in shapes]
+    header = 2 * cfg.context_length * MSGPACK_INT + HEADER_SLACK
+    return WireLimits(frame_bytes=max(*sizes, header), message_bytes=sum(sizes) + header,
+                      frames=1 + len(shapes))

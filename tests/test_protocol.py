@@ -184,3 +184,92 @@ def test_wildcard_inbox_is_advertised_by_host_name():
     from common.worker import reachable
     assert reachable("tcp://0.0.0.0:5561") == f"tcp://{socket.gethostname()}:5561"
     assert reachable("tcp://10.0.0.7:5561") == "tcp://10.0.0.7:5561"
+
+
+# ---- hostile input: every failure is a ProtocolError, and nothing stops an inbox ----------------
+
+def _field(**changes) -> list:
+    return _with_header(GOOD, f={**_header(GOOD)["f"], **changes})
+
+
+def _desc(**changes) -> list:
+    return _with_header(GOOD, a={**_header(GOOD)["a"], **changes})
+
+
+@pytest.mark.parametrize("frames", [
+    [msgpack.packb({"v": 1, "k": [1], "f": {}, "a": {}})],           # an unhashable kind
+    _desc(logits=["float32", [2 ** 32, 2 ** 32], 5]),                  # a shape whose product overflows int64
+    _desc(logits=["float32", [2 ** 63], 5]),
+    _desc(logits=5), _desc(state=5), _desc(state={"x": 1}), _desc(state=["float32", [6, 3], 1]),
+    _desc(logits=[["float32"], [11], 5]), _desc(logits=["float32", [11], True]),
+    _desc(logits=["float32", [1] * 9 + [11], 5]),
+    _field(max_tokens=2 ** 64 - 1), _field(pos=2 ** 63), _field(history=[1, "x"]),
+    _field(history=[1, [2]]), _field(stop_ids=[True]), _field(sampling={"a": {"b": [1]}}),
+    _field(sampling={"t": float("inf")}), _field(sampling={"top_k": 2 ** 64 - 1}),
+    [GOOD[0], 7, *GOOD[2:]], [3], "frames", [b"\x93" * 2000], [b"\xdd\xff\xff\xff\xff"],
+])
+def test_any_undecodable_input_is_a_protocol_error(frames):
+    with pytest.raises(ProtocolError):
+        decode_frames(frames if isinstance(frames, str) else [f if isinstance(f, int) else bytes(f) for f in frames])
+
+
+def test_encode_refuses_integers_beyond_int64():
+    for msg in (DecodeRequest("r", 0, [2 ** 63], {}, 1, [], False, [], None),
+                DecodeRequest("r", 0, [], {"top_k": 2 ** 64}, 1, [], False, [], None),
+                Tokens("r", "w", [1, 2 ** 70])):
+        with pytest.raises(ProtocolError, match="int64"):
+            encode_message(msg)
+
+
+def test_limits_refuse_too_many_frames_and_bytes():
+    from common.protocol.codec import WireLimits
+    for limits in (WireLimits(1 << 20, 1 << 20, len(GOOD) - 1), WireLimits(1 << 20, 100, len(GOOD))):
+        with pytest.raises(ProtocolError) as e:
+            decode_frames([bytes(f) for f in GOOD], limits)
+        assert e.value.reason == "too_large"
+
+
+def test_inbox_counts_and_survives_a_failing_handler_and_error_handler():
+    counted, got = [], []
+
+    def handle(msg):
+        if msg.rid == "boom":
+            raise RuntimeError("handler bug")
+        got.append(msg)
+
+    def on_error(err):
+        raise RuntimeError("error handler bug")
+
+    inbox = PullQueue("tcp://127.0.0.1:0", name="test", on_message=handle, on_error=on_error, errors=counted.append)
+    raw = open_socket(zmq.PUSH, inbox.address, bind=False)
+    try:
+        for frames in (encode_message(Cancel("boom", "")), [b"\x81\xa1k\x91\x01"], [msgpack.packb({"v": 1, "k": [1]})],
+                       encode_message(Cancel("fine", ""))):
+            raw.send_multipart([bytes(f) for f in frames])
+        deadline = time.monotonic() + RECV_TIMEOUT_S
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [m.rid for m in got] == ["fine"]
+        assert sorted(counted) == ["decode", "decode", "handler", "handler", "handler"]
+    finally:
+        raw.close()
+        inbox.close(wait=1)
+
+
+def test_a_frame_over_maxmsgsize_is_dropped_by_zeromq_and_the_inbox_goes_on():
+    from common.protocol.codec import WireLimits
+    counted = []
+    inbox = PullQueue("tcp://127.0.0.1:0", name="test", limits=WireLimits(1 << 16, 1 << 17, 4), errors=counted.append)
+    big, small = open_socket(zmq.PUSH, inbox.address, bind=False), open_socket(zmq.PUSH, inbox.address, bind=False)
+    try:
+        time.sleep(0.1)
+        big.send_multipart([encode_message(Cancel("big", ""))[0], b"\0" * (64 << 20)])
+        small.send_multipart([encode_message(Cancel("parts", ""))[0], *[b"\0" * 60_000] * 3])
+        small.send_multipart(encode_message(Cancel("small", "")))
+        assert inbox.get(RECV_TIMEOUT_S).rid == "small"
+        assert inbox.get(0.3) is None
+        assert counted == ["too_large"]     # the big frame never reached Python; parts under MAXMSGSIZE did
+    finally:
+        big.close()
+        small.close()
+        inbox.close(wait=1)

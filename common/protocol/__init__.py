@@ -5,6 +5,7 @@
 - `prefill`: what a prefill worker receives (PrefillRequest).
 - `decode`: what a decode worker receives (DecodeRequest).
 - `worker`: what every worker receives (HelloAck, Cancel).
+- `checks`: what a worker checks against the model before a request reaches native code.
 """
 from . import decode, prefill, router, worker
 from .codec import VERSION, Message, ProtocolError, decode as decode_frames, encode as encode_message

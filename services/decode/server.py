@@ -4,6 +4,10 @@ A DecodeRequest brings a prefilled state and the first token's logits. Its first
 sampled on arrival (that is the time to first token); then the sequence waits for a batch
 slot and decodes one token per engine step with the others. Each token goes to the router
 as a Tokens message; the end goes as Finished, with the final state when it was asked for.
+
+A request that fails the model's checks (common.protocol.checks), or whose sampler raises,
+fails alone with a Failed reply; an engine step that raises fails its batch. Nothing a
+request brings stops the loop.
 """
 from __future__ import annotations
 
@@ -14,11 +18,13 @@ import numpy as np
 
 from common.metrics import DecodeMetrics
 from common.model.gguf_file import GGUFModel
+from common.mp import LogLimiter
+from common.protocol.checks import check_decode
 from common.protocol.decode import DecodeRequest
 from common.protocol.router import Finished, Tokens
 from common.protocol.worker import Cancel
-from common.sampling import Sampler, SamplingParams
-from common.state import SequenceState
+from common.sampling import Sampler
+from common.state import wire_limits
 from common.worker import CancelledIds, WorkerLink
 
 from .config import DecodeConfig
@@ -26,6 +32,8 @@ from .engines import load_engine
 from .scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("fermium.decode")
+GUARD_PAUSE_S = 0.01       # after a step failed outright: no busy loop if it keeps failing
+
 
 class DecodeServer:
     def __init__(self, cfg: DecodeConfig):
@@ -36,8 +44,11 @@ class DecodeServer:
         self.sched = BatchScheduler(cfg.max_batch)
         self.cancelled = CancelledIds()
         self.link = WorkerLink("decode", router_address=cfg.router, inbox_address=cfg.listen,
-                               advertise=cfg.advertise, capacity=cfg.capacity, model=self.model.path.name,
-                               load=lambda: (len(self.sched.running), len(self.sched.waiting)))
+                               token=cfg.worker_token, advertise=cfg.advertise, capacity=cfg.capacity,
+                               model=self.model.path.name,
+                               load=lambda: (len(self.sched.running), len(self.sched.waiting)),
+                               limits=wire_limits(self.model.config), errors=self.metrics.protocol_error)
+        self._complain = LogLimiter(log, "decode: failed requests")
         self._running = True
 
     def start(self) -> None:
@@ -57,14 +68,21 @@ class DecodeServer:
                     continue
                 try:
                     self._admit(msg)
+                except ValueError as e:                     # the request's fault
+                    self.metrics.protocol_error("invalid")
+                    self._reject(msg.rid, f"decode rejected the request: {e}")
                 except Exception as e:
-                    log.exception("cannot start decoding %s", msg.rid)
-                    self.metrics.requests.labels("error").inc()
-                    self.link.fail(msg.rid, f"decode rejected the request: {type(e).__name__}: {e}")
+                    self._reject(msg.rid, f"decode rejected the request: {type(e).__name__}: {e}", trace=True)
             else:
-                log.error("decode got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
+                self.metrics.protocol_error("unexpected")
+                self._complain("decode got an unexpected %s (rid %.40s); ignored", type(msg).__name__, msg.rid)
                 self.link.fail(msg.rid, f"decode does not handle {type(msg).__name__}")
         self._gauges()
+
+    def _reject(self, rid: str, why: str, *, trace: bool = False) -> None:
+        self._complain("%s: %s", rid[:40], why, exc_info=trace)
+        self.metrics.requests.labels("error").inc()
+        self.link.fail(rid, why)
 
     def _cancel(self, rid: str) -> None:
         self.cancelled.add(rid)
@@ -73,10 +91,8 @@ class DecodeServer:
             self._finish(seq, "cancelled", retire=False)
 
     def _admit(self, req: DecodeRequest) -> None:
-        state = SequenceState.from_arrays(req.pos, list(req.state), self.model.config)
-        if req.logits.shape != (self.model.config.vocab_size,):
-            raise ValueError(f"logits shape {req.logits.shape}, vocabulary is {self.model.config.vocab_size}")
-        seq = Sequence(req.rid, state, Sampler(SamplingParams(**req.sampling)), list(req.history),
+        state, params = check_decode(req, self.model.config)
+        seq = Sequence(req.rid, state, Sampler(params), list(req.history),
                        req.max_tokens, frozenset(req.stop_ids), req.return_state, joined_at=time.perf_counter())
         seq.logits = np.asarray(req.logits)
         if self._accept(seq, seq.sampler.sample(seq.logits, seq.history)):
@@ -128,7 +144,13 @@ class DecodeServer:
         self.metrics.batch_size.observe(len(batch))
         for seq, row in zip(batch, logits):
             seq.logits = row
-            if not self._accept(seq, seq.sampler.sample(row, seq.history)):
+            try:
+                more = self._accept(seq, seq.sampler.sample(row, seq.history))
+            except Exception as e:                          # this sequence's sampler: it alone fails
+                self.sched.retire(seq)
+                self._reject(seq.rid, f"sampling failed: {type(e).__name__}: {e}", trace=True)
+                continue
+            if not more:
                 self._finish(seq, seq.finish_reason or "length")
         self._gauges()
 
@@ -138,7 +160,12 @@ class DecodeServer:
 
     def serve_forever(self) -> None:
         while self._running:
-            self.step()
+            try:
+                self.step()
+            except Exception:       # the last resort: log, count, and go on serving
+                self.metrics.protocol_error("handler")
+                self._complain("decode step failed", exc_info=True)
+                time.sleep(GUARD_PAUSE_S)
 
     def stop(self) -> None:
         self._running = False

@@ -2,28 +2,35 @@
 
 Loop: take every queued message; Cancels first, then one PrefillRequest at a time:
 state (empty, or the snapshot it was given) -> backend.prefill -> DecodeRequest to the decode
-worker the router chose, PrefillDone to the router. Any failure becomes a Failed reply.
+worker the router chose, PrefillDone to the router. Any failure becomes a Failed reply: a
+request is checked against the model (common.protocol.checks) before the backend sees it.
+Connections to decode workers are kept for reuse, at most MAX_DECODERS of them, and one
+unused for IDLE_DECODER_S is closed.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 from common.metrics import PrefillMetrics
 from common.model.gguf_file import GGUFModel
-from common.mp import PushQueue
+from common.mp import LogLimiter, PushQueue
+from common.protocol.checks import check_prefill
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.router import PrefillDone, Snapshot
 from common.protocol.worker import Cancel
-from common.state import SequenceState
+from common.state import SequenceState, wire_limits
 from common.worker import CancelledIds, WorkerLink
 
 from .backends import create_backend
 from .config import PrefillConfig
 
 log = logging.getLogger("fermium.prefill")
+MAX_DECODERS = 8           # decode workers one prefill worker ships to; the least recently used goes
+IDLE_DECODER_S = 120.0
+
 
 class PrefillServer:
     def __init__(self, cfg: PrefillConfig):
@@ -33,11 +40,13 @@ class PrefillServer:
         self.metrics = PrefillMetrics()
         self.queue: deque[PrefillRequest] = deque()
         self.cancelled = CancelledIds()
-        self.decoders: dict[str, PushQueue] = {}
+        self.decoders: OrderedDict[str, tuple[PushQueue, float]] = OrderedDict()   # address -> (queue, last use)
         self.busy = 0
         self.link = WorkerLink("prefill", router_address=cfg.router, inbox_address=cfg.listen,
-                               advertise=cfg.advertise, capacity=1, model=self.model.path.name,
-                               load=lambda: (self.busy, len(self.queue) + self.link.pending()))
+                               token=cfg.worker_token, advertise=cfg.advertise, capacity=1, model=self.model.path.name,
+                               load=lambda: (self.busy, len(self.queue) + self.link.pending()),
+                               limits=wire_limits(self.model.config), errors=self.metrics.protocol_error)
+        self._complain = LogLimiter(log, "prefill: failed requests")
         self._running = True
 
     def start(self) -> None:
@@ -53,12 +62,14 @@ class PrefillServer:
             elif isinstance(msg, PrefillRequest):
                 self.queue.append(msg)
             else:
-                log.error("prefill got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
+                self.metrics.protocol_error("unexpected")
+                self._complain("prefill got an unexpected %s (rid %.40s); ignored", type(msg).__name__, msg.rid)
                 self.link.fail(msg.rid, f"prefill does not handle {type(msg).__name__}")
         self.metrics.waiting.set(len(self.queue))
 
     def step(self, timeout: float = 0.1) -> None:
         self._take(timeout if not self.queue else 0)
+        self._reap_decoders()
         if not self.queue:
             return
         req = self.queue.popleft()
@@ -71,7 +82,10 @@ class PrefillServer:
             self._run(req)
             self.metrics.requests.labels("ok").inc()
         except Exception as e:
-            log.exception("prefill of %s failed", req.rid)
+            invalid = isinstance(e, ValueError)              # the request's fault: no traceback
+            if invalid:
+                self.metrics.protocol_error("invalid")
+            self._complain("prefill of %.40s failed: %s: %s", req.rid, type(e).__name__, e, exc_info=not invalid)
             self.metrics.requests.labels("error").inc()
             self.link.fail(req.rid, f"prefill failed: {type(e).__name__}: {e}")
         finally:
@@ -79,13 +93,7 @@ class PrefillServer:
             self.metrics.running.set(0)
 
     def _run(self, req: PrefillRequest) -> None:
-        cfg = self.model.config
-        if req.start_state is None:
-            state = SequenceState.empty(cfg)
-        else:
-            state = SequenceState.from_arrays(req.start_pos, [a.copy() for a in req.start_state], cfg)
-        if not req.tokens:
-            raise ValueError("nothing to prefill: the request has no tokens")
+        state = check_prefill(req, self.model.config)
         before = self.backend.stats()
         t0 = time.perf_counter()
         logits = self._prefill_with_snapshots(req, state)
@@ -123,9 +131,23 @@ class PrefillServer:
                 self.metrics.backend_stat.labels(key).set(value)
 
     def _decoder(self, address: str) -> PushQueue:
-        if address not in self.decoders:
-            self.decoders[address] = PushQueue(address, name=f"prefill->{address}")
-        return self.decoders[address]
+        if address in self.decoders:
+            q = self.decoders.pop(address)[0]
+        else:
+            q = PushQueue(address, name=f"prefill->{address}")
+            while len(self.decoders) >= MAX_DECODERS:
+                self.decoders.popitem(last=False)[1][0].close()
+        self.decoders[address] = (q, time.monotonic())
+        return q
+
+    def _reap_decoders(self) -> None:
+        now = time.monotonic()
+        while self.decoders:
+            address, (q, used) = next(iter(self.decoders.items()))
+            if now - used < IDLE_DECODER_S:
+                return
+            del self.decoders[address]
+            q.close()
 
     def serve_forever(self) -> None:
         while self._running:
@@ -136,5 +158,5 @@ class PrefillServer:
 
     def close(self) -> None:
         self.link.close()
-        for q in self.decoders.values():
-            q.close()
+        for q, _ in self.decoders.values():
+            q.close(wait=1.0)

@@ -1,0 +1,97 @@
+"""Checks of a worker's request against the model, run before native code or numpy sees it.
+
+The codec guarantees types (int64 integers, finite floats, dicts of scalars). These add what
+only the model knows: token ids inside the vocabulary, positions inside the context, the
+state's shapes and dtypes (common.state.check_state), sampling parameters SamplingParams
+takes, and a decode address that can be connected to. Each raises ValueError naming the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from common.model.config import ModelConfig
+from common.sampling import SamplingParams
+from common.state import SequenceState, check_logits, check_state
+
+from .decode import DecodeRequest
+from .prefill import PrefillRequest
+
+ENDPOINT = re.compile(r"(tcp://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}|ipc://[^\x00\s]{1,100})")
+_SAMPLING_TYPES = {"float": (float, int), "int": (int,), "int | None": (int, type(None))}
+
+
+def is_endpoint(address: object) -> bool:
+    """A well-formed address to connect to: tcp://host:port (port 1-65535) or ipc://path."""
+    if not isinstance(address, str) or not ENDPOINT.fullmatch(address):
+        return False
+    return address.startswith("ipc://") or 0 < int(address.rsplit(":", 1)[1]) < 65536
+
+
+def token_ids(name: str, ids: list[int], vocab: int) -> None:
+    if ids:
+        a = np.asarray(ids, np.int64)
+        if a.min() < 0 or a.max() >= vocab:
+            raise ValueError(f"{name}: token ids must be in [0, {vocab})")
+
+
+def sampling_params(fields: dict) -> SamplingParams:
+    """The request's sampling dict as SamplingParams; a field it lacks or mistypes is a ValueError."""
+    known = {f.name: str(f.type) for f in dataclasses.fields(SamplingParams)}
+    for key, value in fields.items():
+        if key not in known:
+            raise ValueError(f"sampling: unknown field {key!r:.40}")
+        types = _SAMPLING_TYPES.get(known[key], (object,))
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ValueError(f"sampling.{key}: {type(value).__name__} is not allowed")
+    if isinstance(fields.get("seed"), int) and fields["seed"] < 0:
+        raise ValueError("sampling.seed must be >= 0")
+    try:
+        return SamplingParams(**fields)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"sampling: {e}") from None
+
+
+def _common(req: DecodeRequest | PrefillRequest, cfg: ModelConfig) -> SamplingParams:
+    token_ids("history", req.history, cfg.vocab_size)
+    token_ids("stop_ids", req.stop_ids, cfg.vocab_size)
+    if req.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
+    return sampling_params(req.sampling)
+
+
+def check_decode(req: DecodeRequest, cfg: ModelConfig) -> tuple[SequenceState, SamplingParams]:
+    """The state to decode from and the sampling parameters, or ValueError."""
+    params = _common(req, cfg)
+    if len(req.history) != req.pos:
+        raise ValueError(f"history has {len(req.history)} tokens, the state is at position {req.pos}")
+    if req.state is None:
+        raise ValueError("state is missing")
+    check_logits(req.logits, cfg)
+    return SequenceState.from_arrays(req.pos, list(req.state), cfg), params
+
+
+def check_prefill(req: PrefillRequest, cfg: ModelConfig) -> SequenceState:
+    """The (copied, writable) state to prefill on top of, or ValueError."""
+    _common(req, cfg)
+    if not req.tokens:
+        raise ValueError("nothing to prefill: the request has no tokens")
+    token_ids("tokens", req.tokens, cfg.vocab_size)
+    end = req.start_pos + len(req.tokens)
+    if req.start_pos < 0 or end > cfg.context_length:
+        raise ValueError(f"start_pos {req.start_pos} + {len(req.tokens)} tokens is outside the context "
+                         f"of {cfg.context_length}")
+    if len(req.history) != end or req.history[req.start_pos:] != req.tokens:
+        raise ValueError("history must be the prompt, ending with tokens at start_pos")
+    if req.snapshot_every < 0:
+        raise ValueError("snapshot_every must be >= 0")
+    if not is_endpoint(req.decode_address):
+        raise ValueError(f"decode_address {req.decode_address!r:.80} is not tcp://host:port or ipc://path")
+    if req.start_state is None:
+        if req.start_pos:
+            raise ValueError(f"start_pos is {req.start_pos} but no start_state was given")
+        return SequenceState.empty(cfg)
+    check_state(req.start_pos, req.start_state, cfg)
+    return SequenceState.from_arrays(req.start_pos, [a.copy() for a in req.start_state], cfg)

@@ -1,0 +1,237 @@
+"""What a worker checks before native code sees a request (state shapes and dtypes against the
+model, token ids, positions, sampling parameters, the decode address), that a bad request or
+sequence fails alone, and how a PushQueue closes and notices a dead peer."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from common.model.gguf_file import GGUFModel
+from common.mp import PushQueue
+from common.protocol.checks import check_decode, check_prefill, is_endpoint
+from common.protocol.decode import DecodeRequest
+from common.protocol.prefill import PrefillRequest
+from common.protocol.worker import Cancel
+from common.state import SequenceState, check_state, wire_limits
+from tests.stack_helpers import write_tiny_gguf
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    return GGUFModel(str(write_tiny_gguf(tmp_path_factory.mktemp("checks") / "tiny.gguf"))).config
+
+
+def state_at(cfg, pos: int) -> list[np.ndarray]:
+    s = SequenceState.empty(cfg)
+    s.k = [np.zeros((pos, cfg.n_kv_heads, cfg.head_dim), np.float32) for _ in s.k]
+    s.v = [np.zeros((pos, cfg.n_kv_heads, cfg.head_dim), np.float32) for _ in s.v]
+    return s.arrays()
+
+
+def test_a_good_state_passes_and_each_bad_array_is_named(cfg):
+    good = state_at(cfg, 3)
+    check_state(3, good, cfg)
+    n_lin = len(cfg.linear_layers)
+    cases = {0: (np.zeros((1, 1), np.float32), "conv[0]"),
+             n_lin: (np.zeros(good[n_lin].shape, np.float64), "ssm[0]"),
+             2 * n_lin: (np.zeros((4, cfg.n_kv_heads, cfg.head_dim), np.float32), "k[0]"),
+             len(good) - 1: (np.zeros(good[-1].size, np.float32), "v[0]")}
+    for i, (bad, name) in cases.items():
+        arrays = list(good)
+        arrays[i] = bad
+        with pytest.raises(ValueError, match=rf"state {re.escape(name)}"):
+            SequenceState.from_arrays(3, arrays, cfg)
+    for pos in (-1, cfg.context_length + 1):
+        with pytest.raises(ValueError, match="position"):
+            check_state(pos, good, cfg)
+    with pytest.raises(ValueError, match="arrays"):
+        check_state(0, [np.zeros(1, np.float32)], cfg)
+
+
+def test_wire_limits_fit_the_largest_legitimate_frame(cfg):
+    limits = wire_limits(cfg)
+    kv = cfg.context_length * cfg.n_kv_heads * cfg.head_dim * 4
+    assert limits.frame_bytes >= max(kv, cfg.vocab_size * 4) and limits.frame_bytes < 64 << 20
+    assert limits.frames == 2 + len(state_at(cfg, 0))
+
+
+def decode_request(cfg, **changes) -> DecodeRequest:
+    fields = dict(rid="r", pos=2, history=[5, 6], sampling={"temperature": 0.5, "seed": 1}, max_tokens=4,
+                  stop_ids=[0], return_state=False, state=state_at(cfg, 2),
+                  logits=np.zeros(cfg.vocab_size, np.float32))
+    return DecodeRequest(**{**fields, **changes})
+
+
+def prefill_request(cfg, **changes) -> PrefillRequest:
+    fields = dict(rid="r", tokens=[7, 8], history=[5, 6, 7, 8], start_pos=2, decode_address="tcp://127.0.0.1:5",
+                  sampling={}, max_tokens=4, stop_ids=[], return_state=False, start_state=state_at(cfg, 2),
+                  snapshot_every=0)
+    return PrefillRequest(**{**fields, **changes})
+
+
+def test_decode_request_checks(cfg):
+    state, params = check_decode(decode_request(cfg), cfg)
+    assert state.pos == 2 and params.temperature == 0.5
+    bad = {"history": [5, cfg.vocab_size], "stop_ids": [-1], "max_tokens": 0, "pos": 3,
+           "sampling": {"temperature": -1.0}, "logits": np.zeros(3, np.float32), "state": None}
+    for name, value in bad.items():
+        with pytest.raises(ValueError):
+            check_decode(decode_request(cfg, **{name: value}), cfg)
+    for sampling in ({"nope": 1}, {"top_k": "3"}, {"seed": -1}, {"top_p": True}):
+        with pytest.raises(ValueError, match="sampling"):
+            check_decode(decode_request(cfg, sampling=sampling), cfg)
+
+
+def test_prefill_request_checks(cfg):
+    assert check_prefill(prefill_request(cfg), cfg).pos == 2
+    assert check_prefill(prefill_request(cfg, start_pos=0, start_state=None, tokens=[5, 6, 7, 8]), cfg).pos == 0
+    bad = {"tokens": [], "start_pos": 1, "history": [5, 6, 7], "decode_address": "tcp://x",
+           "start_state": [np.zeros(1, np.float32)], "snapshot_every": -1, "max_tokens": -5}
+    for name, value in bad.items():
+        with pytest.raises(ValueError):
+            check_prefill(prefill_request(cfg, **{name: value}), cfg)
+    with pytest.raises(ValueError, match="no start_state"):
+        check_prefill(prefill_request(cfg, start_state=None), cfg)
+    long = list(range(cfg.context_length + 1))
+    with pytest.raises(ValueError, match="context"):
+        check_prefill(prefill_request(cfg, tokens=[t % 200 for t in long], history=[t % 200 for t in long],
+                                      start_pos=0, start_state=None), cfg)
+
+
+@pytest.mark.parametrize("address, ok", [
+    ("tcp://127.0.0.1:5557", True), ("tcp://decode-host.lan:1", True), ("tcp://[::1]:80", True),
+    ("ipc:///tmp/fermium-decode", True), ("tcp://127.0.0.1:0", False), ("tcp://127.0.0.1:70000", False),
+    ("tcp://127.0.0.1", False), ("tcp://*:5", False), ("inproc://x", False), ("", False), ("udp://h:1", False),
+    ("tcp://a b:1", False), ("ipc://", False),
+])
+def test_decode_addresses(address, ok):
+    assert is_endpoint(address) is ok
+
+
+# ---- the workers: one bad request or sequence fails alone ---------------------------------
+
+class Replies:
+    """Stands in for WorkerLink's replies to the router."""
+
+    def __init__(self, link):
+        self.failed, self.sent = [], []
+        link.fail = lambda rid, error: self.failed.append((rid, error))
+        link.send = self.sent.append
+
+
+@pytest.fixture
+def decode_server(cfg, tmp_path_factory):
+    from services.decode.config import DecodeConfig
+    from services.decode.server import DecodeServer
+    path = str(write_tiny_gguf(tmp_path_factory.mktemp("decode") / "tiny.gguf"))
+    server = DecodeServer(DecodeConfig(path, router="tcp://127.0.0.1:9", engine="reference"))
+    yield server, Replies(server.link)
+    server.close()
+
+
+def test_a_bad_state_or_sampler_fails_its_request_alone(cfg, decode_server):
+    server, replies = decode_server
+    bad_conv = state_at(cfg, 2)
+    bad_conv[0] = np.zeros((1, 1), np.float32)
+    for rid, changes in (("good", {}), ("good2", {}), ("bad-conv", {"state": bad_conv}),
+                         ("bad-temp", {"sampling": {"temperature": -1.0}})):
+        server.link._queue.put(decode_request(cfg, rid=rid, max_tokens=3, **changes))
+    server.step()
+    assert sorted(rid for rid, _ in replies.failed) == ["bad-conv", "bad-temp"]
+    assert "conv[0]" in dict(replies.failed)["bad-conv"]
+    victim = next(s for s in server.sched.running if s.rid == "good2")
+    victim.sampler.sample = lambda *a: (_ for _ in ()).throw(FloatingPointError("probabilities are NaN"))
+    for _ in range(5):
+        server.step()
+    assert [rid for rid, _ in replies.failed][2:] == ["good2"]
+    finished = [m for m in replies.sent if type(m).__name__ == "Finished"]
+    assert [(m.rid, m.reason) for m in finished] == [("good", "length")]
+
+
+def test_an_engine_failure_fails_the_batch_and_serving_goes_on(cfg, decode_server):
+    server, replies = decode_server
+    server.link._queue.put(decode_request(cfg, rid="a", max_tokens=9))
+    server.step()
+    server.engine.decode = lambda *a: (_ for _ in ()).throw(MemoryError("scratch"))
+    server.step()
+    assert [rid for rid, _ in replies.failed] == ["a"] and not server.sched.running
+    calls = []
+
+    def step(*a):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        server.stop()
+
+    server.step = step
+    server.serve_forever()                 # the first step's exception did not escape
+    assert len(calls) == 2
+
+
+def test_prefill_bounds_and_reaps_its_decode_connections(cfg, tmp_path_factory, monkeypatch):
+    from services.prefill import server as prefill_server
+    from services.prefill.config import PrefillConfig
+    path = str(write_tiny_gguf(tmp_path_factory.mktemp("prefill") / "tiny.gguf"))
+    server = prefill_server.PrefillServer(PrefillConfig(path, router="tcp://127.0.0.1:9"))
+    replies = Replies(server.link)
+    try:
+        server.link._queue.put(prefill_request(cfg, rid="bad-address", decode_address="tcp://nowhere"))
+        server.step()
+        assert [rid for rid, _ in replies.failed] == ["bad-address"] and not server.decoders
+        queues = [server._decoder(f"tcp://127.0.0.1:{10 + i}") for i in range(prefill_server.MAX_DECODERS + 3)]
+        assert len(server.decoders) == prefill_server.MAX_DECODERS
+        assert all(q._stop.is_set() for q in queues[:3]) and not any(q._stop.is_set() for q in queues[3:])
+        monkeypatch.setattr(prefill_server, "IDLE_DECODER_S", 0.0)
+        server.step(timeout=0)
+        assert not server.decoders and all(q._stop.is_set() for q in queues)
+    finally:
+        server.close()
+
+
+# ---- PushQueue: closing never waits, and a dead peer is noticed -------------------------------
+
+def test_push_close_returns_at_once_even_with_a_dead_peer():
+    push = PushQueue("tcp://127.0.0.1:9", name="nobody")          # nothing listens: sends would wait
+    for _ in range(3):
+        push.put(Cancel("r", ""))
+    t0 = time.monotonic()
+    push.close()
+    assert time.monotonic() - t0 < 0.05
+    push.close(wait=2)
+    assert not push._thread.is_alive()
+
+
+CHILD_PULL = ("import sys, zmq; s = zmq.Context().socket(zmq.PULL); s.bind('tcp://127.0.0.1:0'); "
+              "print(s.getsockopt_string(zmq.LAST_ENDPOINT), flush=True); s.recv(); print('got', flush=True); "
+              "sys.stdin.read()")
+DISCONNECT_WITHIN_S = 1.0
+
+
+def test_on_disconnect_fires_once_when_the_peer_is_killed():
+    child = subprocess.Popen([sys.executable, "-c", CHILD_PULL], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    lost, calls = threading.Event(), []
+    push = never = None
+    try:
+        address = child.stdout.readline().strip()
+        push = PushQueue(address, name="watched", on_disconnect=lambda: (calls.append(1), lost.set()))
+        never = PushQueue("tcp://127.0.0.1:9", name="never", on_disconnect=lambda: calls.append("never"))
+        push.put(Cancel("r", ""))
+        assert child.stdout.readline().strip() == "got"
+        child.kill()
+        killed = time.monotonic()
+        assert lost.wait(5) and time.monotonic() - killed < DISCONNECT_WITHIN_S
+        time.sleep(0.2)
+        assert calls == [1]                  # once, and never for a peer that was never connected
+    finally:
+        child.kill()
+        child.wait()
+        for q in (push, never):
+            if q is not None:
+                q.close(wait=1)
