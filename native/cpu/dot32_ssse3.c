@@ -67,7 +67,7 @@ static inline __m128i dot_u4_i16(const uint8_t *qs, const int8_t *a) {
 // the lane sums of four blocks' int16 pair sums (each at most 7680, dot_u4_i16), block k in
 // lane k: pairs added by `pmaddwd` and narrowed back by `packssdw`, exact while a sum stays
 // below 32768 (4 lanes: 30720). 10 single-cycle operations in place of two `phaddw`, a `phaddd`
-// (3 micro-operations each) and two `pmaddwd`: the row kernel streams 1.05x as fast (Zen 5)
+// (3 micro-operations each) and two `pmaddwd`, in a row kernel bound by its instructions
 static inline __m128i sum4_blocks(__m128i p0, __m128i p1, __m128i p2, __m128i p3) {
     const __m128i ones = _mm_set1_epi16(1);
     const __m128i q01 = _mm_packs_epi32(_mm_madd_epi16(p0, ones), _mm_madd_epi16(p1, ones));   // 2 blocks x 4
@@ -105,10 +105,9 @@ float fm_dot_q4_0_a8_ssse3(int n, const void *w, const void *a) {
 // Q4_0p (quants.h): per group of 4 blocks, the 8 `pmaddubsw` products and the activations'
 // offset corrections add up as int16 (lanes 2m, 2m+1 hold block m) and one `pmaddwd` leaves the
 // 4 block sums, where the GGUF layout takes 10 operations (sum4_blocks); the 4 scales are one
-// 8-byte load. It streams 1.28x as fast as the GGUF-layout kernel (selftest/stream.c, one Zen 5
-// core: 26.6 against 20.8 GB/s, of a 36-38 GB/s prefetched sum), and the corrections, in place
-// of a multiply-add of the block sums per group, made that 1.06x at 2048 columns and 1.10x at
-// 512 (the rows of the experts' down matrices)
+// 8-byte load. It streams faster than the GGUF-layout kernel, and the corrections, in place of a
+// multiply-add of the block sums per group, faster still, most on short rows (the experts' down
+// matrices; docs/performance.md)
 float fm_dot_q4_0p_a8_ssse3(int n, const void *w, const void *a) {
     const block_q4_0p *x = w;
     const int nb = n / QK32;

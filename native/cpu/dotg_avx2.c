@@ -81,7 +81,7 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
         __m256i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) si[i] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 1")   // unrolled, the accumulators spill: 4 activations ran 1.3x slower
+        _Pragma("GCC unroll 1")   // unrolled, the accumulators of 4 activations spill
         for (int j = 0; j < 4; j++)
             _Pragma("GCC unroll 2")
             for (int nib = 0; nib < 2; nib++) {   // sub-block 2j + nib: the low or high nibbles of chunk j
@@ -100,7 +100,7 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
                         __asm__("" : "+x"(p[i]));                                                             \
                     }                                                                                         \
                 }
-                if (na == 1) {   // all 8 pieces unrolled: 1.7x the rolled loop for one activation
+                if (na == 1) {   // all 8 pieces unrolled: one activation's accumulators fit
                     _Pragma("GCC unroll 8")
                     for (int k = 0; k < 8; k++) Q4K_PIECE(k)
                 } else {         // 4 at a time: all 8 spill the accumulators of 4 activations

@@ -71,8 +71,7 @@ INLINE void q4_0x8_n(int n, const block_q4_0x8 *x, const void *const *acts, cons
 // ---- Q4_K x8: a sub-block's products in int32 by `vpdpbusd`, then times its 8 rows' scales;
 // the mins through the activation sums of each 32 values, 2 sub-blocks per `vpmaddwd`. Each
 // pair of pieces is reordered once (pieces_by_row) so that every activation takes its bytes by
-// an 8-byte broadcast, which is a load, instead of a permute per activation (cache-resident,
-// 4 activations: 1.2x).
+// an 8-byte broadcast, which is a load, instead of a permute per activation.
 
 INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, const int na, float *out) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
@@ -111,8 +110,8 @@ INLINE void q4_Kx8_n(int n, const block_q4_Kx8 *x, const void *const *acts, cons
                 }
                 // the 8 rows' scales of this sub-block, each in its row's two lanes, as the int16
                 // pairs [scale, 0]: a lane's 16 products stay within int16 (16 * 15 * 128 =
-                // 30720), so `vpdpwssd` scales its low half and adds it on, one instruction where
-                // `vpmulld` and an add took 3 uops on Intel
+                // 30720), so `vpdpwssd` scales its low half and adds it on, one instruction in
+                // place of `vpmulld` and an add
                 const __m128i s8 = nib ? _mm_srli_si128(sc8[j], 8) : sc8[j];
                 const __m512i sc = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(s8, s8));
                 _Pragma("GCC unroll 4")

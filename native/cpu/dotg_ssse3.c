@@ -2,10 +2,9 @@
  * activation rows. A 128-bit register holds 4 values of each of 4 rows, so each group is two
  * halves (rows 0..3, then 4..7) read from the same runs; the 4 matching activation bytes are
  * broadcast, `pmaddubsw` leaves each row's products in its own lanes, and the int16 sums are
- * scaled for 4 rows at once. Against the GGUF-layout kernels (selftest.c, cache-resident): Q4_0
- * 0.9 to 1.0 times as fast for one activation and 1.3 to 1.5 for four; Q4_K 1.0 to 1.4 and
- * 0.9 to 1.2. Streaming a whole model they lose (the broadcasts cost a shuffle each in 128 bits:
- * Q4_K_M decodes at 0.87x with Q4_K repacked), so the engine repacks only for AVX2 and AVX-512
+ * scaled for 4 rows at once. Cache-resident they are level with the GGUF-layout kernels or
+ * ahead, but streaming a whole model they lose (the broadcasts cost a shuffle each in 128 bits;
+ * docs/performance.md), so the engine repacks only for AVX2 and AVX-512
  * (services/decode/repack.py). Built with -mssse3 only; must hold no AVX instruction. */
 #include <tmmintrin.h>
 #include "quants.h"
@@ -130,7 +129,7 @@ INLINE void q4_Kx8_half(int n, const block_q4_Kx8 *x, const void *const *acts, c
 }
 
 // both halves of the group, each an instance with na a constant (inlined into each case of
-// FM_DEFINE_DOTN: a called helper left na a variable and ran one activation at 0.7x)
+// FM_DEFINE_DOTN: a called helper left na a variable, and one activation ran slower)
 #define FM_DEFINE_DOTG_HALVES(name, half_fn, block_t)                                        \
     INLINE void half_fn##_both(int n, const block_t *x, const void *const *acts, const int na, float *out) { \
         half_fn(n, x, acts, na, out, 0);                                                     \

@@ -10,9 +10,8 @@
 #define FERMIUM_GDN_BODY_H
 
 // rows of S requested ahead in pass 1: a head's 64 KB state starts a stream where
-// none runs, which the hardware prefetchers pick up late, page by page. 48 layers of 32 heads,
-// state evicted between passes (Zen 5, AVX2): 8 rows (4 KB) 1.05-1.12x against none, 16 rows
-// no better, 32 rows 0.96-0.99x
+// none runs, which the hardware prefetchers pick up late, page by page; farther ahead than
+// 8 rows (4 KB) gained nothing (docs/performance.md)
 #define GDN_PREFETCH_ROWS 8
 
 #define GDN_TILE(NV)                                                                              \

@@ -9,10 +9,9 @@
 // MXCSR flush-to-zero: the fp32 ops of a step (SiLU, the conv, the recurrent state) otherwise
 // produce subnormal values now and then, and each costs a microcode assist. Results below
 // 1.2e-38 do not matter to a decode. Set for the engine's step and for every pool job (the
-// workers keep it; a caller gets its own mode back afterwards). 4-layer Q4_K_M, batch 4,
-// 1 thread, --phases: mixer prep 0.39 -> 0.24 ms, MoE prep 0.67 -> 0.43 ms. Not
-// denormals-are-zero: inputs stay exact, and the SSSE3 kernels scale a subnormal f16 block
-// scale as a subnormal float (dot32_ssse3.c), which DAZ would read as zero.
+// workers keep it; a caller gets its own mode back afterwards). Not denormals-are-zero: inputs
+// stay exact, and the SSSE3 kernels scale a subnormal f16 block scale as a subnormal float
+// (dot32_ssse3.c), which DAZ would read as zero.
 #define FM_MXCSR_FTZ 0x8000u
 static inline unsigned fm_flush_denormals(void) {
     const unsigned old = _mm_getcsr();

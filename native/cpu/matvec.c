@@ -9,11 +9,10 @@
 // A task's weight bytes: about a quarter of each thread's share of the run, so that the last
 // tasks still balance, within [TASK_MIN, TASK_MAX]. Long tasks stream better: each thread reads
 // one run of contiguous bytes instead of hopping every 256 KB between places that the other
-// threads read too (4-layer Q4_K_M, 2 threads: 1.05x with 512 KB tasks, 1.11x with 2 MB, over
-// 256 KB for all; 0.94x with 96 KB); the floor keeps a small run of many threads from splitting
-// into claims that cost more than they read. A run whose jobs carry more activations than one
-// kernel call takes (a prefill chunk) is bound by compute, not by the stream: it keeps the
-// smallest tasks, which balance best (256 prompt tokens, 2 threads: long tasks lost 3%).
+// threads read too; the floor keeps a small run of many threads from splitting into claims that
+// cost more than they read. A run whose jobs carry more activations than one kernel call takes
+// (a prefill chunk) is bound by compute, not by the stream: it keeps the smallest tasks, which
+// balance best (docs/performance.md).
 #define TASK_MIN ((size_t)256 << 10)
 #define TASK_MAX ((size_t)2 << 20)
 #define TASKS_PER_THREAD 4
@@ -87,7 +86,7 @@ static void mv_task(void *arg, int task, int thread) {
         return;
     }
     // several rows at once pay off in compute, with several activations; one activation streams
-    // faster row by row (the LM head, 1 thread: 10.5 ms, against 10.9 ms two rows at once)
+    // faster row by row
     const fm_vec_dot_r_fn dotr = j->n > 1 ? fm_dotr_for(-1, j->kind) : NULL;
     if (dotr) {
         mv_rows(j, dotr, r0, r1);

@@ -1,9 +1,8 @@
 /* Memory read bandwidth: a streaming sum over a buffer far larger than the caches, split
  * across the pool's threads; the ceiling the decode kernels are measured against. Each
  * repetition streams twice, with plain loads and with the software prefetch the kernels use
- * (quants.h), and the faster counts: on some hosts the prefetched stream reads a third faster
- * (a 16-core Xeon: 17-18 GB/s plain against 21-25 with two threads), on others it is level.
- * The buffer asks for 2 MB pages, as the weights do. */
+ * (quants.h), and the faster counts: on some hosts the prefetched stream reads faster, on
+ * others it is level (docs/performance.md). The buffer asks for 2 MB pages, as the weights do. */
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +39,7 @@ fm_membw_buf *fm_membw_new(fm_pool *pool, size_t bytes) {
     }
     // in 2 MB pages where the kernel gives them, as the weights ask for theirs
     // (common/model/huge_pages.py): against a buffer in 4 KB pages, a TLB miss every 4 KB, the
-    // decode of weights in 2 MB pages read up to 1.1x "the bandwidth" (Zen 5, 1 thread)
+    // decode of weights in 2 MB pages read more than "the bandwidth"
     madvise(b->buf, b->n_chunks * CHUNK, MADV_HUGEPAGE);
     memset(b->buf, 1, b->n_chunks * CHUNK);
     b->c.buf = b->buf;

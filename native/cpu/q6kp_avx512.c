@@ -32,9 +32,8 @@ INLINE __m512 q6kp_scales(const block_q6_Kp *x) {
 }
 
 // nr rows (row_bytes apart) . na activations: each activation's quants and block sums serve
-// every row (selftest.c, cache-resident, 4 activations: 2 rows at once read 1.5x as fast as
-// one; from memory 2 do better than more, quants.h). The stored quants are offset by +32,
-// taken out through the activation sums of each sub-block.
+// every row (from memory 2 rows do better than more, quants.h). The stored quants are offset by
+// +32, taken out through the activation sums of each sub-block.
 INLINE void q6_Kp_rows(int n, const uint8_t *w, size_t row_bytes, const int nr, const void *const *acts, const int na,
                        float *out) {
     __m512 acc[FM_DOTR_MAX][FM_DOTN_MAX];
@@ -44,9 +43,8 @@ INLINE void q6_Kp_rows(int n, const uint8_t *w, size_t row_bytes, const int nr, 
         for (int i = 0; i < na; i++) acc[r][i] = _mm512_setzero_ps();
     // the rows are read side by side, a span of nr rows at a time; the requests run ahead in one
     // line through the bytes after it, at the pace of the reads (nr blocks per step), a whole
-    // number of spans and at least FM_PREFETCH_AHEAD bytes ahead (the LM head of 248320 rows,
-    // 4 activations, 1 thread: 14.4 ms with each row's requests 4 KB ahead in that row, 13.2 ms
-    // so, as with 16 KB)
+    // number of spans and at least FM_PREFETCH_AHEAD bytes ahead, which reads faster than
+    // requests ahead within each row (docs/performance.md)
     const size_t span = (size_t)nr * row_bytes, step = (size_t)nr * sizeof(block_q6_Kp);
     const uint8_t *ahead = w + (span ? (FM_PREFETCH_AHEAD + span - 1) / span * span : FM_PREFETCH_AHEAD);
     for (int b = 0; b < n / QK_K; b++, ahead += step) {

@@ -3,11 +3,8 @@
  * operations unpack the quants, and the four registers' products, offset by the activations'
  * corrections, go through one `pmaddwd` with the lane's scale vector, one unpack of the scales
  * away. The corrections stand for the -32 * scale * sum that a `pmaddwd` of the block sums took
- * per block, and halve the `pmaddwd` of the quants: 1.04-1.06x streaming (one Zen 5 core).
- * A block takes 88 vector operations, and on a fast core these, not the memory, set the pace:
- * cache-resident, one Zen 5 core at about 3.5 GHz read 12.3 bytes a 2.6 GHz tick, 3.8 of its
- * 4 vector pipes' operations a cycle, or 32 GB/s against the 33-36 GB/s that the core streams;
- * padding the loop with 16 `nop`s a block cost nothing, so the front end is not the limit.
+ * per block, and halve the `pmaddwd` of the quants. A block takes 88 vector operations, and on
+ * a fast core these, not the memory or the front end, set the pace (docs/performance.md).
  * Built with -mssse3 only; must hold no AVX instruction. */
 #include <tmmintrin.h>
 #include "quants.h"

@@ -71,8 +71,8 @@ typedef struct { fm_f16 d[FM_GROUP], dmin[FM_GROUP]; uint8_t scales[12][FM_GROUP
 //     q6_decode_search.c searches them all). The bits that
 //     the shifts bring in from the other byte of a 16-bit lane are known once R0 and R1 are, so
 //     the repack solves X's and Y's top two bits and Z from them (repack.c). A plain split
-//     (X = R0 | R2.hi2 << 6, Z = R2.lo4 | R3.lo4 << 4, ...) took 11 operations: SSSE3 streams
-//     1.03-1.07x as fast this way (one Zen 5 core; AVX2 and AVX-512 are at the memory's pace
+//     (X = R0 | R2.hi2 << 6, Z = R2.lo4 | R3.lo4 << 4, ...) took 11 operations, and SSSE3,
+//     bound by its instructions, streamed slower so (AVX2 and AVX-512 keep the memory's pace
 //     either way);
 //   - bytes 4k..4k+3 of every register (every 16-byte lane: its 32-bit lane k % 4) hold values
 //     of sub-block k: `vpdpbusd` sums all four registers into one 32-bit lane per sub-block,
@@ -142,10 +142,10 @@ fm_f16 fm_f32_to_f16(float f);
 
 // f16 -> f32 for block scales without F16C: every f16 value's float, filled from
 // fm_f16_to_f32 when the library loads (dotf_generic.c). Two instructions and no branch, where a
-// conversion in integer operations took about ten, in kernels bound by their instruction count:
-// the SSSE3 row kernels of Q4_K and Q4_Kp stream 1.04-1.09x as fast with it (selftest/stream.c,
-// one Zen 5 core), Q6_Kp as fast. The floats are exact and never subnormal (a subnormal f16 is
-// a normal float), so no float operation on them costs a microcode assist.
+// conversion in integer operations took about ten, in kernels bound by their instruction count
+// (the SSSE3 row kernels of Q4_K and Q4_Kp stream faster with it). The floats are exact and never
+// subnormal (a subnormal f16 is a normal float), so no float operation on them costs a microcode
+// assist.
 extern float fm_f16_table[1 << 16];
 static inline float fm_half(fm_f16 h) { return fm_f16_table[h]; }
 
@@ -188,12 +188,10 @@ static inline int fm_mins_dot_k4(const uint8_t *scales, const int16_t *bsums) {
 // Each SIMD kernel requests the weights FM_PREFETCH_AHEAD bytes ahead of what it reads, one
 // line per 64 bytes it consumes, spread through its block loop. A row's worth of requests
 // issued at once before the row fills the core's line-fill buffers and stalls it, so compute
-// and memory then take turns instead of overlapping (the LM head at batch 4 streamed at 0.67
-// of the measured bandwidth that way, and at 0.79-0.88 with the requests spread). The distance
-// covers the latency of a core that reads fast: a 38 GB/s core (Zen 5, 1 thread) decoded the
-// 4-layer Q4_K_M model at 0.83 of its bandwidth 4 KB ahead (AVX2), 0.94 8 KB ahead, and no
-// better 16 KB ahead, where its SSSE3 path and batches lost some of the gain. Another distance
-// is built with -DFM_PREFETCH_AHEAD=N, to measure it (selftest/stream.c).
+// and memory then take turns instead of overlapping. The distance covers the latency of a core
+// that reads fast: half of it fell short there, and twice it gained nothing more
+// (docs/performance.md). Another distance is built with -DFM_PREFETCH_AHEAD=N, to measure it
+// (selftest/stream.c).
 #ifndef FM_PREFETCH_AHEAD
 #define FM_PREFETCH_AHEAD 8192
 #endif
@@ -248,9 +246,8 @@ void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int n
 // nr (1..FM_DOTR_MAX) consecutive rows, row_bytes apart, . na (1..FM_DOTN_MAX) activation rows:
 // out[i * FM_DOTR_MAX + r]. Where an ISA has one for a row layout, the driver takes rows this
 // many at a time: they share each activation's loads and block sums. Two, as the streams of
-// more rows side by side read slower from memory (the LM head of 248320 rows, 4 activations,
-// 1 thread: 15.6 ms a row at a time, 11.5 ms two, 12.1 ms three, 13.2 ms four). The same
-// definition as in fermium_cpu.h, which cffi reads
+// more rows side by side read slower from memory (docs/performance.md). The same definition as
+// in fermium_cpu.h, which cffi reads
 #define FM_DOTR_MAX 2
 typedef void (*fm_vec_dot_r_fn)(int n, const void *w, size_t row_bytes, int nr, const void *const *acts, int na, float *out);
 #define FM_DEFINE_DOTR(name, body)                                                      \

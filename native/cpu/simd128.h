@@ -13,8 +13,8 @@ static inline __attribute__((always_inline)) float hsum128_ps(__m128 s) {
 
 // the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K/Q5_K super-block, unpacked in
 // general registers and moved over in two quadwords. Stored as words and loaded as one vector,
-// they waited on a failed store forwarding (cache-resident: the SSSE3 Q4_K kernel 1.03x, the
-// AVX2 one 1.10x with this; a shuffle-and-mask unpack in vector registers was slower than both)
+// they waited on a failed store forwarding (a shuffle-and-mask unpack in vector registers was
+// slower than either)
 static inline __attribute__((always_inline)) __m128i k4_scales_mins(const uint8_t *packed) {
     uint32_t sm[4];
     fm_unpack_scales_k4(packed, sm);
