@@ -2,8 +2,10 @@
 
 A worker binds its inbox, says Hello to the router until a HelloAck comes back (the ready
 handshake), then sends a Heartbeat with its load every `heartbeat_s` from a thread of its own,
-so a long prefill never makes it look dead. Frames that do not decode are logged and, when
-their request id could be read, answered with Failed so the request ends instead of hanging.
+so a long prefill never makes it look dead. Both carry the worker token (`common.worker_token`):
+a worker without the router's token is ignored, and its handshake times out. Frames that do
+not decode are logged and, when their request id could be read, answered with Failed so the
+request ends instead of hanging.
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from typing import Callable
 
 from .mp import PullQueue, PushQueue
 from .protocol import Message, ProtocolError
+from .protocol.codec import WireLimits
 from .protocol.router import Failed, Heartbeat, Hello
 from .protocol.worker import HelloAck
+from .worker_token import resolve as resolve_token
 
 log = logging.getLogger("fermium.worker")
 
@@ -52,8 +56,10 @@ class CancelledIds:
 class WorkerLink:
     def __init__(self, role: str, *, router_address: str, inbox_address: str, advertise: str | None,
                  capacity: int, model: str, load: Callable[[], tuple[int, int]],
-                 heartbeat_s: float = HEARTBEAT_S):
+                 heartbeat_s: float = HEARTBEAT_S, token: str | None = None,
+                 limits: WireLimits | None = None, errors: Callable[[str], None] | None = None):
         self.role, self.capacity, self.model = role, capacity, model
+        self.token = resolve_token(token)
         self.worker_id = f"{role}-{uuid.uuid4().hex[:8]}"
         self._load = load
         self._heartbeat_s = heartbeat_s
@@ -61,7 +67,7 @@ class WorkerLink:
         self._acked = threading.Event()
         self._queue: queue.Queue[Message] = queue.Queue()
         self.inbox: PullQueue[Message] = PullQueue(inbox_address, name=role, on_message=self._route,
-                                                   on_error=self._rejected)
+                                                   on_error=self._rejected, limits=limits, errors=errors)
         self.address = advertise or reachable(self.inbox.address)
         self.router_address = router_address
         self.router: PushQueue[Message] = PushQueue(router_address, name=f"{role}->router")
@@ -91,8 +97,7 @@ class WorkerLink:
         return self._queue.qsize()
 
     def _rejected(self, err: ProtocolError) -> None:
-        log.error("%s %s: rejected a message: %s", self.role, self.worker_id, err)
-        if err.rid:
+        if err.rid:                            # the inbox has logged it, at a bounded rate
             self.fail(err.rid, f"{self.role} rejected a message: {err}")
 
     def fail(self, rid: str, error: str) -> None:
@@ -103,7 +108,8 @@ class WorkerLink:
 
     def start(self, timeout: float) -> None:
         """Ready handshake: Hello until HelloAck; then heartbeats. Raises with a hint on timeout."""
-        hello = Hello(uuid.uuid4().hex, self.worker_id, self.role, self.address, self.capacity, self.model)
+        hello = Hello(uuid.uuid4().hex, self.worker_id, self.role, self.address, self.capacity, self.model,
+                      self.token)
         deadline = time.monotonic() + timeout
         while not self._acked.is_set():
             if time.monotonic() > deadline:
@@ -111,7 +117,8 @@ class WorkerLink:
                     f"{self.role}: the router at {self.router_address} did not answer the ready "
                     f"handshake within {timeout:.0f} s. Start `fermium router` first, or pass its "
                     "worker address with --router (FERMIUM_ROUTER); from another host, --advertise "
-                    "must be an address the router can reach.")
+                    "must be an address the router can reach, and --worker-token "
+                    "(FERMIUM_WORKER_TOKEN) the router's token.")
             self.router.put(hello)
             self._acked.wait(0.25)
         if not self._ack.accepted:
@@ -123,9 +130,9 @@ class WorkerLink:
         while not self._stop.wait(self._heartbeat_s):
             running, waiting = self._load()
             self.router.put(Heartbeat(uuid.uuid4().hex, self.worker_id, self.role, self.address,
-                                      self.capacity, self.model, running, waiting))
+                                      self.capacity, self.model, running, waiting, self.token))
 
     def close(self) -> None:
         self._stop.set()
         self.inbox.close()
-        self.router.close()
+        self.router.close(wait=1.0)            # shutdown: what is queued for the router goes first

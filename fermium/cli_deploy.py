@@ -1,5 +1,5 @@
-"""`fermium keys create` (CURVE key pairs for a deployment) and `fermium deploy install`
-(systemd units rendered for this machine)."""
+"""`fermium keys create` (CURVE key pairs for a deployment), `fermium deploy install` (systemd
+units rendered for this machine) and `fermium deploy env` (their environment file)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +14,7 @@ NEXT_STEPS = """\
 Next steps (as root):
   useradd --system --home-dir /var/lib/fermium --shell /usr/sbin/nologin {user}   # once
   install -d -m 0750 -g {user} {env_dir}
-  install -m 0640 -g {user} {example} {env_file}   # then edit it
+  {fermium} deploy env --out {env_file} --group {user}   # then edit it
   systemctl daemon-reload
   systemctl enable --now fermium.target
 See deploy/README.md for GPU access, CPU placement and several hosts."""
@@ -58,7 +58,7 @@ def deploy_install(
     numa_interleave: bool = typer.Option(False, help="NUMAPolicy=interleave for prefill and decode (multi-socket hosts)."),
 ):
     """Render fermium-{router,prefill,decode}.service and fermium.target for this machine."""
-    from fermium.deploy_units import REPO, UnitSettings, render_all
+    from fermium.deploy_units import UnitSettings, render_all
     try:
         settings = UnitSettings(prefix.absolute(), user, env_file, decode_cpus, numa_interleave)
         written = render_all(settings, output_dir)
@@ -69,4 +69,23 @@ def deploy_install(
     if not settings.executable.exists():
         typer.echo(f"warning: {settings.executable} does not exist yet; install Fermium there", err=True)
     typer.echo(NEXT_STEPS.format(user=user, env_dir=env_file.parent, env_file=env_file,
-                                 example=REPO / "deploy" / "fermium.env.example"))
+                                 fermium=settings.executable))
+
+
+@deploy_app.command("env")
+def deploy_env(
+    out: Path = typer.Option(Path("/etc/fermium/fermium.env"), help="The environment file to write (mode 0640)."),
+    group: Optional[str] = typer.Option(None, help="Group that may read it: the service user's, e.g. fermium."),
+    force: bool = typer.Option(False, help="Replace an existing file (its worker token changes)."),
+):
+    """Write the units' environment file: deploy/fermium.env.example with a random worker token.
+
+    Copy the same file (or at least its FERMIUM_WORKER_TOKEN) to every host of the deployment.
+    """
+    from common.worker_token import new_token
+    from fermium.deploy_units import write_env
+    try:
+        write_env(out, new_token(), group=group, force=force)
+    except (ValueError, OSError, LookupError) as e:
+        _fail(str(e))
+    typer.echo(f"wrote {out} with a new FERMIUM_WORKER_TOKEN; set FERMIUM_MODEL in it at least")

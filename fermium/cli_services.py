@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -32,6 +33,9 @@ Listen = Annotated[str, _opt("LISTEN", "This worker's inbox (bind); :0 picks a f
 Advertise = Annotated[Optional[str], _opt("ADVERTISE", "Inbox address as other hosts reach it.")]
 ReadyTimeout = Annotated[float, _opt("READY_TIMEOUT", "Seconds to wait for the router's handshake.")]
 Port = Annotated[int, _opt("PORT", "HTTP port of the router.")]
+WorkerToken = Annotated[Optional[str], _opt("WORKER_TOKEN", "Secret that admits workers, the same on router, "
+                                                            "prefill and decode; default: a token file in this "
+                                                            "user's state directory (one host).")]
 
 
 def _model(path: Optional[Path]) -> str:
@@ -53,6 +57,14 @@ def _security(curve_dir: Optional[Path], insecure: bool) -> None:
     try:
         configure(curve_dir, insecure)
     except (OSError, RuntimeError) as e:
+        raise typer.Exit(f"error: {e}") from None  # type: ignore[arg-type]
+
+
+def _token(given: Optional[str]) -> str:
+    from common.worker_token import resolve
+    try:
+        return resolve(given)
+    except OSError as e:
         raise typer.Exit(f"error: {e}") from None  # type: ignore[arg-type]
 
 
@@ -85,6 +97,8 @@ def router_command(
     max_running: Annotated[int, _opt("MAX_RUNNING", "Requests at the workers at once.")] = 64,
     max_queue: Annotated[int, _opt("MAX_QUEUE", "Requests waiting for a slot; beyond, 429.")] = 256,
     heartbeat_timeout: Annotated[float, _opt("HEARTBEAT_TIMEOUT", "Seconds before a silent worker is dead.")] = 2.5,
+    worker_token: WorkerToken = None,
+    max_workers: Annotated[int, _opt("MAX_WORKERS", "Workers admitted per role; more are refused.", min=1)] = 64,
     request_timeout: Annotated[float, _opt("REQUEST_TIMEOUT", "Seconds a request may wait for its next token.")] = 600.0,
     api_key: Annotated[Optional[str], _opt("API_KEY", "Require `Authorization: Bearer KEY` on /v1/*.")] = None,
     snapshot_budget: Annotated[float, _opt("SNAPSHOT_BUDGET", "GiB of RAM for snapshots; 0 turns them off.")] = 4.0,
@@ -93,6 +107,8 @@ def router_command(
                                                           "0: only at prompt and generation ends.")] = 1024,
     preserve_thinking: Annotated[bool, _opt("PRESERVE_THINKING", "Render earlier reasoning as generated, so "
                                                                 "each chat turn extends the last one's snapshot.")] = True,
+    drain_timeout: Annotated[float, _opt("DRAIN_TIMEOUT", "Seconds in-flight requests get to finish after "
+                                                          "SIGTERM; new ones get 503 meanwhile.")] = 30.0,
     metrics_port: MetricsPort = 0, log_level: LogLevel = "info",
     curve_dir: CurveDir = None, insecure: Insecure = False,
 ):
@@ -104,10 +120,11 @@ def router_command(
     serve(RouterConfig(model=_model(model), host=host, port=port, workers=workers,
                        served_model_name=served_model_name, max_model_len=max_model_len,
                        max_running=max_running, max_queue=max_queue, heartbeat_timeout=heartbeat_timeout,
+                       worker_token=_token(worker_token), max_workers=max_workers,
                        request_timeout=request_timeout, metrics_port=metrics_port, log_level=log_level,
                        api_key=api_key, snapshot_budget=int(snapshot_budget * 2 ** 30),
                        snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_every=snapshot_every,
-                       preserve_thinking=preserve_thinking))
+                       preserve_thinking=preserve_thinking, drain_timeout=drain_timeout))
 
 
 def prefill_command(
@@ -116,6 +133,7 @@ def prefill_command(
     backend: Annotated[str, _opt("BACKEND", "Prefill backend: cpu, cuda.")] = "cpu",
     device: Annotated[int, _opt("DEVICE", "GPU index (cuda backend).")] = 0,
     vram_budget: Annotated[Optional[float], _opt("VRAM_BUDGET", "GiB of GPU memory to use (cuda backend).")] = None,
+    worker_token: WorkerToken = None,
     ready_timeout: ReadyTimeout = 30.0, metrics_port: MetricsPort = 0, log_level: LogLevel = "info",
     curve_dir: CurveDir = None, insecure: Insecure = False,
 ):
@@ -128,7 +146,8 @@ def prefill_command(
         if backend == "cuda" else {}
     _run_worker(PrefillServer(PrefillConfig(
         model=_model(model), router=router, listen=listen, advertise=advertise, backend=backend,
-        backend_options=options, metrics_port=metrics_port, ready_timeout=ready_timeout)))
+        backend_options=options, metrics_port=metrics_port, ready_timeout=ready_timeout,
+        worker_token=_token(worker_token))))
 
 
 def decode_command(
@@ -137,6 +156,7 @@ def decode_command(
     engine: Annotated[str, _opt("ENGINE", "native, reference, or auto (native when it loads).")] = "auto",
     max_batch: Annotated[int, _opt("MAX_BATCH", "Sequences per decode step.")] = 16,
     capacity: Annotated[int, _opt("CAPACITY", "Sequences held at once.")] = 64,
+    worker_token: WorkerToken = None,
     ready_timeout: ReadyTimeout = 30.0, metrics_port: MetricsPort = 0, log_level: LogLevel = "info",
     curve_dir: CurveDir = None, insecure: Insecure = False,
 ):
@@ -147,7 +167,8 @@ def decode_command(
     _security(curve_dir, insecure)
     _run_worker(DecodeServer(DecodeConfig(
         model=_model(model), router=router, listen=listen, advertise=advertise, engine=engine,
-        max_batch=max_batch, capacity=capacity, metrics_port=metrics_port, ready_timeout=ready_timeout)))
+        max_batch=max_batch, capacity=capacity, metrics_port=metrics_port, ready_timeout=ready_timeout,
+        worker_token=_token(worker_token))))
 
 
 def up_command(
@@ -158,11 +179,15 @@ def up_command(
                                                       "(router, prefill, decode); 0 is off.")] = 0,
     chat: Annotated[Optional[str], typer.Option(help="Stream the answer to this message, then stop.")] = None,
     ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for the stack to be ready.")] = 120.0,
+    drain_timeout: Annotated[float, _opt("DRAIN_TIMEOUT", "Seconds in-flight requests get to finish on "
+                                                          "SIGTERM or Ctrl-C (a second one stops at once).",
+                                         min=0.0)] = 30.0,
     log_level: LogLevel = "warning",
 ):
-    """Start router, prefill and decode on loopback; Ctrl-C stops them all."""
+    """Start router, prefill and decode on loopback, restarting any that dies; Ctrl-C stops them all."""
     from fermium.stack import Stack, stream_chat
-    signal.signal(signal.SIGTERM, _interrupt)   # stopped by a service manager: same clean stop as Ctrl-C
+    from fermium.supervisor import Supervisor
+    signal.signal(signal.SIGTERM, _interrupt)   # while starting: the same clean stop as Ctrl-C
     # Ctrl-C stops it even when started from a shell that ignores SIGINT (a background job
     # inherits it ignored, and Python then installs no handler of its own)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -173,7 +198,7 @@ def up_command(
     note = lambda text: print(text, file=sys.stderr, flush=True)     # progress; stdout carries the answer
     note(f"starting router, prefill ({backend}) and decode ({engine}) on {path} ...")
     with Stack(path, port=port, engine=engine, backend=backend, metrics_ports=ports,
-               extra=quiet) as stack:
+               extra=quiet, drain_timeout=drain_timeout) as stack:
         t0 = time.monotonic()
         try:
             stack.wait_ready(ready_timeout)
@@ -187,7 +212,18 @@ def up_command(
         print(f"Fermium is up at {stack.url}\n\n  curl -N {stack.url}/v1/chat/completions "
               "-H 'content-type: application/json' \\\n    -d '{\"model\": \"fermium\", \"messages\": "
               "[{\"role\": \"user\", \"content\": \"Hello\"}], \"stream\": true}'\n\nCtrl-C stops it.", flush=True)
-        stack.wait()
+        stopping = threading.Event()
+
+        def stop(signum, _frame) -> None:
+            if stopping.is_set():
+                stack.hurry()
+                return
+            stopping.set()
+            note(f"\nstopping ({signal.Signals(signum).name}): requests under way get {drain_timeout:g} s to finish")
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        Supervisor(stack, note).run(stopping)
 
 
 def chat_command(
@@ -204,4 +240,4 @@ def chat_command(
 def demo_command(port: Port = 8000):
     """Bring the stack up on the bundled demo model and stream one chat answer."""
     up_command(model=None, port=port, engine="auto", backend="cpu", metrics_port=0, chat=DEMO_QUESTION,
-               ready_timeout=120.0, log_level="warning")
+               ready_timeout=120.0, drain_timeout=30.0, log_level="warning")

@@ -1,4 +1,5 @@
-"""Render deploy/systemd's units for one machine: paths, user, environment file, CPU placement.
+"""Render deploy/systemd's units for one machine: paths, user, environment file, CPU placement;
+and the environment file itself, from deploy/fermium.env.example with a fresh worker token.
 
 The checked-in units are complete for the defaults (/opt/fermium, user `fermium`,
 /etc/fermium/fermium.env); rendering rewrites whole directives, never fragments of text, so a
@@ -6,12 +7,16 @@ rendered unit is the checked-in one with those values changed.
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT_DIR = REPO / "deploy" / "systemd"
+ENV_EXAMPLE = REPO / "deploy" / "fermium.env.example"
+TOKEN_LINE = "FERMIUM_WORKER_TOKEN="
 UNITS = ("fermium-router.service", "fermium-prefill.service", "fermium-decode.service", "fermium.target")
 DEFAULT_PREFIX = "/opt/fermium"
 DEFAULT_EXECUTABLE = f"{DEFAULT_PREFIX}/.venv/bin/fermium"
@@ -69,6 +74,34 @@ def render_unit(name: str, settings: UnitSettings, source: Path = UNIT_DIR) -> s
                                 "Fermium checkout (its deploy/systemd folder)")
     lines = path.read_text().splitlines()
     return "\n".join(_rewrite(line, name, settings) for line in lines) + "\n"
+
+
+def render_env(token: str, source: Path = ENV_EXAMPLE) -> str:
+    """The example environment file with `token` as its FERMIUM_WORKER_TOKEN."""
+    lines = source.read_text().splitlines()
+    out = [f"{TOKEN_LINE}{token}" if line.startswith(TOKEN_LINE) else line for line in lines]
+    if out == lines:
+        raise ValueError(f"{source} has no {TOKEN_LINE} line to fill in")
+    return "\n".join(out) + "\n"
+
+
+def write_env(path: Path, token: str, *, group: str | None = None, force: bool = False) -> None:
+    """Write the environment file, mode 0640 (group: the service user's group may read it)."""
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists; edit it, or pass --force to replace it (and its token)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(render_env(token))
+        if group:
+            shutil.chown(tmp, group=group)
+        os.chmod(tmp, 0o640)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def render_all(settings: UnitSettings, output_dir: Path) -> list[Path]:

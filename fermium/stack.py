@@ -1,5 +1,12 @@
 """The whole stack as child processes on loopback (`fermium up`), and a small streaming chat
-client (`fermium chat`, `fermium up --chat`)."""
+client (`fermium chat`, `fermium up --chat`).
+
+The children share a worker token that the stack makes for them (FERMIUM_WORKER_TOKEN in
+their environment). They are stopped router first: it drains its requests for at most
+`drain_timeout` seconds, and then the workers go, so that every child is gone within
+`drain_timeout` plus ROUTER_EXIT_S and WORKER_EXIT_S (under the 5 s that issue 27 allows).
+`fermium.supervisor` restarts the children that die.
+"""
 from __future__ import annotations
 
 import json
@@ -13,7 +20,11 @@ from pathlib import Path
 
 import httpx
 
-STOP_GRACE_S = 5.0
+from common.worker_token import ENV as TOKEN_ENV, new_token
+
+DRAIN_TIMEOUT_S = 5.0        # of a Stack made by tests and tools; `fermium up` passes its own
+ROUTER_EXIT_S = 3.0          # the router's wait for connections after its drain, and its exit
+WORKER_EXIT_S = 1.5          # a worker's loop notices SIGTERM within one step
 
 
 def free_port() -> int:
@@ -31,14 +42,17 @@ class Stack:
 
     def __init__(self, model: str, *, port: int, engine: str = "auto", backend: str = "cpu",
                  metrics_ports: dict[str, int] | None = None, workers: tuple[str, ...] = ("prefill", "decode"),
-                 extra: dict[str, list[str]] | None = None, log_dir: Path | None = None):
-        self.model, self.port = model, port
+                 extra: dict[str, list[str]] | None = None, log_dir: Path | None = None,
+                 drain_timeout: float = DRAIN_TIMEOUT_S):
+        self.model, self.port, self.drain_timeout = model, port, drain_timeout
+        self.token = new_token()
         self.url = f"http://127.0.0.1:{port}"
         self.workers = f"tcp://127.0.0.1:{free_port()}"
         metrics_ports, extra = metrics_ports or {}, extra or {}
         role_argv = {"prefill": ["--router", self.workers, "--backend", backend],
                      "decode": ["--router", self.workers, "--engine", engine]}
-        self.argv = {"router": ["router", "--port", str(port), "--workers", self.workers]}
+        self.argv = {"router": ["router", "--port", str(port), "--workers", self.workers,
+                                "--drain-timeout", str(drain_timeout)]}
         for name in workers:
             role = name.split("-")[0]
             self.argv[name] = [role, *role_argv[role]]
@@ -52,7 +66,7 @@ class Stack:
         out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else None
         proc = subprocess.Popen([sys.executable, "-m", "fermium", *self.argv[name]], stdout=out,
                                 stderr=subprocess.STDOUT if out else None, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", TOKEN_ENV: self.token})
         if out:
             out.close()
         self.procs[name] = proc
@@ -88,26 +102,35 @@ class Stack:
             time.sleep(0.1)
         raise TimeoutError(f"the stack was not ready within {timeout:.0f} s; is port {self.port} free?")
 
-    def wait(self) -> None:
-        """Until Ctrl-C, or until a child dies."""
-        try:
-            while not (dead := self._dead()):
-                time.sleep(0.5)
-            print(f"stopping: {', '.join(dead)}", file=sys.stderr)
-        except KeyboardInterrupt:
-            print("\nstopping", file=sys.stderr)
-
     def stop(self) -> None:
+        """SIGTERM to the router, which drains; then to the workers. Whatever is left is killed,
+        at once when Ctrl-C interrupts the wait."""
+        router = [p for name, p in self.procs.items() if name == "router"]
+        try:
+            _end(router, self.drain_timeout + ROUTER_EXIT_S)
+            _end([p for name, p in self.procs.items() if name != "router"], WORKER_EXIT_S)
+        except KeyboardInterrupt:
+            _end(list(self.procs.values()), 0.0)
+            raise
+
+    def hurry(self) -> None:
+        """A second SIGTERM to every child still running: the router then stops without draining."""
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+
+
+def _end(procs: list[subprocess.Popen], grace: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def stream_chat(url: str, message: str, *, max_tokens: int = 128, temperature: float = 0.0,

@@ -138,6 +138,31 @@ def test_deploy_install_command(tmp_path):
     assert bad.returncode != 0 and "--decode-cpus" in bad.stderr
 
 
+def test_deploy_env_writes_a_random_worker_token(tmp_path):
+    out = tmp_path / "etc" / "fermium.env"
+    fermium_cli("deploy", "env", "--out", out)
+    text = out.read_text()
+    (token,) = re.findall(r"^FERMIUM_WORKER_TOKEN=([0-9a-f]+)$", text, re.M)
+    assert len(token) == 64 and oct(out.stat().st_mode & 0o777) == "0o640"
+    assert text.replace(token, "") == (DEPLOY / "fermium.env.example").read_text()   # nothing else changed
+    again = fermium_cli("deploy", "env", "--out", out, check=False)
+    assert again.returncode != 0 and "--force" in again.stderr and out.read_text() == text
+    fermium_cli("deploy", "env", "--out", out, "--force")
+    assert token not in out.read_text()
+
+
+def test_router_stops_before_the_workers_and_outwaits_its_drain():
+    """systemd stops units in reverse start order: the router, ordered after the workers, stops
+    first and drains while they still serve; its stop timeout exceeds the drain timeout."""
+    router = _directives("fermium-router.service")
+    assert {"fermium-prefill.service", "fermium-decode.service"} <= set(" ".join(router["After"]).split())
+    for worker in ("prefill", "decode"):
+        assert "fermium-router.service" not in " ".join(_directives(f"fermium-{worker}.service")["After"])
+    drain = float(re.search(r"^#?FERMIUM_DRAIN_TIMEOUT=(\S+)", (DEPLOY / "fermium.env.example").read_text(),
+                            re.M).group(1))
+    assert float(router["TimeoutStopSec"][0]) >= drain + 5
+
+
 def test_keys_create_bundles_and_revoke(tmp_path):
     from common.security import CurveKeys
     fermium_cli("keys", "create", "--out", tmp_path, "router", "gpu")

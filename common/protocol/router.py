@@ -2,13 +2,16 @@
 
 Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 1).
 
-    0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity)
+    0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
     0x11 Heartbeat    worker -> router: alive, with its load; also re-registers after a router restart
     0x12 PrefillDone  prefill -> router: the prompt is prefilled and shipped to decode
     0x13 Tokens       decode -> router: newly sampled token ids of one sequence
     0x14 Finished     decode -> router: the sequence ended; optional final state (snapshot seam)
     0x15 Failed       any worker -> router: request `rid` failed, or a frame was rejected
     0x16 Snapshot     prefill -> router: the state after the first `pos` prompt tokens, and its logits
+
+Hello and Heartbeat carry the deployment's worker token (`common.worker_token`): the router
+admits no worker without it, and never connects to the address of one that lacks it.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ class Hello(Message):
     address: str         # the worker's inbox, as the router should connect to it
     capacity: int        # sequences it is willing to hold at once
     model: str
+    token: str = ""      # the worker token; "" is refused
 
 
 @message(0x11)
@@ -33,6 +37,7 @@ class Heartbeat(Message):
     model: str
     running: int
     waiting: int
+    token: str = ""
 
 
 @message(0x12)

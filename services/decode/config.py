@@ -15,3 +15,4 @@ class DecodeConfig:
     capacity: int = 64                       # sequences held at once (running + waiting)
     metrics_port: int = 0
     ready_timeout: float = 30.0
+    worker_token: str | None = None          # shown to the router; None: common.worker_token's default

@@ -14,3 +14,4 @@ class PrefillConfig:
     backend_options: dict = field(default_factory=dict)
     metrics_port: int = 0
     ready_timeout: float = 30.0
+    worker_token: str | None = None          # shown to the router; None: common.worker_token's default

@@ -1,6 +1,13 @@
 """The router's side of the wire: sends requests to workers, routes their replies to the
 waiting HTTP handlers, and ends the requests of a worker that dies.
 
+Workers are admitted by the worker token in their Hello and Heartbeats: a message without it
+is counted and logged (rate-limited) and goes no further, so in particular the router never
+connects to the address it names. A worker's requests end the moment its connection drops
+(the link's disconnect callback) or, when a host vanishes silently, after the heartbeat timeout.
+Tokens of a request the router no longer holds (it restarted, or the request ended) are
+answered once with Cancel, so a worker does not decode for nobody.
+
 Messages arrive on the inbox's IO thread and are handed to the event loop; everything here
 then runs on the loop, so no lock is needed. Each request gets a Track whose `events` queue
 receives PrefillDone, Tokens, Finished or Failed messages, in order.
@@ -22,15 +29,18 @@ from typing import Protocol
 import numpy as np
 
 from common.metrics import RouterMetrics
-from common.mp import PullQueue, PushQueue
+from common.mp import LogLimiter, PullQueue, PushQueue
 from common.protocol import Message, ProtocolError
+from common.protocol.codec import WireLimits
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
+from common.worker import CancelledIds
+from common.worker_token import matches, resolve as resolve_token
 
 from .schema import Job
-from .workers import ROLES, Worker, WorkerRegistry
+from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry
 
 log = logging.getLogger("fermium.router")
 
@@ -76,20 +86,39 @@ class Track:
 
 class Dispatcher:
     def __init__(self, address: str, *, heartbeat_timeout: float, metrics: RouterMetrics,
-                 cache: PrefixCache | None = None):
+                 cache: PrefixCache | None = None, token: str | None = None, max_workers: int = MAX_PER_ROLE,
+                 limits: WireLimits | None = None):
         self.address = address
+        self.limits = limits
         self.metrics = metrics
         self.cache = cache or NoPrefixCache()
-        self.registry = WorkerRegistry(heartbeat_timeout, lambda a: PushQueue(a, name=f"router->{a}"))
+        self.token = resolve_token(token)
+        self.registry = WorkerRegistry(heartbeat_timeout, self._connect, max_per_role=max_workers)
         self.tracks: dict[str, Track] = {}
         self.inbox: PullQueue | None = None
         self._reaper: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._refusals = LogLimiter(log, "router: refused worker registrations")
+        self._orphans = CancelledIds()
+
+    def _connect(self, address: str) -> PushQueue:
+        link = None
+
+        def lost() -> None:                    # on the link's IO thread
+            try:
+                self._loop.call_soon_threadsafe(self._link_lost, link)
+            except RuntimeError:               # the loop is closed: the router is stopping
+                pass
+
+        link = PushQueue(address, name=f"router->{address}", on_disconnect=lost)
+        return link
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self.inbox = PullQueue(self.address, name="router",
                                on_message=lambda m: loop.call_soon_threadsafe(self._handle, m),
-                               on_error=lambda e: loop.call_soon_threadsafe(self._rejected, e))
+                               on_error=lambda e: loop.call_soon_threadsafe(self._rejected, e),
+                               limits=self.limits, errors=self.metrics.protocol_error)
         self._reaper = asyncio.create_task(self._reap_forever())
         log.info("router: workers register at %s", self.inbox.address)
 
@@ -147,8 +176,10 @@ class Dispatcher:
             self._hello(msg)
             return
         track = self.tracks.get(msg.rid)
-        if track is None:
-            return  # a request that already ended (cancelled, failed, or the client left)
+        if track is None:   # a request that already ended, or one of the router before a restart
+            if isinstance(msg, Tokens):
+                self._cancel_orphan(msg)
+            return
         if isinstance(msg, Snapshot):
             self.cache.store_state(track.prompt, msg.pos, msg.state, msg.logits, "prefill")
             return
@@ -167,7 +198,22 @@ class Dispatcher:
             return
         track.events.put_nowait(msg)
 
+    def _cancel_orphan(self, msg: Tokens) -> None:
+        w = self.registry.workers.get(msg.worker_id)
+        if w is None or msg.rid in self._orphans:
+            return
+        self._orphans.add(msg.rid)
+        w.link.put(Cancel(msg.rid, "the router holds no such request"))
+
+    def _refuse(self, msg: Hello | Heartbeat, reason: str, why: str) -> None:
+        self.metrics.protocol_error(reason)
+        self._refusals("refused a %s of %.40r worker %.40r at %.120r: %s", type(msg).__name__, msg.role,
+                       msg.worker_id, msg.address, why)
+
     def _hello(self, msg: Hello | Heartbeat) -> None:
+        if not matches(msg.token, self.token):
+            self._refuse(msg, "unauthorized", "wrong or missing worker token (--worker-token, FERMIUM_WORKER_TOKEN)")
+            return
         if isinstance(msg, Heartbeat) and self.registry.heartbeat(msg.worker_id, msg.running, msg.waiting):
             return
         if msg.worker_id in self.registry.workers:    # a repeated Hello: the ack may have crossed it
@@ -176,7 +222,7 @@ class Dispatcher:
         try:
             replaced = self.registry.register(msg.worker_id, msg.role, msg.address, msg.capacity, msg.model)
         except ValueError as e:
-            log.error("refused a worker at %s: %s", msg.address, e)
+            self._refuse(msg, "invalid", str(e))
             return
         for w in replaced:
             self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} was restarted")
@@ -187,8 +233,7 @@ class Dispatcher:
         self._gauges()
 
     def _rejected(self, err: ProtocolError) -> None:
-        log.error("router rejected a message: %s", err)
-        if err.rid in self.tracks:
+        if err.rid in self.tracks:             # the inbox has logged it, at a bounded rate
             self.tracks[err.rid].events.put_nowait(Failed(err.rid, "", f"router rejected a reply: {err}"))
 
     def _fail_all(self, w: Worker, why: str) -> None:
@@ -196,13 +241,23 @@ class Dispatcher:
             if rid in self.tracks:
                 self.tracks[rid].events.put_nowait(Failed(rid, w.worker_id, why))
 
+    def _link_lost(self, link: PushQueue | None) -> None:
+        w = self.registry.remove(link, "its connection closed")
+        if w is None:
+            return                             # a link already replaced or reaped
+        log.error("%s worker %s at %s went away (its connection closed); ending its %d requests",
+                  w.role, w.worker_id, w.address, len(w.inflight))
+        self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} stopped responding (its connection closed)")
+        self._gauges()
+
     async def _reap_forever(self) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
             for w in self.registry.reap():
                 log.error("%s worker %s at %s stopped sending heartbeats; ending its %d requests",
                           w.role, w.worker_id, w.address, len(w.inflight))
-                self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} stopped responding")
+                self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} stopped responding "
+                                  f"(no heartbeat for {self.registry.timeout:g} s)")
                 self._gauges()
 
     def _gauges(self) -> None:

@@ -1,8 +1,15 @@
-"""The router process: tokenizer and chat template, worker dispatch, the HTTP API on uvicorn."""
+"""The router process: tokenizer and chat template, worker dispatch, the HTTP API on uvicorn.
+
+The first SIGTERM (or SIGINT) drains: the listening socket stays open and answers 503 while
+the requests under way get `drain_timeout` seconds, and then the process exits. A second
+signal exits at once, as plain uvicorn does.
+"""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 
 import uvicorn
@@ -12,19 +19,29 @@ from common.metrics import RouterMetrics
 from common.model.chat_template import render_chat
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
+from common.state import wire_limits
 
 from .admission import Admission
 from .api import API
 from .auth import api_key_middleware
 from .config import RouterConfig
 from .dispatch import Dispatcher, PrefixCache
+from .workers import ROLES
 from .generation import Generation
 from .snapshots import build_snapshot_cache
 
 log = logging.getLogger("fermium.router")
 
+EXIT_GRACE_S = 1.0          # uvicorn's wait for connections after the drain, which left none busy
+
+
 def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[Starlette, Dispatcher]:
     """The ASGI app and its dispatcher; the dispatcher starts and stops with the app."""
+    app, dispatcher, _ = _build(cfg, cache)
+    return app, dispatcher
+
+
+def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dispatcher, API]:
     model = GGUFModel(cfg.model)
     tokenizer = Tokenizer.from_gguf(model)
     template = model.get("tokenizer.chat_template") if model.has("tokenizer.chat_template") else None
@@ -33,7 +50,9 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
     if cache is None:
         cache = build_snapshot_cache(model.config, metrics, cfg.snapshot_budget, cfg.snapshot_dir,
                                      cfg.snapshot_every)
-    dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache)
+    dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache,
+                            token=cfg.worker_token, max_workers=cfg.max_workers,
+                            limits=wire_limits(model.config))
     generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics,
                             cfg.request_timeout)
 
@@ -48,11 +67,21 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
                 "decode_workers": dispatcher.registry.count("decode"),
                 "running": generation.admission.running, "waiting": generation.admission.waiting,
                 "workers": [{"id": w.worker_id, "role": w.role, "address": w.address, "inflight": len(w.inflight)}
-                            for w in dispatcher.registry.workers.values()]}
+                            for w in dispatcher.registry.workers.values()],
+                "missing": [missing(role) for role in ROLES if not dispatcher.registry.count(role)]}
+
+    def missing(role: str) -> dict:
+        """A role with no live worker, and the last one of it that died (None: none ever came)."""
+        lost = dispatcher.registry.lost.get(role)
+        if lost is None:
+            return {"role": role, "id": None, "address": None, "reason": "no worker has registered"}
+        return {"role": role, "id": lost.worker_id, "address": lost.address, "reason": lost.why,
+                "seconds_ago": round(time.monotonic() - lost.at, 3)}
 
     served = (cfg.served_model_name, Path(cfg.model).stem)   # the file's stem is accepted too
     api = API(generation, served=served, context=context,
-              vocab=tokenizer.vocab_size, encode=tokenizer.encode, render=render, health=health)
+              vocab=tokenizer.vocab_size, encode=tokenizer.encode, render=render, health=health,
+              max_body=cfg.max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -61,11 +90,44 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
         yield
         await dispatcher.close()
 
-    return Starlette(routes=api.routes(), lifespan=lifespan,
-                     middleware=api_key_middleware(cfg.api_key)), dispatcher
+    return api.app(lifespan=lifespan, middleware=api_key_middleware(cfg.api_key)), dispatcher, api
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose first exit signal drains the API before uvicorn shuts down."""
+
+    def __init__(self, config: uvicorn.Config, api: API, drain_timeout: float):
+        super().__init__(config)
+        self.api, self.drain_timeout = api, drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signalled = False
+        self._draining: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._signalled or self._loop is None:
+            return super().handle_exit(sig, frame)
+        self._signalled = True
+        self._loop.call_soon_threadsafe(self._start_drain, sig)
+
+    def _start_drain(self, sig: int) -> None:
+        log.info("router: signal %d; draining for at most %g s (signal again to stop at once)",
+                 sig, self.drain_timeout)
+
+        async def drain() -> None:
+            try:
+                await self.api.drain(self.drain_timeout)
+            finally:
+                self.should_exit = True
+        self._draining = asyncio.ensure_future(drain())
 
 
 def serve(cfg: RouterConfig) -> None:
-    app, _ = build_router(cfg)
+    app, _, api = _build(cfg, None)
     log.info("router: serving %s on http://%s:%d", cfg.model, cfg.host, cfg.port)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+                            timeout_graceful_shutdown=EXIT_GRACE_S)
+    DrainingServer(config, api, cfg.drain_timeout).run()
