@@ -1,12 +1,19 @@
 """The snapshot store: longest-prefix lookup at any position, shared KV, LRU budget, disk tier."""
 from __future__ import annotations
 
+import copy
+import fcntl
+import os
+import random
+
+import msgpack
 import numpy as np
 import pytest
 
 from common.model.config import ModelConfig
-from common.snapshots import SnapshotStore
+from common.snapshots import SnapshotStore, disk
 from common.state import SequenceState
+from tests.snapshot_damage import DAMAGES, HEADER_DAMAGES, parts, rewrite
 
 CFG = ModelConfig(arch="qwen35moe", vocab_size=50, hidden_size=8, n_layers=4, n_nextn_layers=0,
                   context_length=1024, rms_eps=1e-6, n_heads=2, n_kv_heads=1, head_dim=4, rope_dim=2,
@@ -99,22 +106,98 @@ def test_disk_tier_survives_a_restart(tmp_path):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "magic"])
-def test_corrupt_disk_snapshot_is_rejected_and_removed(tmp_path, damage):
+@pytest.mark.parametrize("name", sorted(DAMAGES))
+def test_a_damaged_disk_snapshot_is_refused_removed_and_written_anew(tmp_path, name):
     tokens = list(range(1, 30))
     put(SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path), tokens[:12])
     (path,) = tmp_path.glob("*.snap")
-    data = bytearray(path.read_bytes())
-    if damage == "flip":
-        data[-5] ^= 0xFF
-    elif damage == "truncate":
-        data = data[:-100]
-    else:
-        data[:8] = b"XXXXXXXX"
-    path.write_bytes(bytes(data))
+    DAMAGES[name](path)
     again = SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path)
+    if name in HEADER_DAMAGES:                     # refused at indexing, before any lookup
+        assert again.stats.disk_rejected == 1 and not again.snaps and not path.exists()
     assert again.lookup(tokens) is None
     assert again.stats.disk_rejected == 1 and not path.exists()
+    put(again, tokens[:12])
+    state, _ = SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path).lookup(tokens)
+    assert_same(state, state_after(tokens[:12]))
+
+
+def _nodes(tree, out):
+    """(container, key) of every value inside a msgpack tree."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for k, v in items:
+        out.append((tree, k))
+        _nodes(v, out)
+    return out
+
+
+ODD_VALUES = [None, -1, 0, 1, 2**63 - 1, 2**64 - 1, -2**63, 1.5, float("nan"), "", "zz", "<f4", "|O", b"\0",
+              [], {}, [[]], {"a": 1}, True, [1, 2], ["<f4", [1]], "0" * 32, ["0" * 32]]
+
+
+def test_a_header_that_checks_out_but_says_anything_is_refused_or_used_whole(tmp_path):
+    """Seeded: each of 400 headers has one value swapped for an odd one, or a byte changed, and
+    its checksum made good; the store neither raises nor hands out anything but the true state."""
+    rng = random.Random(0)
+    tokens = list(range(1, 30))
+    put(SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path), tokens[:12])
+    (path,) = tmp_path.glob("*.snap")
+    good = path.read_bytes()
+    header, payload = parts(path)
+    for _ in range(400):
+        path.write_bytes(good)
+        if rng.random() < 0.8:
+            h = copy.deepcopy(header)
+            tree, key = rng.choice(_nodes(h, []))
+            tree[key] = copy.deepcopy(rng.choice(ODD_VALUES))
+            rewrite(path, h, payload, signed=True)
+        else:
+            raw = bytearray(msgpack.packb(header))
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+            rewrite(path, None, payload, signed=True, raw=bytes(raw))
+        found = SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path).lookup(tokens)
+        if found is not None:
+            assert_same(found[0], state_after(tokens[:12]))
+        else:
+            assert not path.exists()
+
+
+def test_a_file_that_checks_out_but_does_not_fit_the_state_is_a_miss(tmp_path, monkeypatch):
+    tokens = list(range(1, 30))
+    put(SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path), tokens[:12])
+
+    def refuse(*args):
+        raise ValueError("conv 0: shape (4, 3), expected (8, 3)")
+    monkeypatch.setattr(SequenceState, "from_arrays", staticmethod(refuse))
+    again = SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path)
+    assert again.lookup(tokens) is None
+    assert again.stats.disk_rejected == 1 and not list(tmp_path.glob("*.snap"))
+
+
+def test_orphaned_temporary_files_are_removed_at_start_but_not_a_live_writers(tmp_path):
+    put(SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path), list(range(1, 13)))
+    dead, live = tmp_path / f"{'a' * 32}.tmp999999", tmp_path / f"{'b' * 32}.tmp1"
+    dead.write_bytes(b"partial")
+    live.write_bytes(b"partial")
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)                # as write_atomic holds it while it writes
+    try:
+        again = SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path)
+        assert not dead.exists() and live.exists() and len(again.snaps) == 1
+    finally:
+        os.close(fd)
+    SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path)
+    assert not live.exists()
+
+
+def test_a_failed_disk_write_keeps_the_snapshot_in_ram(tmp_path, monkeypatch):
+    def full(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(disk, "write_atomic", full)
+    store = SnapshotStore(CFG, 1 << 30, block=BLOCK, disk_dir=tmp_path)
+    tokens = list(range(1, 30))
+    put(store, tokens[:12])
+    assert_same(store.lookup(tokens)[0], state_after(tokens[:12]))
 
 
 def test_evicted_from_ram_reloads_from_disk(tmp_path):

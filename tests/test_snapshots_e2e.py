@@ -1,5 +1,6 @@
 """Snapshots through real processes: hits give the cold path's tokens, chat turns prefill only
-their new tokens, and the disk tier survives a router restart but not corruption."""
+their new tokens, and the disk tier survives a router restart but not corruption (of the
+payload, or of any header field: tests/snapshot_damage.py)."""
 from __future__ import annotations
 
 import time
@@ -16,6 +17,7 @@ from common.model.tokenizer import Tokenizer
 from common.sampling import SamplingParams
 from common.snapshots import disk
 from fermium.stack import Stack, free_port
+from tests.snapshot_damage import DAMAGES
 
 READY_TIMEOUT_S = 60
 EVERY = 64                       # checkpoint interval: the prefill chunk
@@ -138,10 +140,9 @@ def test_disk_tier_survives_restart_and_rejects_corruption(tmp_path, demo):
         assert files
         stack.procs["router"].terminate()
         stack.procs["router"].wait(10)
-        for f in files:                                          # flip a byte in every payload
-            data = bytearray(f.read_bytes())
-            data[-3] ^= 0xFF
-            f.write_bytes(bytes(data))
+        names = sorted(DAMAGES)                                  # a damage to every file, in turn
+        for i, f in enumerate(files):
+            DAMAGES[names[(i * 7) % len(names)]](f)
         restart_router()
         third, saved, prefilled = counted(stack, prompt)
         assert third == first and saved == 0 and prefilled == len(prompt)

@@ -3,15 +3,24 @@
 File layout (little-endian):
     magic  b"FRMSNAP\\0"   8 bytes
     version              u32 (FORMAT_VERSION)
-    header_len           u32, then a msgpack header:
-        {"pos", "key" (hex), "meta" (the index entry: base key, tail length, block chain),
-         "arrays": [[dtype, shape], ...], "checksum": blake2b-256 of the payload}
+    header_len           u32
+    header_sum           32 bytes: blake2b-256 of the 16 bytes above and of the header
+    header               msgpack: {"pos", "key" (hex, also the file's name), "meta" (the index
+                         entry: "base" key and "blocks" chain, hex), "arrays": [[dtype, shape], ...],
+                         "checksum": blake2b-256 of the payload}
     payload              the arrays' bytes back to back, in header order
 
-A file whose magic, version, length or checksum does not match is rejected, logged and removed.
+Every byte that is read is under a checksum: the prefix and header under header_sum (checked
+when the directory is indexed), the payload under the header's checksum (checked when the
+snapshot is loaded). A file whose magic, version, lengths, checksums, field types or size do
+not match raises CorruptSnapshot; the store then logs it, removes it and counts a miss.
+
+A writer holds an flock on its temporary file until it is renamed into place, so a temporary
+file that no process holds is an orphan of a writer that died (clean_orphans).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -23,29 +32,47 @@ import numpy as np
 
 log = logging.getLogger("fermium.snapshots")
 MAGIC = b"FRMSNAP\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+PREFIX = struct.Struct("<8sII32s")       # magic, version, header_len, header_sum
+MAX_HEADER = 1 << 24
+MAX_DIMS = 8
+DTYPE_KINDS = "fiu"
+HEADER_KEYS = {"pos", "key", "meta", "arrays", "checksum"}
+TMP_GLOB = "*.tmp*"
 
 
 class CorruptSnapshot(ValueError):
     pass
 
 
+def _digest(*parts) -> bytes:
+    h = hashlib.blake2b(digest_size=32)
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
 def write_atomic(path: Path, pos: int, key: bytes, arrays: list[np.ndarray], meta: dict) -> int:
     """Write, fsync, rename, fsync the directory. Returns the file size."""
     arrays = [np.ascontiguousarray(a) for a in arrays]
-    digest = hashlib.blake2b(digest_size=32)
-    for a in arrays:
-        digest.update(memoryview(a).cast("B"))
-    header = msgpack.packb({"pos": pos, "key": key.hex(), "meta": meta, "checksum": digest.hexdigest(),
+    payload_sum = _digest(*(memoryview(a).cast("B") for a in arrays))
+    header = msgpack.packb({"pos": pos, "key": key.hex(), "meta": meta, "checksum": payload_sum.hex(),
                             "arrays": [[a.dtype.str, list(a.shape)] for a in arrays]})
+    head = MAGIC + struct.pack("<II", FORMAT_VERSION, len(header))
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<II", FORMAT_VERSION, len(header)) + header)
-        for a in arrays:
-            f.write(memoryview(a).cast("B"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with open(fd, "wb") as f:
+            fcntl.flock(fd, fcntl.LOCK_EX)    # held until closed: the file is not an orphan
+            f.write(head + _digest(head, header) + header)
+            for a in arrays:
+                f.write(memoryview(a).cast("B"))
+            f.flush()
+            os.fsync(fd)
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -54,48 +81,100 @@ def write_atomic(path: Path, pos: int, key: bytes, arrays: list[np.ndarray], met
     return path.stat().st_size
 
 
-def _header(path: Path, data: bytes) -> tuple[dict, int]:
-    if len(data) < 16 or data[:8] != MAGIC:
-        raise CorruptSnapshot(f"{path}: bad magic")
-    version, header_len = struct.unpack_from("<II", data, 8)
+def _is_hex(value, nbytes: int) -> bool:
+    if not isinstance(value, str) or len(value) != 2 * nbytes:
+        return False
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _specs(path: Path, arrays) -> list[tuple[np.dtype, tuple[int, ...]]]:
+    if not isinstance(arrays, list):
+        raise CorruptSnapshot(f"{path}: arrays is not a list")
+    specs = []
+    for spec in arrays:
+        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str) and isinstance(spec[1], list)):
+            raise CorruptSnapshot(f"{path}: bad array spec {spec!r:.80}")
+        dtype_str, shape = spec
+        try:
+            dtype = np.dtype(dtype_str)
+        except Exception as exc:              # numpy raises several kinds for a bad spelling
+            raise CorruptSnapshot(f"{path}: bad dtype {dtype_str!r:.40}") from exc
+        if dtype.str != dtype_str or dtype.kind not in DTYPE_KINDS or dtype.byteorder == ">":
+            raise CorruptSnapshot(f"{path}: dtype {dtype_str!r:.40} is not a plain little-endian number")
+        if len(shape) > MAX_DIMS or not all(type(n) is int and n >= 0 for n in shape):
+            raise CorruptSnapshot(f"{path}: bad shape {shape!r:.80}")
+        specs.append((dtype, tuple(shape)))
+    return specs
+
+
+def _validate(path: Path, header) -> dict:
+    """The header's fields have the types and forms that the store reads, or CorruptSnapshot."""
+    if not isinstance(header, dict) or set(header) != HEADER_KEYS:
+        raise CorruptSnapshot(f"{path}: header fields {list(header) if isinstance(header, dict) else header!r:.80}")
+    pos, key, meta = header["pos"], header["key"], header["meta"]
+    if type(pos) is not int or pos < 0:
+        raise CorruptSnapshot(f"{path}: bad pos {pos!r:.40}")
+    if not _is_hex(key, 16) or key != path.stem:
+        raise CorruptSnapshot(f"{path}: key {key!r:.40} is not the file's name")
+    if not (isinstance(meta, dict) and set(meta) == {"base", "blocks"} and _is_hex(meta["base"], 16)
+            and isinstance(meta["blocks"], list) and all(_is_hex(b, 16) for b in meta["blocks"])):
+        raise CorruptSnapshot(f"{path}: bad meta")
+    if not _is_hex(header["checksum"], 32):
+        raise CorruptSnapshot(f"{path}: bad checksum field")
+    header["specs"] = _specs(path, header["arrays"])
+    header["payload_len"] = sum(int(np.prod(s, dtype=object)) * d.itemsize for d, s in header["specs"])
+    return header
+
+
+def _header(path: Path, head: bytes, read_rest) -> tuple[dict, int]:
+    """(validated header, payload offset); read_rest(n) returns the n bytes after the prefix."""
+    if len(head) < PREFIX.size or head[:8] != MAGIC:
+        raise CorruptSnapshot(f"{path}: bad magic or truncated")
+    _, version, header_len, header_sum = PREFIX.unpack_from(head)
     if version != FORMAT_VERSION:
         raise CorruptSnapshot(f"{path}: format version {version}, expected {FORMAT_VERSION}")
+    if header_len > MAX_HEADER:
+        raise CorruptSnapshot(f"{path}: header length {header_len}")
+    raw = read_rest(header_len)
+    if len(raw) != header_len:
+        raise CorruptSnapshot(f"{path}: truncated header")
+    if _digest(head[:16], raw) != header_sum:
+        raise CorruptSnapshot(f"{path}: header checksum mismatch")
     try:
-        header = msgpack.unpackb(data[16:16 + header_len])
-        header["specs"] = [(np.dtype(d), tuple(s)) for d, s in header["arrays"]]
-        return header, 16 + header_len
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:
-        raise CorruptSnapshot(f"{path}: unreadable header ({exc})") from exc
+        raise CorruptSnapshot(f"{path}: unreadable header ({exc!r:.80})") from exc
+    return _validate(path, header), PREFIX.size + header_len
 
 
 def read_header(path: Path) -> dict:
-    """The header alone (for indexing at start-up); the payload is checked when it is read."""
+    """The header alone (for indexing at start-up), checked, with the file's size; the payload
+    is checked when it is read."""
     with open(path, "rb") as f:
-        head = f.read(16)
-        if len(head) < 16:
-            raise CorruptSnapshot(f"{path}: truncated")
-        return _header(path, head + f.read(struct.unpack_from("<I", head, 12)[0]))[0]
+        header, offset = _header(path, f.read(PREFIX.size), f.read)
+        size = os.fstat(f.fileno()).st_size
+    if size != offset + header["payload_len"]:
+        raise CorruptSnapshot(f"{path}: {size} bytes, its header says {offset + header['payload_len']}")
+    return header
 
 
 def read_checked(path: Path) -> tuple[dict, list[np.ndarray]]:
     """(header, arrays), or CorruptSnapshot with the reason."""
     data = path.read_bytes()
-    header, offset = _header(path, data)
-    specs = header["specs"]
+    header, offset = _header(path, data[:PREFIX.size], lambda n: data[PREFIX.size:PREFIX.size + n])
+    if len(data) != offset + header["payload_len"]:
+        raise CorruptSnapshot(f"{path}: {len(data)} bytes, its header says {offset + header['payload_len']}")
+    if _digest(memoryview(data)[offset:]).hex() != header["checksum"]:
+        raise CorruptSnapshot(f"{path}: payload checksum mismatch")
     arrays = []
-    digest = hashlib.blake2b(digest_size=32)
-    for dtype, shape in specs:
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if offset + n > len(data):
-            raise CorruptSnapshot(f"{path}: truncated")
-        chunk = data[offset:offset + n]
-        digest.update(chunk)
-        arrays.append(np.frombuffer(chunk, dtype=dtype).reshape(shape))
+    for dtype, shape in header["specs"]:
+        n = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        arrays.append(np.frombuffer(data, dtype=dtype, count=n // dtype.itemsize, offset=offset).reshape(shape))
         offset += n
-    if offset != len(data):
-        raise CorruptSnapshot(f"{path}: {len(data) - offset} trailing bytes")
-    if digest.hexdigest() != header["checksum"]:
-        raise CorruptSnapshot(f"{path}: checksum mismatch")
     return header, arrays
 
 
@@ -105,5 +184,35 @@ def drop_if_corrupt(read, path: Path):
         return read(path)
     except (CorruptSnapshot, OSError) as exc:
         log.error("dropping snapshot file: %s", exc)
-        path.unlink(missing_ok=True)
+        remove(path)
         return None
+
+
+def remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.error("cannot remove snapshot file %s: %s", path, exc)
+
+
+def clean_orphans(directory: Path) -> int:
+    """Remove the temporary files that no live writer holds (see write_atomic); returns how many.
+    Another store's writes to the same directory go on untouched."""
+    removed = 0
+    for tmp in directory.glob(TMP_GLOB):
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:
+            continue                          # renamed or removed meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino == os.stat(tmp).st_ino:
+                tmp.unlink()
+                removed += 1
+        except OSError:
+            pass                              # a live writer holds it, or it moved on
+        finally:
+            os.close(fd)
+    if removed:
+        log.warning("removed %d orphaned temporary snapshot files from %s", removed, directory)
+    return removed

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..model.config import ModelConfig
-from ..state import SequenceState
+from ..state import STATE_DTYPE, SequenceState, state_shapes
 from . import disk
 from .keys import ROOT, chain, tail_key
 
@@ -42,6 +42,10 @@ class Snapshot:
         if self.recurrent is None:
             return 0
         return sum(a.nbytes for a in [*self.recurrent, self.logits, *self.tail_k, *self.tail_v])
+
+
+def _spell(specs: list, i: int) -> str:
+    return f"{specs[i][0].str}{list(specs[i][1])}" if i < len(specs) else "missing"
 
 
 @dataclass
@@ -69,6 +73,7 @@ class SnapshotStore:
         self.disk_dir = Path(disk_dir) if disk_dir else None
         if self.disk_dir:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
+            disk.clean_orphans(self.disk_dir)
             self._index_disk()
 
     # ---- sizes
@@ -79,7 +84,13 @@ class SnapshotStore:
 
     @property
     def disk_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.disk_dir.glob("*.snap")) if self.disk_dir else 0
+        total = 0
+        for p in self.disk_dir.glob("*.snap") if self.disk_dir else ():
+            try:
+                total += p.stat().st_size
+            except OSError:
+                pass                              # removed meanwhile
+        return total
 
     # ---- put
     def put(self, tokens: Sequence[int], state: SequenceState, logits: np.ndarray) -> bytes:
@@ -108,8 +119,11 @@ class SnapshotStore:
                             [v[len(blocks) * B:].copy() for v in state.v])
             self._index(key, snap)
             if self.disk_dir:
-                disk.write_atomic(self._path(key), snap.pos, key, [*state.arrays(), snap.logits],
-                                  {"base": base.hex(), "blocks": [b.hex() for b in blocks]})
+                try:
+                    disk.write_atomic(self._path(key), snap.pos, key, [*state.arrays(), snap.logits],
+                                      {"base": base.hex(), "blocks": [b.hex() for b in blocks]})
+                except OSError as exc:            # the RAM tier still holds it
+                    log.error("snapshot at position %d not written to disk: %s", snap.pos, exc)
             self._evict()
             return key
 
@@ -193,26 +207,56 @@ class SnapshotStore:
     def _path(self, key: bytes) -> Path:
         return self.disk_dir / f"{key.hex()}.snap"
 
+    def _fits(self, path: Path, header: dict) -> dict:
+        """The header of a file that this model and block size can use, else CorruptSnapshot."""
+        pos, base, blocks = header["pos"], header["meta"]["base"], header["meta"]["blocks"]
+        if base != (blocks[-1] if blocks else ROOT.hex()) or not 0 <= pos - len(blocks) * self.block < self.block:
+            raise disk.CorruptSnapshot(f"{path}: position {pos}, base and {len(blocks)} blocks disagree")
+        f4 = np.dtype(STATE_DTYPE)
+        names, shapes = zip(*state_shapes(pos, self.cfg), ("logits", (self.cfg.vocab_size,)))
+        got, want = header["specs"], [(f4, s) for s in shapes]
+        if got != want:
+            i = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+            raise disk.CorruptSnapshot(f"{path}: {names[i] if i < len(names) else f'array {i}'} is "
+                                       f"{_spell(got, i)}, this model's is {_spell(want, i)}")
+        return header
+
     def _index_disk(self) -> None:
-        for path in sorted(self.disk_dir.glob("*.snap"), key=lambda p: p.stat().st_mtime):
-            header = disk.drop_if_corrupt(disk.read_header, path)
+        def mtime(p: Path) -> float:
+            try:
+                return p.stat().st_mtime
+            except OSError:
+                return 0.0
+
+        for path in sorted(self.disk_dir.glob("*.snap"), key=mtime):
+            header = disk.drop_if_corrupt(lambda p: self._fits(p, disk.read_header(p)), path)
             if header is None:
                 self.stats.disk_rejected += 1
                 continue
             meta = header["meta"]
-            snap = Snapshot(int(header["pos"]), bytes.fromhex(meta["base"]),
+            snap = Snapshot(header["pos"], bytes.fromhex(meta["base"]),
                             [bytes.fromhex(b) for b in meta["blocks"]], None, None)
             self._index(bytes.fromhex(header["key"]), snap)
 
+    def _read_fitting(self, path: Path, snap: Snapshot) -> tuple[SequenceState, np.ndarray]:
+        header, arrays = disk.read_checked(path)
+        self._fits(path, header)
+        meta = header["meta"]
+        if (header["pos"], meta["base"], meta["blocks"]) != (snap.pos, snap.base.hex(), [b.hex() for b in snap.blocks]):
+            raise disk.CorruptSnapshot(f"{path}: not the snapshot that was indexed under its name")
+        try:
+            return SequenceState.from_arrays(snap.pos, arrays[:-1], self.cfg), arrays[-1]
+        except ValueError as exc:
+            raise disk.CorruptSnapshot(f"{path}: {exc}") from exc
+
     def _load_from_disk(self, key: bytes) -> bool:
-        loaded = disk.drop_if_corrupt(disk.read_checked, self._path(key))
         snap = self.snaps[key]
+        loaded = disk.drop_if_corrupt(lambda p: self._read_fitting(p, snap), self._path(key))
         if loaded is None:
             self.stats.disk_rejected += 1
             self._forget(key)
             return False
-        header, arrays = loaded
-        state = SequenceState.from_arrays(snap.pos, arrays[:-1], self.cfg)
+        state, logits = loaded
         B = self.block
         for i, bkey in enumerate(snap.blocks):
             if bkey not in self.kv_blocks:
@@ -221,7 +265,7 @@ class SnapshotStore:
             self.refs[bkey] = self.refs.get(bkey, 0) + 1
         n = len(snap.blocks) * B
         snap.recurrent = [a.copy() for a in [*state.conv, *state.ssm]]
-        snap.logits = arrays[-1].copy()
+        snap.logits = logits.copy()
         snap.tail_k, snap.tail_v = [k[n:].copy() for k in state.k], [v[n:].copy() for v in state.v]
         self.snaps.move_to_end(key)
         self._evict()

@@ -31,6 +31,7 @@ from common.model.gguf_file import GGUFModel, Tensor
 from common.model.huge_pages import advise_huge_pages
 from common.progress import byte_progress
 from native import cpu_lib
+from services.decode.repack_lock import LockUnavailable, build_lock, clean_if_idle
 
 MAGIC = b"FMREPACK"
 VERSION = 6                         # bumped with any change to the file or a repacked layout
@@ -222,12 +223,28 @@ def open_cache(model: GGUFModel, layouts: dict[int, int] | None = None,
     stale or corrupt, and rebuilt with the tensors it lacks (or holds in another layout) added to
     the others it holds. None when there is nothing to repack, or when the cache cannot be written
     (no room, no permission): the engine then reads the GGUF layout. Building reads the source
-    tensors once; their pages are then released from this process."""
+    tensors once; their pages are then released from this process. One process builds, under
+    the build lock (repack_lock.py); the others that open the cache meanwhile wait for it."""
     layouts = layouts_for() if layouts is None else layouts
     wanted = {n: lay for n, t in model.tensors.items() if (lay := repack_layout(t, layouts)) is not None}
     if not wanted:
         return None
     path = path or default_path(model)
+    try:
+        cache = RepackCache(path, model, wanted)
+        clean_if_idle(path)
+        return cache
+    except (FileNotFoundError, StaleCache):
+        pass                                  # told below, under the lock, where it is checked again
+    try:
+        with build_lock(path):
+            return _open_or_build(path, model, wanted)
+    except LockUnavailable as exc:
+        log.warning("could not lock the repack cache %s (%s); decoding from the GGUF layout", path, exc)
+        return None
+
+
+def _open_or_build(path: Path, model: GGUFModel, wanted: dict[str, int]) -> RepackCache | None:
     plan = wanted
     try:
         return RepackCache(path, model, wanted)

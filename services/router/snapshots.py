@@ -34,7 +34,11 @@ class SnapshotCache:
     def lookup(self, ids: Sequence[int]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]:
         """(start position, state arrays, logits at the start) — (0, None, None) on a miss."""
         self.metrics.snapshot_lookups.inc()
-        found = self.store.lookup(ids)
+        try:
+            found = self.store.lookup(ids)
+        except Exception:                         # a cache must never fail the request it would speed up
+            log.exception("snapshot lookup failed; serving it cold")
+            found = None
         if found is None:
             self.metrics.snapshot_misses.inc()
             return 0, None, None
