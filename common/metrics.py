@@ -16,7 +16,7 @@ router
     fermium_num_requests_running               gauge
     fermium_num_requests_waiting               gauge
     fermium_workers{role}                      gauge    live workers: prefill | decode
-    fermium_snapshot_lookups_total             counter  prefix lookups (services/router/snapshots.py)
+    fermium_snapshot_lookups_total             counter  prefix lookups (services/router/prefix_cache.py)
     fermium_snapshot_hits_total                counter
     fermium_snapshot_misses_total              counter
     fermium_snapshot_tokens_saved_total        counter  prompt tokens not prefilled thanks to a hit
@@ -34,7 +34,7 @@ prefill
 decode
     fermium_decode_requests_total{outcome}     counter  outcome: stop | length | cancelled | error
     fermium_decode_tokens_total                counter
-    fermium_decode_step_seconds                histogram  one batched engine step
+    fermium_decode_step_seconds                histogram  one batched decode step
     fermium_decode_batch_size                  histogram  sequences per step
     fermium_num_requests_running / _waiting    gauge
 every service

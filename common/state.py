@@ -88,7 +88,7 @@ def check_state(pos: int, arrays, cfg: ModelConfig) -> None:
 
 def check_logits(logits, cfg: ModelConfig) -> None:
     """Raise ValueError unless `logits` is (vocab,) float32. Non-finite values pass: the sampler
-    meets them like the engine's own, and fails only that sequence."""
+    meets them like the runner's own, and fails only that sequence."""
     if not isinstance(logits, np.ndarray) or logits.dtype != STATE_DTYPE or logits.shape != (cfg.vocab_size,):
         got = f"{logits.dtype}{list(logits.shape)}" if isinstance(logits, np.ndarray) else type(logits).__name__
         raise ValueError(f"logits are {got}, the model needs float32[{cfg.vocab_size}]")

@@ -25,18 +25,18 @@ def command_line() -> str:
     return "fermium " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-def native_engine(model: Path, threads: Optional[int], isa: Optional[str], **options):
-    """The native engine on `model`; an ISA this CPU lacks is a usage error on --isa."""
+def native_runner(model: Path, threads: Optional[int], isa: Optional[str], **options):
+    """The CPU runner on `model`; an ISA this CPU lacks is a usage error on --isa."""
     from common.model.gguf_file import GGUFModel
     from native import cpu_lib
-    from services.decode.native_engine import NativeEngine
+    from native.runners import load_runner
     try:
-        return NativeEngine(GGUFModel(model), threads=threads, isa=isa, **options)
+        return load_runner("native", GGUFModel(model), threads=threads, isa=isa, **options)[1]
     except cpu_lib.IsaError as exc:
         raise typer.BadParameter(str(exc), param_hint="--isa") from exc
 
 
-def _round(engine, runs: list[list], tokens: int, probe, prefetch: bool) -> tuple[list[dict], float]:
+def _round(runner, runs: list[list], tokens: int, probe, prefetch: bool) -> tuple[list[dict], float]:
     """`tokens` decode steps of each batch of states in `runs`, taking turns step by step, and a
     bandwidth stream (of the kind given) after each step, so that all of them meet the same noise
     from the rest of the machine. Per run, its wall time, bytes, Python share and phases; and the
@@ -47,12 +47,12 @@ def _round(engine, runs: list[list], tokens: int, probe, prefetch: bool) -> tupl
     for step in range(tokens):
         for states, r in zip(runs, out):
             t0 = time.perf_counter()
-            engine.decode([(step * 7919 + b * 104729) % engine.cfg.vocab_size for b in range(len(states))], states)
+            runner.decode([(step * 7919 + b * 104729) % runner.cfg.vocab_size for b in range(len(states))], states)
             r["seconds"] += time.perf_counter() - t0
-            r["total"] += engine.last_seconds[0]
-            r["c_time"] += engine.last_seconds[1]
-            r["step_bytes"] = engine.last_bytes
-            for name, (sec, nbytes) in engine.last_phases().items():
+            r["total"] += runner.last_seconds[0]
+            r["c_time"] += runner.last_seconds[1]
+            r["step_bytes"] = runner.last_bytes
+            for name, (sec, nbytes) in runner.last_phases().items():
                 acc = r["phases"].setdefault(name, [0.0, 0.0])
                 acc[0] += sec / tokens
                 acc[1] += nbytes / tokens
@@ -90,14 +90,14 @@ def cache_resident_note(step_bytes: int, llc: int | None) -> str | None:
             "--layers) keeps it honest")
 
 
-def _huge_page_shares(engine) -> dict[str, float | None]:
+def _huge_page_shares(runner) -> dict[str, float | None]:
     """How much of each weight mapping (the GGUF, the repack cache) is in 2 MB pages: a TLB miss
     every 4 KB costs scattered expert reads a few percent on some hosts."""
     from common.model.huge_pages import huge_page_share
 
-    shares = {"model file": huge_page_share(engine.model.file.data.ctypes.data)}
-    if engine.repacked:
-        shares["repack cache"] = huge_page_share(next(iter(engine.repacked.views.values())).ctypes.data)
+    shares = {"model file": huge_page_share(runner.model.file.data.ctypes.data)}
+    if runner.repacked:
+        shares["repack cache"] = huge_page_share(next(iter(runner.repacked.views.values())).ctypes.data)
     return shares
 
 
@@ -142,21 +142,21 @@ def decode_command(
     from native import cpu_lib
 
     command = command_line()
-    engine = native_engine(model, threads, isa, prefault=prefault, repack=repack)
-    states = [engine.new_state() for _ in range(batch)]
-    single = [engine.new_state()] if batch > 1 else None   # the batch-of-one baseline, same rounds
+    runner = native_runner(model, threads, isa, prefault=prefault, repack=repack)
+    states = [runner.new_state() for _ in range(batch)]
+    single = [runner.new_state()] if batch > 1 else None   # the batch-of-one baseline, same rounds
     for step in range(max(context, 2)):        # also warms the page cache and the pool
-        engine.decode([(step * 31 + b) % engine.cfg.vocab_size for b in range(batch)], states)
+        runner.decode([(step * 31 + b) % runner.cfg.vocab_size for b in range(batch)], states)
         if single:
-            engine.decode([(step * 31 + 7) % engine.cfg.vocab_size], single)
+            runner.decode([(step * 31 + 7) % runner.cfg.vocab_size], single)
     llc = cpu_lib.last_level_cache_bytes()
     bw_mib = bw_mib or probe_mib(llc)
-    probe = cpu_lib.MemBandwidth(engine.pool, bw_mib << 20)
-    cache_note = cache_resident_note(engine.last_bytes, llc)
+    probe = cpu_lib.MemBandwidth(runner.pool, bw_mib << 20)
+    cache_note = cache_resident_note(runner.last_bytes, llc)
     prefetch = probe.faster_stream()   # the kind of stream that reads faster here, chosen once
     results = []
     for _ in range(rounds):
-        runs, bw = _round(engine, [states, single] if single else [states], tokens, probe, prefetch)
+        runs, bw = _round(runner, [states, single] if single else [states], tokens, probe, prefetch)
         r, one = runs[0], runs[1] if single else None
         step_s = r["seconds"] / r["steps"]
         results.append({
@@ -171,10 +171,10 @@ def decode_command(
             **({"batch_gain": batch * one["seconds"] / r["seconds"]} if one else {}),
         })
     best = max(results, key=lambda x: x["bw_ratio"])
-    huge = _huge_page_shares(engine)
+    huge = _huge_page_shares(runner)
     report = {
-        "command": command, "model": str(model), "isa": engine.isa, "repacked": bool(engine.repacked),
-        "threads": engine.threads, "batch": batch, "membw_stream": "prefetched" if prefetch else "plain",
+        "command": command, "model": str(model), "isa": runner.isa, "repacked": bool(runner.repacked),
+        "threads": runner.threads, "batch": batch, "membw_stream": "prefetched" if prefetch else "plain",
         "huge_page_share": huge, "bw_buffer_mib": bw_mib,
         "last_level_cache_mib": llc / 2**20 if llc else None, "cache_note": cache_note,
         "rounds": results, "best": best,
@@ -187,7 +187,7 @@ def decode_command(
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"$ {command}")
-    typer.echo(f"model {model.name}  isa {engine.isa}{' (repacked)' if engine.repacked else ''}  threads {engine.threads}  "
+    typer.echo(f"model {model.name}  isa {runner.isa}{' (repacked)' if runner.repacked else ''}  threads {runner.threads}  "
                f"batch {batch}  bandwidth: a {report['membw_stream']} stream of {bw_mib} MiB after each step")
     if cache_note:
         typer.echo(f"note: {cache_note}")

@@ -1,4 +1,4 @@
-"""`fermium bench cpu-prefill`: the prompt through the native engine on the CPU, as the prefill
+"""`fermium bench cpu-prefill`: the prompt through the CPU runner, as the prefill
 service's cpu backend runs it, against the same prompt decoded one token at a time."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from fermium.cli_bench import bench_app, command_line, native_engine
+from fermium.cli_bench import bench_app, command_line, native_runner
 
 
 def _prompt(vocab: int, n: int) -> list[int]:
@@ -21,7 +21,7 @@ def _prompt(vocab: int, n: int) -> list[int]:
 def cpu_prefill_command(
     model: Path = typer.Option(..., exists=True, dir_okay=False, help="GGUF model file."),
     prompt: int = typer.Option(256, min=1, help="Prompt tokens."),
-    chunk: Optional[int] = typer.Option(None, min=1, help="Prompt tokens per native step (default: the engine's, "
+    chunk: Optional[int] = typer.Option(None, min=1, help="Prompt tokens per native step (default: the runner's, "
                                                           "as the cpu backend runs it)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Threads (default: one per physical core)."),
     isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2 or avx512 (default: the best)."),
@@ -30,34 +30,34 @@ def cpu_prefill_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Prompt tok/s of the chunked native prefill, and its ratio to token-by-token decoding."""
-    from services.decode.native_engine import PREFILL_CHUNK
+    from native.cpu_runner import NATIVE_CHUNK
 
     command = command_line()
-    engine = native_engine(model, threads, isa)
-    chunk = chunk or PREFILL_CHUNK
-    ids = _prompt(engine.cfg.vocab_size, prompt)
-    engine.prefill(ids[:min(prompt, chunk)], engine.new_state(), chunk=chunk)   # warms pages and pool
+    runner = native_runner(model, threads, isa)
+    chunk = chunk or NATIVE_CHUNK
+    ids = _prompt(runner.cfg.vocab_size, prompt)
+    runner.prefill(ids[:min(prompt, chunk)], runner.new_state(), chunk=chunk)   # warms pages and pool
     rates = []
     for _ in range(rounds):
-        state = engine.new_state()
+        state = runner.new_state()
         t0 = time.perf_counter()
-        engine.prefill(ids, state, chunk=chunk)
+        runner.prefill(ids, state, chunk=chunk)
         rates.append(prompt / (time.perf_counter() - t0))
-    report = {"command": command, "model": str(model), "isa": engine.isa, "threads": engine.threads,
+    report = {"command": command, "model": str(model), "isa": runner.isa, "threads": runner.threads,
               "prompt": prompt, "chunk": chunk, "prompt_tok_s": rates, "median_prompt_tok_s": statistics.median(rates),
-              "weights_gb_per_chunk": engine.last_bytes / 1e9 / -(-prompt // chunk)}
+              "weights_gb_per_chunk": runner.last_bytes / 1e9 / -(-prompt // chunk)}
     if baseline_tokens:
-        state = engine.new_state()
+        state = runner.new_state()
         t0 = time.perf_counter()
         for t in ids[:baseline_tokens]:
-            engine.decode([t], [state])
+            runner.decode([t], [state])
         report["token_by_token_tok_s"] = baseline_tokens / (time.perf_counter() - t0)
         report["speedup"] = report["median_prompt_tok_s"] / report["token_by_token_tok_s"]
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"$ {command}")
-    typer.echo(f"model {model.name}  isa {engine.isa}  threads {engine.threads}  prompt {prompt}  chunk {chunk}")
+    typer.echo(f"model {model.name}  isa {runner.isa}  threads {runner.threads}  prompt {prompt}  chunk {chunk}")
     typer.echo("prompt tok/s by round: " + " ".join(f"{r:.1f}" for r in rates)
                + f"; median {report['median_prompt_tok_s']:.1f}; {report['weights_gb_per_chunk']:.3f} GB of weights per chunk")
     if baseline_tokens:

@@ -1,6 +1,7 @@
 """`fermium bench prefill`: the cuda prefill backend at the real 35B widths on a synthetic model."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -22,6 +23,11 @@ def prefill_bench_command(
     if not ok:
         typer.echo(f"the cuda prefill backend is unavailable here: {why}", err=True)
         raise typer.Exit(2)
-    from services.prefill.backends.cuda_bench import main
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo / "tools" / "cuda_bench.py").exists():
+        typer.echo("fermium bench prefill runs tools/cuda_bench.py of a source checkout; none here", err=True)
+        raise typer.Exit(2)
+    sys.path.insert(0, str(repo))
+    from tools.cuda_bench import main
     args = ["--budget", budget, "--layers", str(layers), "--prompts", *map(str, prompt)]
     raise typer.Exit(main(args + (["--out", str(out)] if out else [])))

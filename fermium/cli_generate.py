@@ -1,4 +1,4 @@
-"""`fermium generate`: in-process generation with the reference (or native) engine."""
+"""`fermium generate`: in-process generation with the reference model (or a runner)."""
 from __future__ import annotations
 
 import json
@@ -8,17 +8,7 @@ from typing import Optional
 
 import typer
 
-ENGINES = ("reference", "native")
-
-
-def load_engine(model, name: str, threads: Optional[int] = None):
-    if name == "reference":
-        from common.engine.reference import ReferenceEngine
-        return ReferenceEngine(model)
-    if name == "native":
-        from services.decode.native_engine import NativeEngine
-        return NativeEngine(model, threads=threads)
-    raise typer.BadParameter(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+from fermium.cli_services import RUNNER_FLAGS
 
 
 def generate_command(
@@ -31,16 +21,17 @@ def generate_command(
     repetition_penalty: float = typer.Option(1.0),
     seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
     think: bool = typer.Option(False, help="With --chat: let the model think first (enable_thinking)."),
-    engine: str = typer.Option("reference", help=f"Engine: {', '.join(ENGINES)}."),
-    threads: Optional[int] = typer.Option(None, help="Threads for the native engine."),
+    runner_name: str = typer.Option("reference", *RUNNER_FLAGS, help="native, reference, or auto (native when it loads)."),
+    threads: Optional[int] = typer.Option(None, help="Threads for the native runner."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
 ):
     """Generate text from a prompt or a chat message, in this process."""
-    from common.engine.generate import generate
     from common.model.chat_template import render_chat
     from common.model.gguf_file import GGUFModel
     from common.model.tokenizer import Tokenizer
+    from common.reference.generate import generate
     from common.sampling import SamplingParams
+    from native.runners import load_runner
 
     if (prompt is None) == (chat is None):
         raise typer.BadParameter("give exactly one of --prompt or --chat")
@@ -58,7 +49,7 @@ def generate_command(
                                  f"length {gguf_model.config.context_length}")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repetition_penalty=repetition_penalty, seed=seed)
-    runner = load_engine(gguf_model, engine, threads)
+    _, runner = load_runner(runner_name, gguf_model, threads=threads)
     stop = tokenizer.eos_ids
     tokens, stream = [], tokenizer.stream()
     for token in generate(runner, prompt_ids, params, max_tokens, stop):

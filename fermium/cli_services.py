@@ -33,6 +33,9 @@ Listen = Annotated[str, _opt("LISTEN", "This worker's inbox (bind); :0 picks a f
 Advertise = Annotated[Optional[str], _opt("ADVERTISE", "Inbox address as other hosts reach it.")]
 ReadyTimeout = Annotated[float, _opt("READY_TIMEOUT", "Seconds to wait for the router's handshake.")]
 Port = Annotated[int, _opt("PORT", "HTTP port of the router.")]
+RUNNER_FLAGS = ("--runner", "--engine")   # --engine: the flag's name before runners were named
+Runner = Annotated[str, typer.Option(*RUNNER_FLAGS, envvar=["FERMIUM_RUNNER", "FERMIUM_ENGINE"],
+                                     help="Decode runner: native, reference, or auto (native when it loads).")]
 WorkerToken = Annotated[Optional[str], _opt("WORKER_TOKEN", "Secret that admits workers, the same on router, "
                                                             "prefill and decode; default: a token file in this "
                                                             "user's state directory (one host).")]
@@ -153,7 +156,7 @@ def prefill_command(
 def decode_command(
     model: Model = None, router: Router = ROUTER_WORKERS, listen: Listen = "tcp://127.0.0.1:0",
     advertise: Advertise = None,
-    engine: Annotated[str, _opt("ENGINE", "native, reference, or auto (native when it loads).")] = "auto",
+    runner: Runner = "auto",
     max_batch: Annotated[int, _opt("MAX_BATCH", "Sequences per decode step.")] = 16,
     capacity: Annotated[int, _opt("CAPACITY", "Sequences held at once.")] = 64,
     worker_token: WorkerToken = None,
@@ -166,14 +169,14 @@ def decode_command(
     _logging(log_level)
     _security(curve_dir, insecure)
     _run_worker(DecodeServer(DecodeConfig(
-        model=_model(model), router=router, listen=listen, advertise=advertise, engine=engine,
+        model=_model(model), router=router, listen=listen, advertise=advertise, runner=runner,
         max_batch=max_batch, capacity=capacity, metrics_port=metrics_port, ready_timeout=ready_timeout,
         worker_token=_token(worker_token))))
 
 
 def up_command(
     model: Model = None, port: Port = 8000,
-    engine: Annotated[str, _opt("ENGINE", "Decode engine: native, reference, auto.")] = "auto",
+    runner: Runner = "auto",
     backend: Annotated[str, _opt("BACKEND", "Prefill backend: cpu, cuda.")] = "cpu",
     metrics_port: Annotated[int, _opt("METRICS_PORT", "First of three /metrics ports "
                                                       "(router, prefill, decode); 0 is off.")] = 0,
@@ -196,8 +199,8 @@ def up_command(
     quiet = {name: ["--log-level", log_level] for name in roles}
     path = _model(model)
     note = lambda text: print(text, file=sys.stderr, flush=True)     # progress; stdout carries the answer
-    note(f"starting router, prefill ({backend}) and decode ({engine}) on {path} ...")
-    with Stack(path, port=port, engine=engine, backend=backend, metrics_ports=ports,
+    note(f"starting router, prefill ({backend}) and decode ({runner}) on {path} ...")
+    with Stack(path, port=port, runner=runner, backend=backend, metrics_ports=ports,
                extra=quiet, drain_timeout=drain_timeout) as stack:
         t0 = time.monotonic()
         try:
@@ -239,5 +242,5 @@ def chat_command(
 
 def demo_command(port: Port = 8000):
     """Bring the stack up on the bundled demo model and stream one chat answer."""
-    up_command(model=None, port=port, engine="auto", backend="cpu", metrics_port=0, chat=DEMO_QUESTION,
+    up_command(model=None, port=port, runner="auto", backend="cpu", metrics_port=0, chat=DEMO_QUESTION,
                ready_timeout=120.0, drain_timeout=30.0, log_level="warning")

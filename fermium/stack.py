@@ -40,7 +40,7 @@ class Stack:
     (e.g. "decode-b" is a second decode worker). `extra[name]` adds command-line flags.
     """
 
-    def __init__(self, model: str, *, port: int, engine: str = "auto", backend: str = "cpu",
+    def __init__(self, model: str, *, port: int, runner: str = "auto", backend: str = "cpu",
                  metrics_ports: dict[str, int] | None = None, workers: tuple[str, ...] = ("prefill", "decode"),
                  extra: dict[str, list[str]] | None = None, log_dir: Path | None = None,
                  drain_timeout: float = DRAIN_TIMEOUT_S):
@@ -50,7 +50,7 @@ class Stack:
         self.workers = f"tcp://127.0.0.1:{free_port()}"
         metrics_ports, extra = metrics_ports or {}, extra or {}
         role_argv = {"prefill": ["--router", self.workers, "--backend", backend],
-                     "decode": ["--router", self.workers, "--engine", engine]}
+                     "decode": ["--router", self.workers, "--runner", runner]}
         self.argv = {"router": ["router", "--port", str(port), "--workers", self.workers,
                                 "--drain-timeout", str(drain_timeout)]}
         for name in workers:

@@ -11,9 +11,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from common.engine.deltanet import chunked_rule
-from common.engine.moe import route
-from common.engine.ops import l2_norm, rms_norm, sigmoid, silu
+from common.reference.deltanet import chunked_rule
+from common.reference.moe import route
+from common.reference.ops import l2_norm, rms_norm, sigmoid, silu
 
 BASE = 1 << 16
 
@@ -131,7 +131,7 @@ def _f(mem, ptr, rows, cols, ld):
 
 
 class FakeKernels:
-    """Each method mirrors services.prefill.backends.cuda_kernels.Kernels."""
+    """Each method mirrors native.cuda.kernels.Kernels."""
 
     def __init__(self, driver: FakeDriver):
         self.m = driver.mem

@@ -1,4 +1,4 @@
-"""The HTTP API in one process (LocalDispatcher, a counting engine, a byte tokenizer):
+"""The HTTP API in one process (LocalDispatcher, a counting runner, a byte tokenizer):
 bad requests get a 4xx with a clear OpenAI-style body; good ones stream and finish right."""
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class _State:
     pos: int = 0
 
 
-class CountingEngine:
+class CountingRunner:
     """Greedy output after byte b is b + 1; after 'z' comes EOS."""
 
     def new_state(self) -> _State:
@@ -81,7 +81,7 @@ def make_app(dispatcher, max_running: int = 4, max_queue: int = 4, request_timeo
 
 @pytest.fixture(scope="module")
 def client():
-    with TestClient(make_app(LocalDispatcher(CountingEngine()))) as c:
+    with TestClient(make_app(LocalDispatcher(CountingRunner()))) as c:
         yield c
 
 
@@ -165,7 +165,7 @@ def test_bad_messages(client):
 
 
 def test_queue_full_is_429_with_retry_after():
-    with TestClient(make_app(LocalDispatcher(CountingEngine()), max_running=0, max_queue=0)) as c:
+    with TestClient(make_app(LocalDispatcher(CountingRunner()), max_running=0, max_queue=0)) as c:
         r = c.post("/v1/completions", json=completion())
     assert_error(r, 429, "at capacity")
     assert r.headers["retry-after"] == "1"
@@ -189,7 +189,7 @@ class SilentDispatcher(LocalDispatcher):
 
 
 def test_a_request_nobody_answers_ends_with_an_error():
-    with TestClient(make_app(SilentDispatcher(CountingEngine()), request_timeout=0.3)) as c:
+    with TestClient(make_app(SilentDispatcher(CountingRunner()), request_timeout=0.3)) as c:
         r = c.post("/v1/completions", json=completion())
         assert_error(r, 500, "no reply from the workers")
         assert c.get("/health").json()["status"] == "ok"
@@ -244,7 +244,7 @@ def test_models_and_health(client):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_run_that_ends_on_its_first_token_frees_its_slot(stream):
-    with TestClient(make_app(LocalDispatcher(CountingEngine()), max_running=1, max_queue=0)) as c:
+    with TestClient(make_app(LocalDispatcher(CountingRunner()), max_running=1, max_queue=0)) as c:
         for _ in range(3):                                  # a leaked slot would make the next one a 429
             r = c.post("/v1/completions", json=completion(prompt="z", stream=stream))
             assert r.status_code == 200, r.text
@@ -276,7 +276,7 @@ class BrokenDispatcher(LocalDispatcher):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_failing_submit_gives_its_slot_back(stream):
-    app = make_app(BrokenDispatcher(CountingEngine()), max_running=2, max_queue=0)
+    app = make_app(BrokenDispatcher(CountingRunner()), max_running=2, max_queue=0)
     with TestClient(app) as c:
         for _ in range(64):                       # a leaked slot would make these 429 from the third on
             assert_error(c.post("/v1/completions", json=completion(stream=stream)), 500, "could not be dispatched")

@@ -88,11 +88,11 @@ def test_same_file_as_llama_cpp(pair, kind, out_type):
 
 @pytest.mark.parametrize("kind", list(PRE))
 def test_llama_cpp_file_gives_the_same_logits(pair, kind):
-    from common.engine.reference import ReferenceEngine
+    from common.reference.model import ReferenceModel
     tokens = list(range(5, 45))
     logits = []
     for model in pair(kind, "f32"):
-        engine = ReferenceEngine(model)
-        logits.append(engine.prefill(tokens, engine.new_state(), all_logits=True))
+        reference = ReferenceModel(model)
+        logits.append(reference.prefill(tokens, reference.new_state(), all_logits=True))
     scale = np.abs(logits[1]).max()
     np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=LOGIT_RTOL * scale)

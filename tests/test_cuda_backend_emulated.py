@@ -1,7 +1,7 @@
 """The cuda backend's host logic on the CPU: kernels and driver replaced by tests/cuda_emulator.
 
 Runs the real planning, resident upload, expert grouping, pointer tables, slot ring, passes
-and state round trip against the reference engine, at budgets that pin everything, pin part
+and state round trip against the reference model, at budgets that pin everything, pin part
 of the experts, or stream every expert and the LM head.
 """
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.engine.reference import ReferenceEngine
 from common.model.gguf_file import GGUFModel
+from common.reference.model import ReferenceModel
+from native.cuda import kernels as cuda_kernels
+from native.cuda.plan import make_plan
 from services.prefill.backends import cuda as cuda_backend
-from services.prefill.backends import cuda_kernels
-from services.prefill.backends.cuda_plan import make_plan
 
 from .cuda_emulator import FakeDriver, FakeKernels
 from .gpu.tiny_gguf import TinySpec, build
@@ -56,7 +56,7 @@ def reference(model, tokens, split):
     """Logits of both calls and the final state, computed once per model."""
     key = (str(model.path), len(tokens), split)
     if key not in _REFERENCE:
-        ref = ReferenceEngine(model)
+        ref = ReferenceModel(model)
         rs = ref.new_state()
         logits = [ref.prefill(tokens[:split], rs), ref.prefill(tokens[split:], rs)]
         _REFERENCE[key] = (logits, rs)

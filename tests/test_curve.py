@@ -207,7 +207,7 @@ def secure_stack(keys, tmp_path_factory):
     extra = {"router": ["--workers", f"tcp://{BIND_HOST}:{workers_port}", "--curve-dir", str(keys["router"])],
              "prefill": ["--router", router_address, *listen, "--curve-dir", str(keys["prefill"])],
              "decode": ["--router", router_address, *listen, "--curve-dir", str(keys["decode"])]}
-    with Stack(str(model), port=free_port(), engine="reference", extra=extra, log_dir=root) as s:
+    with Stack(str(model), port=free_port(), runner="reference", extra=extra, log_dir=root) as s:
         s.wait_ready(READY_TIMEOUT_S)
         s.router_address, s.root = router_address, root
         yield s
@@ -220,7 +220,7 @@ def rogue_workers(secure_stack, keys) -> dict[str, tuple[int, str]]:
              "plaintext": [], "insecure": ["--insecure"]}
     procs = {case: subprocess.Popen(
         [sys.executable, "-m", "fermium", "decode", "--model", secure_stack.model, "--router",
-         secure_stack.router_address, "--listen", f"tcp://{BIND_HOST}:0", "--engine", "reference",
+         secure_stack.router_address, "--listen", f"tcp://{BIND_HOST}:0", "--runner", "reference",
          "--ready-timeout", str(ROGUE_TIMEOUT_S), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for case, flags in cases.items()}
     return {case: (p.wait(timeout=120), p.stdout.read()) for case, p in procs.items()}

@@ -1,7 +1,7 @@
 """The bundled demo model: where it is found, its shape, a pinned greedy continuation, and its
 perplexity on a slice of the held-out text.
 
-The golden ids were produced by the reference engine on the committed q8_0 file. A change that
+The golden ids were produced by the reference model on the committed q8_0 file. A change that
 breaks tokenizing, prefill, decode or greedy sampling changes them.
 """
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.engine.generate import generate
-from common.engine.reference import ReferenceEngine
 from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
+from common.reference.generate import generate
+from common.reference.model import ReferenceModel
 from common.sampling import SamplingParams
 from tests.conftest import fermium_cli
 
@@ -33,7 +33,7 @@ GOLDEN_TEXT = " I'll not be\nTheir, and I have been a man of you.\n\nKING RICHAR
 
 SLICE_TOKENS = 512
 # The committed q8_0 file scores SLICE_PPL_MEASURED on this slice (models/README.md); q8_0 sits
-# within 1% of f32, so 3% above the measurement is a real regression, while a broken engine
+# within 1% of f32, so 3% above the measurement is a real regression, while a broken model
 # lands near the vocabulary size (2048, a uniform guess).
 SLICE_PPL_MEASURED = 31.633
 SLICE_PPL_BOUND = SLICE_PPL_MEASURED * 1.03
@@ -66,9 +66,9 @@ def test_the_real_architecture_in_miniature(model):
 
 
 def test_greedy_continuation_is_pinned(model, tokenizer):
-    engine = ReferenceEngine(model)
+    reference = ReferenceModel(model)
     prompt_ids = tokenizer.encode(PROMPT)
-    out = list(generate(engine, prompt_ids, SamplingParams(temperature=0.0), GOLDEN_TOKENS))
+    out = list(generate(reference, prompt_ids, SamplingParams(temperature=0.0), GOLDEN_TOKENS))
     assert out == GOLDEN_IDS, f"greedy continuation changed: {tokenizer.decode(out)!r}"
     assert tokenizer.decode(out) == GOLDEN_TEXT
 
@@ -81,8 +81,8 @@ def test_cli_generate_uses_the_demo_model_by_default():
 def test_held_out_slice_perplexity(model, tokenizer):
     ids = tokenizer.encode(HELD_OUT_SLICE.read_text(encoding="utf-8"))[:SLICE_TOKENS + 1]
     assert len(ids) == SLICE_TOKENS + 1
-    engine = ReferenceEngine(model)
-    logits = engine.prefill(ids[:-1], engine.new_state(), all_logits=True).astype(np.float64)
+    reference = ReferenceModel(model)
+    logits = reference.prefill(ids[:-1], reference.new_state(), all_logits=True).astype(np.float64)
     # logits: [SLICE_TOKENS, vocab]
     logits -= logits.max(axis=-1, keepdims=True)
     logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))

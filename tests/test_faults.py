@@ -18,7 +18,7 @@ from tests.stack_helpers import write_tiny_gguf
 
 READY_TIMEOUT_S = 60
 ERROR_WITHIN_S = 10          # the bound: a dead worker's stream ends with an error this fast
-LONG = 4000                  # tokens: seconds of decoding on the reference engine, so the kill lands mid-stream
+LONG = 4000                  # tokens: seconds of decoding on the reference model, so the kill lands mid-stream
 CONTEXT = 8192               # (480 tokens took under a second on a fast host, and the stream could end first)
 SHORT = 8
 
@@ -28,7 +28,7 @@ def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     model = write_tiny_gguf(root / "tiny.gguf", context=CONTEXT)
     ports = {"decode": free_port()}
-    with Stack(str(model), port=free_port(), engine="reference", metrics_ports=ports, log_dir=root,
+    with Stack(str(model), port=free_port(), runner="reference", metrics_ports=ports, log_dir=root,
                workers=("prefill", "decode", "decode-b")) as s:
         s.wait_ready(READY_TIMEOUT_S)
         s.metrics_ports = ports

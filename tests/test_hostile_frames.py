@@ -34,7 +34,7 @@ from tests.stack_helpers import write_tiny_gguf
 
 N_PER_INBOX = 10_000
 WARMUP = 1_000             # messages per inbox before the RSS baseline, so the first use of each path
-                           # (rejections, the engine's batch buffers) is not counted as growth
+                           # (rejections, the runner's batch buffers) is not counted as growth
 RSS_GROWTH_MB = 20
 SEED = 27
 READY_TIMEOUT_S = 60

@@ -1,5 +1,5 @@
 """Hostile HTTP against a real uvicorn server on loopback (the in-process LocalDispatcher and
-counting engine behind it): a seeded generator sends N_CASES requests over both completion
+counting runner behind it): a seeded generator sends N_CASES requests over both completion
 routes, over a few keep-alive connections. No answer is a 5xx, no connection is reset or
 closed, every error is in OpenAI's shape, and a normal request is answered right afterwards."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ from services.router.generation import Generation
 from services.router.local import LocalDispatcher
 from tests.hostile_cases import MODEL, ROUTES, fixed_cases, generated_cases
 from tests.stack_helpers import CHATML
-from tests.test_api_errors import ByteTokenizer, CountingEngine, assert_error, completion, make_app
+from tests.test_api_errors import ByteTokenizer, CountingRunner, assert_error, completion, make_app
 
 SEED = 27
 N_CASES = 10_000
@@ -42,7 +42,7 @@ def make_api(dispatcher=None, render=None, encode=None) -> API:
         extra = dict(kwargs)
         return render_chat(messages, template=CHATML, enable_thinking=bool(extra.pop("enable_thinking", True)),
                            template_kwargs=extra)
-    gen = Generation(tok, dispatcher or LocalDispatcher(CountingEngine()), Admission(8, 64), RouterMetrics(), 30.0)
+    gen = Generation(tok, dispatcher or LocalDispatcher(CountingRunner()), Admission(8, 64), RouterMetrics(), 30.0)
     return API(gen, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=encode or tok.encode,
                render=render or chat, health=lambda: {"prefill_workers": 1, "decode_workers": 1})
 
@@ -141,7 +141,7 @@ def test_ten_thousand_hostile_requests():
     assert statuses[200] > 1000 and statuses[400] > 1000     # the generator reaches both sides
 
 
-class FailingEngine(CountingEngine):
+class FailingRunner(CountingRunner):
     def decode(self, tokens, states):
         raise RuntimeError("the engine broke")
 
@@ -149,7 +149,7 @@ class FailingEngine(CountingEngine):
 def test_a_500_keeps_the_connection_and_a_failed_stream_ends_with_done():
     def render(messages, kwargs):
         raise RuntimeError("a bug in the template")          # escapes the handler: CatchAll answers
-    with serving(make_api(LocalDispatcher(FailingEngine()), render=render)) as (url, peers):
+    with serving(make_api(LocalDispatcher(FailingRunner()), render=render)) as (url, peers):
         with httpx.Client(base_url=url, timeout=30) as c:
             r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "a"}]})
             assert r.status_code == 500 and is_error_shape(r) and r.json()["error"]["type"] == "server_error"
@@ -195,7 +195,7 @@ def test_a_large_body_does_not_hold_up_the_event_loop(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def client():
-    with TestClient(make_app(LocalDispatcher(CountingEngine()))) as c:
+    with TestClient(make_app(LocalDispatcher(CountingRunner()))) as c:
         yield c
 
 

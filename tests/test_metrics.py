@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from common import metrics
 from fermium.stack import free_port
 from services.router.local import LocalDispatcher
-from tests.test_api_errors import MODEL, CountingEngine, make_app
+from tests.test_api_errors import MODEL, CountingRunner, make_app
 
 SERVICES = {"router": metrics.RouterMetrics, "prefill": metrics.PrefillMetrics, "decode": metrics.DecodeMetrics}
 
@@ -58,7 +58,7 @@ def sample(m, name: str, **labels) -> float:
 
 
 def test_router_counters_move_per_request():
-    app = make_app(LocalDispatcher(CountingEngine()))
+    app = make_app(LocalDispatcher(CountingRunner()))
     m = next(r.endpoint.__self__.gen.metrics for r in app.routes if r.path == "/v1/completions")
     with TestClient(app) as c:
         r = c.post("/v1/completions", json={"model": MODEL, "prompt": "ab", "max_tokens": 4, "temperature": 0})

@@ -84,7 +84,7 @@ def stack(tmp_path_factory):
     workers = f"tcp://127.0.0.1:{free_port()}"
     ports = {service: free_port() for service in JOBS.values()}
     overrides = {"FERMIUM_MODEL": str(write_tiny_gguf(root / "tiny.gguf")), "FERMIUM_PORT": str(free_port()),
-                 "FERMIUM_WORKERS": workers, "FERMIUM_ROUTER": workers, "FERMIUM_ENGINE": "reference",
+                 "FERMIUM_WORKERS": workers, "FERMIUM_ROUTER": workers, "FERMIUM_RUNNER": "reference",
                  "FERMIUM_LOG_LEVEL": "warning", "FERMIUM_SNAPSHOT_DIR": str(root / "snapshots"),
                  **{f"FERMIUM_{service.upper()}_METRICS_PORT": str(port) for service, port in ports.items()}}
     s = UnitStack(root, overrides).start()

@@ -1,11 +1,11 @@
-"""The reference engine against transformers on tiny random models of both architectures."""
+"""The reference model against transformers on tiny random models of both architectures."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from common.engine.reference import ReferenceEngine
 from common.model.gguf_file import GGUFModel
+from common.reference.model import ReferenceModel
 from tests.conftest import fermium_cli
 
 PROMPT_LEN, GREEDY_STEPS = 100, 32
@@ -20,26 +20,26 @@ def prompt_ids(vocab: int, n: int = PROMPT_LEN, seed: int = 1) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
-def greedy_with_logits(engine: ReferenceEngine, ids: list[int], steps: int):
-    state = engine.new_state()
-    logits = [engine.prefill(ids, state, all_logits=True)]
+def greedy_with_logits(reference: ReferenceModel, ids: list[int], steps: int):
+    state = reference.new_state()
+    logits = [reference.prefill(ids, state, all_logits=True)]
     tokens = []
     for _ in range(steps):
         tokens.append(int(np.argmax(logits[-1][-1])))
-        logits.append(engine.decode([tokens[-1]], [state]))
+        logits.append(reference.decode([tokens[-1]], [state]))
     return tokens, np.concatenate(logits)[:-1]        # [PROMPT_LEN + steps - 1, vocab]
 
 
 def test_logits_and_greedy_tokens_match_transformers(tiny_model):
     import torch
     hf, gguf_path, _ = tiny_model
-    engine = ReferenceEngine(GGUFModel(gguf_path))
-    ids = prompt_ids(engine.cfg.vocab_size)
+    reference = ReferenceModel(GGUFModel(gguf_path))
+    ids = prompt_ids(reference.cfg.vocab_size)
     with torch.no_grad():
         hf_out = hf.generate(torch.tensor([ids]), max_new_tokens=GREEDY_STEPS, do_sample=False,
                              min_new_tokens=GREEDY_STEPS, pad_token_id=0)
     hf_tokens = hf_out[0, PROMPT_LEN:].tolist()
-    tokens, ours = greedy_with_logits(engine, ids, GREEDY_STEPS)
+    tokens, ours = greedy_with_logits(reference, ids, GREEDY_STEPS)
     assert tokens == hf_tokens
     with torch.no_grad():
         ref = hf(torch.tensor([ids + tokens[:-1]])).logits[0].numpy()
@@ -50,11 +50,11 @@ def test_logits_and_greedy_tokens_match_transformers(tiny_model):
 
 def test_chunked_and_recurrent_agree(tiny_model):
     _, gguf_path, _ = tiny_model
-    engine = ReferenceEngine(GGUFModel(gguf_path))
-    ids = prompt_ids(engine.cfg.vocab_size, 150, seed=2)
-    chunked, recurrent = engine.new_state(), engine.new_state()
-    a = engine.prefill(ids, chunked, all_logits=True, chunk=64)
-    b = engine.forward(ids, recurrent, recurrent=True)
+    reference = ReferenceModel(GGUFModel(gguf_path))
+    ids = prompt_ids(reference.cfg.vocab_size, 150, seed=2)
+    chunked, recurrent = reference.new_state(), reference.new_state()
+    a = reference.prefill(ids, chunked, all_logits=True, chunk=64)
+    b = reference.forward(ids, recurrent, recurrent=True)
     for x, y in zip(chunked.arrays(), recurrent.arrays()):
         assert np.abs(x - y).max() <= STATE_TOL * max(1.0, np.abs(y).max())
     assert np.abs(a - b).max() <= LOGIT_REL_TOL * np.abs(b).max()
@@ -63,12 +63,12 @@ def test_chunked_and_recurrent_agree(tiny_model):
 
 def test_prefill_in_pieces_equals_one_prefill(tiny_model):
     _, gguf_path, _ = tiny_model
-    engine = ReferenceEngine(GGUFModel(gguf_path))
-    ids = prompt_ids(engine.cfg.vocab_size, 90, seed=3)
-    whole, pieces = engine.new_state(), engine.new_state()
-    last = engine.prefill(ids, whole)
-    engine.prefill(ids[:37], pieces)
-    last_pieces = engine.prefill(ids[37:], pieces)
+    reference = ReferenceModel(GGUFModel(gguf_path))
+    ids = prompt_ids(reference.cfg.vocab_size, 90, seed=3)
+    whole, pieces = reference.new_state(), reference.new_state()
+    last = reference.prefill(ids, whole)
+    reference.prefill(ids[:37], pieces)
+    last_pieces = reference.prefill(ids[37:], pieces)
     assert np.abs(last - last_pieces).max() <= LOGIT_REL_TOL * np.abs(last).max()
 
 
@@ -93,16 +93,16 @@ def test_quantized_files_run_close_to_f32(bland_checkpoint, qtype):
     out = bland_checkpoint / f"{qtype}.gguf"
     fermium_cli("convert", bland_checkpoint / "hf", out, "--type", qtype)
     ids = prompt_ids(320, 40, seed=4)
-    f32 = ReferenceEngine(GGUFModel(bland_checkpoint / "f32.gguf"))
+    f32 = ReferenceModel(GGUFModel(bland_checkpoint / "f32.gguf"))
     ref = f32.prefill(ids, f32.new_state(), all_logits=True)
-    quant = ReferenceEngine(GGUFModel(out))
+    quant = ReferenceModel(GGUFModel(out))
     got = quant.prefill(ids, quant.new_state(), all_logits=True)
     assert np.isfinite(got).all()
     assert np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2)) <= QUANT_REL_RMS[qtype]
 
 
 def test_the_delta_rule_chunked_equals_recurrent():
-    from common.engine.deltanet import chunked_rule, recurrent_rule
+    from common.reference.deltanet import chunked_rule, recurrent_rule
     rng = np.random.default_rng(5)
     H, T, dk, dv = 3, 150, 16, 8
     unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)

@@ -1,5 +1,5 @@
 """The repack cache beside the model: built once, reused, rebuilt when stale or corrupt, never
-trusted; and the native engine reading it decodes as it does from the GGUF layout."""
+trusted; and the native runner reading it decodes as it does from the GGUF layout."""
 from __future__ import annotations
 
 import logging
@@ -14,8 +14,9 @@ import pytest
 
 from common.model.gguf_file import GGUFModel
 from native import cpu_lib
-from services.decode import repack
-from services.decode.native_engine import NativeEngine
+from native import cpu_repack as repack
+from native.cpu_runner import CpuRunner
+from tests import kernel_calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
@@ -23,7 +24,7 @@ from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
 # The repacked kernels do each row's integer sums exactly, as the GGUF-layout ones do; only the
 # float order of the block scales differs: a few 1e-7 of the largest logit on most tokens. Once
 # in a while that tips an 8-bit activation rounding or a router near-tie, and the token's logits
-# move by up to a percent or so (the bound of the quantized-file tests, test_native_engine.py).
+# move by up to a percent or so (the bound of the quantized-file tests, test_cpu_runner.py).
 FLOAT_ORDER_REL_TOL = 1e-5
 NEAR_TIE_REL_TOL = 0.1
 MIN_ARGMAX_AGREEMENT = 0.9
@@ -34,8 +35,12 @@ def model_path(tmp_path, request):
     return write_synthetic(tmp_path / f"{request.param}.gguf", layers=2, recipe=request.param, widths=TINY)
 
 
+def repackable(t, layouts: dict[int, int] | None = None) -> bool:
+    return repack.repack_layout(t, repack.layouts_for() if layouts is None else layouts) is not None
+
+
 def repackable_names(model: GGUFModel) -> list[str]:
-    return [n for n, t in model.tensors.items() if repack.repackable(t)]
+    return [n for n, t in model.tensors.items() if repackable(t)]
 
 
 def test_builds_beside_the_model_with_every_repackable_matrix_but_the_embedding(model_path):
@@ -129,7 +134,7 @@ def test_a_cache_that_cannot_be_written_leaves_the_gguf_layout(model_path, monke
     with caplog.at_level(logging.WARNING, logger="fermium.decode"):
         assert repack.open_cache(GGUFModel(model_path)) is None
     assert any("No space left" in r.getMessage() for r in caplog.records)
-    eng = NativeEngine(GGUFModel(model_path), threads=1)
+    eng = CpuRunner(GGUFModel(model_path), threads=1)
     assert eng.repacked is None and eng.decode([1], [eng.new_state()]).shape == (1, TINY.vocab)
 
 
@@ -161,7 +166,7 @@ def test_a_cache_without_the_tensors_wanted_now_is_rebuilt_with_them_added(model
     with caplog.at_level(logging.INFO, logger="fermium.decode"):
         full = repack.open_cache(GGUFModel(model_path), avx)
     assert any("lacks" in r.getMessage() for r in caplog.records)
-    assert sorted(full.views) == sorted(n for n, t in model.tensors.items() if repack.repackable(t, avx))
+    assert sorted(full.views) == sorted(n for n, t in model.tensors.items() if repackable(t, avx))
     monkeypatch.setattr(repack, "build", lambda *a, **k: pytest.fail("rebuilt a cache that holds them"))
     for types in ((14,), (2, 12), (2, 12, 14)):
         again = repack.open_cache(GGUFModel(model_path), {q: avx[q] for q in types})
@@ -186,7 +191,7 @@ def test_a_tensor_held_in_another_layout_is_rebuilt_in_the_one_wanted(model_path
     assert any("lacks" in r.getMessage() for r in caplog.records)
 
 
-def assert_decodes_the_same(plain: NativeEngine, packed: NativeEngine) -> None:
+def assert_decodes_the_same(plain: CpuRunner, packed: CpuRunner) -> None:
     """The same logits token after token, up to float order; and a batch as each of its
     sequences alone."""
     errors, agree = [], []
@@ -212,12 +217,12 @@ def assert_decodes_the_same(plain: NativeEngine, packed: NativeEngine) -> None:
 
 
 @pytest.mark.parametrize("isa", [i for i in repack.REPACK_LAYOUTS if i in cpu_lib.supported_isas()])
-def test_engine_decodes_the_same_from_the_cache(model_path, isa):
+def test_runner_decodes_the_same_from_the_cache(model_path, isa):
     """Each ISA reads the types of REPACK_LAYOUTS from the cache in its layouts, the rest from the
     GGUF file."""
-    with cpu_lib.isa_restored():
-        plain = NativeEngine(GGUFModel(model_path), threads=2, isa=isa, repack=False)
-        packed = NativeEngine(GGUFModel(model_path), threads=2, isa=isa, repack=True)
+    with kernel_calls.isa_restored():
+        plain = CpuRunner(GGUFModel(model_path), threads=2, isa=isa, repack=False)
+        packed = CpuRunner(GGUFModel(model_path), threads=2, isa=isa, repack=True)
         assert packed.repacked is not None and plain.repacked is None
         layouts = repack.REPACK_LAYOUTS[isa]
         assert packed.repacked.layouts == {n: layouts[int(packed.model.tensor(n).qtype)] for n in packed.repacked.views}
@@ -227,15 +232,15 @@ def test_engine_decodes_the_same_from_the_cache(model_path, isa):
 @pytest.mark.skipif("avx2" not in cpu_lib.supported_isas(), reason="no AVX2 here")
 def test_the_environment_can_turn_the_repack_off(model_path, monkeypatch):
     monkeypatch.setenv("FERMIUM_REPACK", "0")
-    assert NativeEngine(GGUFModel(model_path), threads=1).repacked is None
+    assert CpuRunner(GGUFModel(model_path), threads=1).repacked is None
     assert not list(model_path.parent.glob("*" + repack.SUFFIX))
     monkeypatch.setenv("FERMIUM_REPACK", "1")
-    assert NativeEngine(GGUFModel(model_path), threads=1).repacked is not None
+    assert CpuRunner(GGUFModel(model_path), threads=1).repacked is not None
 
 
 def test_the_generic_kernels_read_the_gguf_layout(model_path):
-    with cpu_lib.isa_restored():
-        assert NativeEngine(GGUFModel(model_path), threads=1, isa="generic").repacked is None
+    with kernel_calls.isa_restored():
+        assert CpuRunner(GGUFModel(model_path), threads=1, isa="generic").repacked is None
 
 
 @pytest.mark.parametrize("shape, isa, expect", [

@@ -15,7 +15,7 @@ import pytest
 
 from common.model.gguf_file import GGUFModel
 from native import cpu_lib
-from services.decode import repack, repack_lock
+from native import cpu_repack as repack, cpu_repack_lock as repack_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
@@ -29,7 +29,7 @@ import hashlib, logging, sys, time
 from pathlib import Path
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 from common.model.gguf_file import GGUFModel
-from services.decode import repack, repack_lock
+from native import cpu_repack as repack, cpu_repack_lock as repack_lock
 repack_lock.WAIT_LOG_S = 0.2
 build = repack.build
 def slow_build(*args, **kwargs):
@@ -121,7 +121,7 @@ def test_a_live_builders_temporary_file_is_left_alone(model_path):
 def test_the_lock_waits_for_its_holder(model_path):
     """A second process blocks until the first lets go, and then takes the lock."""
     cache = model_path.with_name(model_path.name + repack.SUFFIX)
-    code = ("import sys, time; from pathlib import Path; from services.decode.repack_lock import build_lock\n"
+    code = ("import sys, time; from pathlib import Path; from native.cpu_repack_lock import build_lock\n"
             "with build_lock(Path(sys.argv[1])):\n"
             "    print('held', flush=True); time.sleep(0.5); print('letting go', flush=True)\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(cache)], cwd=ROOT, stdout=subprocess.PIPE, text=True)

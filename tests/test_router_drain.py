@@ -40,7 +40,7 @@ def _stream(url: str, max_tokens: int, started: threading.Barrier) -> tuple[list
 
 def _drain(tmp_path: Path, max_tokens: int, drain_s: float = DRAIN_S):
     model = write_tiny_gguf(tmp_path / "tiny.gguf", context=CONTEXT)
-    with Stack(str(model), port=free_port(), engine="reference", log_dir=tmp_path, drain_timeout=drain_s) as s:
+    with Stack(str(model), port=free_port(), runner="reference", log_dir=tmp_path, drain_timeout=drain_s) as s:
         s.wait_ready(READY_TIMEOUT_S)
         started = threading.Barrier(STREAMS + 1, timeout=30)
         with cf.ThreadPoolExecutor(STREAMS) as pool:

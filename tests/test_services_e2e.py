@@ -14,10 +14,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.engine.generate import generate
-from common.engine.reference import ReferenceEngine
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
+from common.reference.generate import generate
+from common.reference.model import ReferenceModel
 from common.sampling import SamplingParams
 from fermium.stack import Stack, free_port
 from tests.stack_helpers import CHATML, write_tiny_gguf
@@ -34,7 +34,7 @@ def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("stack")
     model = write_tiny_gguf(root / "tiny.gguf")
     ports = {name: free_port() for name in ("router", "prefill", "decode")}
-    with Stack(str(model), port=free_port(), engine="reference", metrics_ports=ports, log_dir=root) as s:
+    with Stack(str(model), port=free_port(), runner="reference", metrics_ports=ports, log_dir=root) as s:
         s.wait_ready(READY_TIMEOUT_S)
         s.metrics_ports = ports
         yield s
@@ -44,10 +44,10 @@ def stack(tmp_path_factory):
 def local(stack):
     """In-process generation on the same file: the expected answers."""
     model = GGUFModel(stack.model)
-    tok, engine = Tokenizer.from_gguf(model), ReferenceEngine(model)
+    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
 
     def expect(prompt_ids: list[int], max_tokens: int = MAX_TOKENS) -> str:
-        out = list(generate(engine, prompt_ids, SamplingParams(), max_tokens, tok.eos_ids))
+        out = list(generate(reference, prompt_ids, SamplingParams(), max_tokens, tok.eos_ids))
         return tok.decode([t for t in out if t not in tok.eos_ids])
     return tok, expect
 
@@ -130,7 +130,7 @@ def test_fermium_up_chat_and_ctrl_c(stack):
     url = f"http://127.0.0.1:{port}"
     # started with SIGINT ignored, as a background job of a shell is: Ctrl-C must still stop it
     up = subprocess.Popen([sys.executable, "-m", "fermium", "up", "--model", stack.model, "--port", str(port),
-                           "--engine", "reference"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           "--runner", "reference"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         assert "Fermium is up at" in up.stdout.readline()       # the banner is the first line
@@ -261,18 +261,18 @@ def test_snapshot_seam_in_one_process(tmp_path):
 
     path = str(write_tiny_gguf(tmp_path / "tiny.gguf"))
     model = GGUFModel(path)
-    tok, engine = Tokenizer.from_gguf(model), ReferenceEngine(model)
+    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
     cache = DictCache()
     greedy = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, seed=None)
 
     def expect(ids: list[int], n: int) -> str:
-        return tok.decode(list(generate(engine, ids, SamplingParams(), n, tok.eos_ids)))
+        return tok.decode(list(generate(reference, ids, SamplingParams(), n, tok.eos_ids)))
 
     async def main() -> tuple[list[str], list[float], tuple[int, ...]]:
         dispatcher = Dispatcher("tcp://127.0.0.1:0", heartbeat_timeout=10, metrics=RouterMetrics(), cache=cache)
         await dispatcher.start()
         servers = [PrefillServer(PrefillConfig(path, router=dispatcher.inbox.address)),
-                   DecodeServer(DecodeConfig(path, router=dispatcher.inbox.address, engine="reference"))]
+                   DecodeServer(DecodeConfig(path, router=dispatcher.inbox.address, runner="reference"))]
         threads = [threading.Thread(target=lambda s=s: (s.start(), s.serve_forever()), daemon=True) for s in servers]
         for t in threads:
             t.start()
@@ -299,7 +299,7 @@ def test_snapshot_seam_in_one_process(tmp_path):
 
     async def run(gen, job) -> str:
         await gen.admit()
-        return (await gen.collect(job, time.perf_counter())).text
+        return "".join([d.text async for d in gen.run(job, time.perf_counter())])
 
     texts, prefilled, key = asyncio.run(main())
     prompt = tok.encode("the cat")

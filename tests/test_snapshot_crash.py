@@ -1,7 +1,7 @@
 """The snapshot disk tier under SIGKILL and damage.
 
 A child process runs the router's write path (a SnapshotStore with a disk_dir, fed the states
-that the reference engine reaches over seeded token sequences, a snapshot every STEP tokens)
+that the reference model reaches over seeded token sequences, a snapshot every STEP tokens)
 and resumes, at each start, from the longest snapshot that it finds on disk. It is SIGKILLed
 in mid-write (while one of its temporary files exists) KILLS times, and restarted each time on
 the same directory. Then each header field of the stored files is damaged. Shown: no file is
@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.engine.generate import generate
-from common.engine.reference import ReferenceEngine
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
+from common.reference.generate import generate
+from common.reference.model import ReferenceModel
 from common.sampling import Sampler, SamplingParams
 from common.snapshots import SnapshotStore, disk
 from common.snapshots.keys import chain, tail_key
@@ -53,17 +53,17 @@ STATE_ATOL = 1e-5
 CHILD = f"""
 import sys
 import numpy as np
-from common.engine.reference import ReferenceEngine
+from common.reference.model import ReferenceModel
 from common.model.gguf_file import GGUFModel
 from common.snapshots import SnapshotStore
 model = GGUFModel(sys.argv[1])
-engine = ReferenceEngine(model)
+reference = ReferenceModel(model)
 store = SnapshotStore(model.config, {BUDGET}, block={BLOCK}, disk_dir=sys.argv[2])
 k = 0
 while True:
     tokens = np.random.default_rng(k).integers(0, 256, {LENGTH}).tolist()
     found = store.lookup(tokens)
-    state = found[0] if found else engine.new_state()
+    state = found[0] if found else reference.new_state()
     if state.pos < {LENGTH}:
         break
     k += 1
@@ -71,9 +71,9 @@ print(k, state.pos, flush=True)
 while True:
     tokens = np.random.default_rng(k).integers(0, 256, {LENGTH}).tolist()
     for p in range(state.pos, {LENGTH}, {STEP}):
-        logits = engine.prefill(tokens[p:p + {STEP}], state)
+        logits = reference.prefill(tokens[p:p + {STEP}], state)
         store.put(tokens[:p + {STEP}], state, logits)
-    k, state = k + 1, engine.new_state()
+    k, state = k + 1, reference.new_state()
 """
 
 
@@ -89,20 +89,20 @@ def key_of(tokens: list[int]) -> str:
 class Reference:
     """The uninterrupted run: the state at every STEP of every sequence, and cold generations."""
 
-    def __init__(self, engine: ReferenceEngine):
-        self.engine, self.states, self.where = engine, {}, {}
+    def __init__(self, reference: ReferenceModel):
+        self.reference, self.states, self.where = reference, {}, {}
 
     def cover(self, k: int) -> None:
         if any(kk == k for kk, _ in self.states):
             return
-        tokens, state = sequence(k), self.engine.new_state()
+        tokens, state = sequence(k), self.reference.new_state()
         for p in range(0, LENGTH, STEP):
-            logits = self.engine.prefill(tokens[p:p + STEP], state)
+            logits = self.reference.prefill(tokens[p:p + STEP], state)
             self.states[k, p + STEP] = (state.copy(), logits.copy())
             self.where[key_of(tokens[:p + STEP])] = (k, p + STEP)
 
     def cold(self, tokens: list[int]) -> list[int]:
-        return list(generate(self.engine, tokens, SamplingParams(), MAX_TOKENS))
+        return list(generate(self.reference, tokens, SamplingParams(), MAX_TOKENS))
 
     def from_hit(self, tokens: list[int], state, logits: np.ndarray) -> list[int]:
         """Greedy tokens after a hit on the whole prompt: its logits stand in for the prefill."""
@@ -111,7 +111,7 @@ class Reference:
             token = sampler.sample(logits, history)
             history.append(token)
             out.append(token)
-            logits = self.engine.decode([token], [state])[0]
+            logits = self.reference.decode([token], [state])[0]
         return out
 
 
@@ -196,7 +196,7 @@ def crashed(tmp_path_factory):
     root = tmp_path_factory.mktemp("crash")
     model_path = write_tiny_gguf(root / "tiny.gguf", context=LENGTH + 64)
     snap_dir = root / "snapshots"
-    ref = Reference(ReferenceEngine(GGUFModel(model_path)))
+    ref = Reference(ReferenceModel(GGUFModel(model_path)))
     rng = random.Random(0)
     mid_write = lives = 0
     while mid_write < KILLS or len(list(snap_dir.glob("*.snap"))) < 3 * len(DAMAGES):
@@ -240,7 +240,7 @@ def test_every_damaged_field_is_refused_and_a_hit_gives_the_cold_tokens(crashed)
         want_state, want_logits = ref.states[k, p - STEP]
         for got, want in zip([*state.arrays(), logits], [*want_state.arrays(), want_logits]):
             np.testing.assert_allclose(got, want, rtol=0, atol=STATE_ATOL, err_msg=name)
-        warm = list(generate(ref.engine, tokens[state.pos:], SamplingParams(), MAX_TOKENS, state=state))
+        warm = list(generate(ref.reference, tokens[state.pos:], SamplingParams(), MAX_TOKENS, state=state))
         assert warm == ref.cold(tokens), name
         assert not files[k, p].exists(), name
         state, logits = store.lookup(tokens[:p - STEP])                   # a hit on the whole prompt
@@ -257,13 +257,13 @@ def test_a_router_killed_in_mid_write_restarts_on_whole_files(tmp_path):
     them are the cold ones."""
     model_path = write_tiny_gguf(tmp_path / "tiny.gguf", context=1024)
     model = GGUFModel(model_path)
-    tok, engine = Tokenizer.from_gguf(model), ReferenceEngine(model)
+    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
     snap_dir, rng = tmp_path / "snapshots", random.Random(1)
     ports = {"router": free_port()}
     words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far", "away", "home"]
     prompts = [" ".join(rng.choice(words) for _ in range(60)) for _ in range(4 * MAX_ROUTER_KILLS)]
     extra = {"router": ["--snapshot-dir", str(snap_dir), "--snapshot-every", str(BLOCK)]}
-    with Stack(str(model_path), port=free_port(), engine="reference", metrics_ports=ports, log_dir=tmp_path,
+    with Stack(str(model_path), port=free_port(), runner="reference", metrics_ports=ports, log_dir=tmp_path,
                extra=extra) as stack:
         stack.wait_ready(READY_TIMEOUT_S)
         kills = mid_write = 0
@@ -282,7 +282,7 @@ def test_a_router_killed_in_mid_write_restarts_on_whole_files(tmp_path):
         on_disk = 0
         for p in prompts[:4 * kills]:
             ids = tok.encode(p)
-            cold = tok.decode([t for t in generate(engine, ids, SamplingParams(), MAX_TOKENS, tok.eos_ids)
+            cold = tok.decode([t for t in generate(reference, ids, SamplingParams(), MAX_TOKENS, tok.eos_ids)
                                if t not in tok.eos_ids])
             stored_at = [n for n in range(1, len(ids) + 1) if (snap_dir / f"{key_of(ids[:n])}.snap").exists()]
             saved = metric(ports["router"], SAVED)

@@ -9,11 +9,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.engine.generate import generate
-from common.engine.reference import ReferenceEngine
 from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
+from common.reference.generate import generate
+from common.reference.model import ReferenceModel
 from common.sampling import SamplingParams
 from common.snapshots import disk
 from fermium.stack import Stack, free_port
@@ -29,17 +29,17 @@ PREFILLED = "fermium_prefill_tokens_total"
 @pytest.fixture(scope="module")
 def demo():
     model = GGUFModel(default_model_path())
-    tok, engine = Tokenizer.from_gguf(model), ReferenceEngine(model)
+    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
 
     def cold(ids: list[int], n: int = MAX_TOKENS) -> list[int]:
-        return list(generate(engine, ids, SamplingParams(), n, tok.eos_ids))
+        return list(generate(reference, ids, SamplingParams(), n, tok.eos_ids))
     text = (default_model_path().parent / "heldout_sample.txt").read_text()
     return tok, cold, tok.encode(text)
 
 
 def start(tmp, extra_router: list[str]) -> Stack:
     ports = {name: free_port() for name in ("router", "prefill", "decode")}
-    s = Stack(str(default_model_path()), port=free_port(), engine="reference", metrics_ports=ports,
+    s = Stack(str(default_model_path()), port=free_port(), runner="reference", metrics_ports=ports,
               log_dir=tmp, extra={"router": ["--snapshot-every", str(EVERY), *extra_router]})
     s.metrics_ports = ports
     return s

@@ -117,7 +117,7 @@ def test_a_worker_with_another_token_is_not_admitted(up, model):
     router = next(a for a in Path(f"/proc/{up.children()['router']}/cmdline").read_bytes().decode().split("\0")
                   if a.startswith("tcp://"))
     r = subprocess.run([sys.executable, "-m", "fermium", "decode", "--model", str(model), "--router", router,
-                        "--engine", "reference", "--worker-token", "not-the-token", "--ready-timeout", "2"],
+                        "--runner", "reference", "--worker-token", "not-the-token", "--ready-timeout", "2"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--worker-token" in r.stderr, r.stderr[-2000:]
     assert up.health().json()["workers"] == workers

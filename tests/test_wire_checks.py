@@ -130,7 +130,7 @@ def decode_server(cfg, tmp_path_factory):
     from services.decode.config import DecodeConfig
     from services.decode.server import DecodeServer
     path = str(write_tiny_gguf(tmp_path_factory.mktemp("decode") / "tiny.gguf"))
-    server = DecodeServer(DecodeConfig(path, router="tcp://127.0.0.1:9", engine="reference"))
+    server = DecodeServer(DecodeConfig(path, router="tcp://127.0.0.1:9", runner="reference"))
     yield server, Replies(server.link)
     server.close()
 
@@ -158,7 +158,7 @@ def test_an_engine_failure_fails_the_batch_and_serving_goes_on(cfg, decode_serve
     server, replies = decode_server
     server.link._queue.put(decode_request(cfg, rid="a", max_tokens=9))
     server.step()
-    server.engine.decode = lambda *a: (_ for _ in ()).throw(MemoryError("scratch"))
+    server.runner.decode = lambda *a: (_ for _ in ()).throw(MemoryError("scratch"))
     server.step()
     assert [rid for rid, _ in replies.failed] == ["a"] and not server.sched.running
     calls = []

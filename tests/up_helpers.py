@@ -21,7 +21,7 @@ from fermium.stack import free_port
 READY_TIMEOUT_S = 60
 ERROR_WITHIN_S = 10          # issue 27: the in-flight requests of a killed process end with an error this fast
 RESUME_WITHIN_S = 15         # and serving resumes on its own this fast
-LONG = 8000                  # tokens: many seconds of decoding on the reference engine, so a kill lands mid-stream
+LONG = 8000                  # tokens: many seconds of decoding on the reference model, so a kill lands mid-stream
 PROBE = dict(prompt="the cat", max_tokens=16, temperature=0)
 
 
@@ -37,7 +37,7 @@ class Up:
         self.url = f"http://127.0.0.1:{self.port}"
         self.stderr = root / f"up-{self.port}.err"
         argv = [sys.executable, "-m", "fermium", "up", "--model", str(model), "--port", str(self.port),
-                "--engine", "reference", "--drain-timeout", str(drain), "--log-level", "warning",
+                "--runner", "reference", "--drain-timeout", str(drain), "--log-level", "warning",
                 "--metrics-port", str(metrics_port)]
         with open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)

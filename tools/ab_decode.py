@@ -1,4 +1,4 @@
-"""A change to the decode engine measured as a ratio in one run: `fermium bench decode` of git
+"""A change to the CPU runner measured as a ratio in one run: `fermium bench decode` of git
 revision REV against the working tree's, alternating the two REPS times on the same model.
 
     python tools/ab_decode.py REV [--reps N] -- BENCH_ARGS...

@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=default_model_path())
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--every", type=int, default=1024)
-    ap.add_argument("--engine", default="native")
+    ap.add_argument("--runner", "--engine", default="native")
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
 
@@ -62,7 +62,7 @@ def main() -> None:
     text = (Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt").read_text()
     ids = Tokenizer.from_gguf(model).encode(text[-60000:])[:args.tokens]
     with tempfile.TemporaryDirectory() as tmp, Stack(
-            str(args.model), port=free_port(), engine=args.engine, log_dir=Path(tmp),
+            str(args.model), port=free_port(), runner=args.runner, log_dir=Path(tmp),
             extra={"router": ["--snapshot-every", str(args.every)]}) as stack:
         stack.wait_ready(120)
         with httpx.Client() as client:           # one connection: a client per request costs ~50 ms itself

@@ -7,7 +7,7 @@
    8192x3 conv tail, 10 full layers of KV for --kv-tokens) sent through our protocol over
    loopback TCP, PushQueue -> PullQueue: median one-way time and throughput.
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python tools/bench_stack.py --model M.gguf --engine reference
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python tools/bench_stack.py --model M.gguf --runner reference
 
 (One BLAS thread per process: on a shared 2-core machine, BLAS threads that spin for a core
 slow numpy prefill several-fold, on both sides, and drown the comparison in noise.)
@@ -28,14 +28,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.engine.reference import ReferenceEngine  # noqa: E402
 from common.model.gguf_file import GGUFModel  # noqa: E402
 from common.model.tokenizer import Tokenizer  # noqa: E402
 from common.mp import PullQueue, PushQueue  # noqa: E402
 from common.protocol.decode import DecodeRequest  # noqa: E402
+from common.reference.model import ReferenceModel  # noqa: E402
 from common.sampling import Sampler, SamplingParams  # noqa: E402
 from fermium.stack import Stack, free_port  # noqa: E402
-from services.decode.engines import load_engine  # noqa: E402
+from native.runners import load_runner  # noqa: E402
 
 # the 35B model's per-sequence state
 LINEAR_LAYERS, FULL_LAYERS = 30, 10
@@ -51,16 +51,16 @@ def _summary(runs: list[tuple[float, float, int]]) -> dict:
             "tokens": statistics.median(n for _, _, n in runs)}
 
 
-def local_worker(model_path: str, engine_name: str, prompt: str) -> None:
+def local_worker(model_path: str, runner_name: str, prompt: str) -> None:
     """The in-process side, run as a child: one generation per line on stdin, times as JSON."""
     model = GGUFModel(model_path)
     ids = Tokenizer.from_gguf(model).encode(prompt)
-    prefill_engine = ReferenceEngine(model)                # what the `cpu` prefill backend runs
-    _, decoder = load_engine(engine_name, model)
+    prefill_model = ReferenceModel(model)                # what the `cpu` prefill backend runs
+    _, decoder = load_runner(runner_name, model)
     for line in sys.stdin:
         t0 = time.perf_counter()
-        sampler, state = Sampler(SamplingParams()), prefill_engine.new_state()
-        token = sampler.sample(prefill_engine.prefill(ids, state), ids)
+        sampler, state = Sampler(SamplingParams()), prefill_model.new_state()
+        token = sampler.sample(prefill_model.prefill(ids, state), ids)
         times = [time.perf_counter() - t0]
         for _ in range(int(line) - 1):
             token = sampler.sample(decoder.decode([token], [state])[0], ids)
@@ -68,14 +68,14 @@ def local_worker(model_path: str, engine_name: str, prompt: str) -> None:
         print(json.dumps(times), flush=True)
 
 
-def compare(model_path: str, engine_name: str, prompt: str, max_tokens: int, runs: int) -> tuple[dict, dict]:
+def compare(model_path: str, runner_name: str, prompt: str, max_tokens: int, runs: int) -> tuple[dict, dict]:
     """Alternate in-process and full-stack generations, so both see the same machine load.
 
     The in-process side runs in a child process in a session of its own, as each service does:
     with the kernel's per-session CPU groups (autogroup), anything else would compare unequal
     shares of a busy machine."""
-    local = subprocess.Popen([sys.executable, __file__, "--local-worker", "--model", model_path, "--engine",
-                              engine_name, "--prompt", prompt], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    local = subprocess.Popen([sys.executable, __file__, "--local-worker", "--model", model_path, "--runner",
+                              runner_name, "--prompt", prompt], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, start_new_session=True)
 
     def run_local(n: int) -> tuple[float, float, int]:
@@ -89,7 +89,7 @@ def compare(model_path: str, engine_name: str, prompt: str, max_tokens: int, run
     sides: dict[str, list[tuple[float, float, int]]] = {"local": [], "stack": []}
     try:
         with tempfile.TemporaryDirectory() as logs, httpx.Client(timeout=None) as client, \
-                Stack(model_path, port=free_port(), engine=engine_name, log_dir=Path(logs)) as stack:
+                Stack(model_path, port=free_port(), runner=runner_name, log_dir=Path(logs)) as stack:
             stack.wait_ready(120)
             run_local(2)                                   # warm-ups: first-call costs are not the subject
             _stream(client, stack.url, {**body, "max_tokens": 2})
@@ -153,7 +153,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF file (default: the bundled demo model)")
     ap.add_argument("--ship-only", action="store_true", help="only the state-shipping measurement")
-    ap.add_argument("--engine", default="reference", help="decode engine: reference, native")
+    ap.add_argument("--runner", "--engine", default="reference", help="decode runner: reference, native")
     ap.add_argument("--prompt", default="ROMEO:\nWhat light through yonder window breaks? It is the east,")
     ap.add_argument("--max-tokens", type=int, default=256,
                     help="long enough that a burst at the stream's start does not flatter the rate")
@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--local-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.local_worker:
-        local_worker(args.model, args.engine, args.prompt)
+        local_worker(args.model, args.runner, args.prompt)
         return
     ship = ship_state(args.kv_tokens, args.repeats)
     print(f"state ship   {ship['state_mib']:.1f} MiB ({args.kv_tokens} tokens of KV, logits included) over "
@@ -173,8 +173,8 @@ def main() -> None:
     if args.model is None:
         from common.model.default import default_model_path
         args.model = str(default_model_path())
-    local, stack = compare(args.model, args.engine, args.prompt, args.max_tokens, args.runs)
-    print(f"model {args.model}, decode engine {args.engine}, {args.max_tokens} tokens, median of {args.runs} runs")
+    local, stack = compare(args.model, args.runner, args.prompt, args.max_tokens, args.runs)
+    print(f"model {args.model}, decode runner {args.runner}, {args.max_tokens} tokens, median of {args.runs} runs")
     for name, side in (("in-process", local), ("full stack", stack)):
         print(f"{name:12} TTFT {side['ttft_s'] * 1e3:8.1f} ms   decode {side['tok_per_s']:8.1f} tok/s"
               f"   last token {side['e2e_s'] * 1e3:8.1f} ms   ({side['tokens']:.0f} tokens)")

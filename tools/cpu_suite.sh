@@ -30,7 +30,7 @@ python3 -c "import sys; sys.path.insert(0, 'native/cpu'); import build; build.ff
 lscpu > "$OUT/lscpu.txt"
 # every kernel of every ISA this CPU runs, against its generic sibling (and the batched ones
 # against the row ones), then the kernel tests where pytest is installed
-cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize,repack,ops}.c native/cpu/dot*_generic.c \
+cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize,repack,ops}.c native/cpu/*_generic.c \
     build/native_cpu_isa/*.o -lm -o "$OUT/selftest.bin" && "$OUT/selftest.bin" > "$OUT/selftest.txt"
 tail -5 "$OUT/selftest.txt"; rm -f "$OUT/selftest.bin"
 if python3 -c "import pytest" 2> /dev/null; then

@@ -1,4 +1,4 @@
-"""Held-out perplexity: transformers on the original weights against Fermium's reference engine
+"""Held-out perplexity: transformers on the original weights against Fermium's reference model
 on GGUF files of the same model.
 
 Both see the same token ids (the checkpoint's tokenizer.json; the GGUF's embedded tokenizer is
@@ -46,10 +46,10 @@ def nll_sum(logits: np.ndarray, targets: list[int]) -> float:
 
 
 def reference_logits(gguf: Path):
-    from common.engine.reference import ReferenceEngine
+    from common.reference.model import ReferenceModel
     from common.model.gguf_file import GGUFModel
-    engine = ReferenceEngine(GGUFModel(gguf))
-    return lambda ids: engine.prefill(ids, engine.new_state(), all_logits=True)
+    reference = ReferenceModel(GGUFModel(gguf))
+    return lambda ids: reference.prefill(ids, reference.new_state(), all_logits=True)
 
 
 def transformers_logits(hf_dir: Path):
@@ -101,7 +101,7 @@ def main() -> None:
     for path in args.gguf:
         t0 = time.time()
         ppl, _ = perplexity(reference_logits(path), chunks)
-        rows.append({"model": f"reference engine, {path.name}", "ppl": ppl, "rel": ppl / base - 1,
+        rows.append({"model": f"reference model, {path.name}", "ppl": ppl, "rel": ppl / base - 1,
                      "seconds": time.time() - t0,
                      "size_mib": path.stat().st_size / 2**20,
                      "tokenizer_agrees": tokenizer_agrees(path, hf_tok, held_out[:20000])})

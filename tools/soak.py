@@ -10,7 +10,7 @@ The router's snapshot cache grows by design up to its budget, so the soak bounds
 (--snapshot-budget-gib): small enough that the warm-up fills it.
 
     .venv/bin/python tools/soak.py                       # the bundled demo model
-    .venv/bin/python tools/soak.py --model M.gguf --engine native --requests 5000
+    .venv/bin/python tools/soak.py --model M.gguf --runner native --requests 5000
 """
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def sample(stack: Stack) -> dict[str, int]:
 def report(args, at_warmup: dict, at_end: dict, series: list, load: Load, elapsed: float) -> bool:
     print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
     print(f"{args.requests} requests ({args.warmup} of warm-up) in {elapsed:.0f} s, "
-          f"{args.concurrency} clients, engine {args.engine}, model {Path(args.model).name}")
+          f"{args.concurrency} clients, runner {args.runner}, model {Path(args.model).name}")
     print("outcomes (kind, status: count):")
     for (kind, status), n in sorted(load.outcomes.items(), key=str):
         print(f"  {kind:18} {status!s:30} {n}")
@@ -176,7 +176,7 @@ def report(args, at_warmup: dict, at_end: dict, series: list, load: Load, elapse
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(default_model_path()), help="GGUF file (default: the bundled demo model)")
-    ap.add_argument("--engine", default="auto", help="decode engine: auto, native, reference")
+    ap.add_argument("--runner", "--engine", default="auto", help="decode runner: auto, native, reference")
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=200, help="requests before the first RSS sample")
     ap.add_argument("--concurrency", type=int, default=4)
@@ -188,12 +188,12 @@ def main() -> None:
     args = ap.parse_args()
     text = (Path(__file__).resolve().parents[1] / "models" / "heldout_sample.txt").read_text()
     with tempfile.TemporaryDirectory() as logs:
-        stack = Stack(args.model, port=free_port(), engine=args.engine, log_dir=Path(logs),
+        stack = Stack(args.model, port=free_port(), runner=args.runner, log_dir=Path(logs),
                       extra={"router": ["--snapshot-budget", str(args.snapshot_budget_gib)]})
         with stack:
             stack.wait_ready(READY_TIMEOUT_S)
-            found = re.search(r"decode engine: (\w+)", (Path(logs) / "decode.log").read_text())
-            args.engine += f" ({found.group(1)})" if found else ""
+            found = re.search(r"decode runner: (\w+)", (Path(logs) / "decode.log").read_text())
+            args.runner += f" ({found.group(1)})" if found else ""
             load = Load(stack.url, text.split() * 4, args.seed, args.max_tokens)
             t0 = time.monotonic()
             load.run(0, args.warmup, args.concurrency)

@@ -1,4 +1,4 @@
 """Position-indexed snapshots of sequence state (see store.py)."""
-from .store import SnapshotStore, StoreStats
+from .store import KV_BLOCK, SnapshotStore, StoreStats
 
-__all__ = ["SnapshotStore", "StoreStats"]
+__all__ = ["KV_BLOCK", "SnapshotStore", "StoreStats"]

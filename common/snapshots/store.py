@@ -58,10 +58,13 @@ class StoreStats:
     disk_rejected: int = 0
 
 
+KV_BLOCK = 64   # tokens per shared KV block, the unit of the key chain (keys.py)
+
+
 class SnapshotStore:
     """Thread-safe. `budget_bytes` bounds RAM (snapshots plus KV blocks); least recently used goes first."""
 
-    def __init__(self, cfg: ModelConfig, budget_bytes: int, block: int = 64, disk_dir: str | Path | None = None):
+    def __init__(self, cfg: ModelConfig, budget_bytes: int, block: int = KV_BLOCK, disk_dir: str | Path | None = None):
         self.cfg, self.budget, self.block = cfg, budget_bytes, block
         self.snaps: OrderedDict[bytes, Snapshot] = OrderedDict()       # key -> snapshot, LRU order
         self.tails: dict[bytes, set[int]] = {}                         # base -> tail lengths stored

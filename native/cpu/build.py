@@ -3,6 +3,17 @@
 Files named *_ssse3.c, *_avx2.c and *_avx512.c are compiled here with exactly their ISA's
 flags (the SSSE3 ones with -mssse3 and nothing wider) and linked in as objects; every other C
 file is compiled by setuptools for the baseline x86-64 target.
+
+The dot kernels are named <weights>_<shape>_<isa>.c, the generic sibling as *_generic.c:
+  weights  qx_0: Q4_0, Q8_0 (blocks of 32; SSSE3 also Q4_0p), qx_K: Q4_K, Q5_K, Q6_K (SSSE3
+           also Q4_Kp), qx: the quantized types that have batched kernels (Q4_0, Q4_K, Q6_K),
+           q4x8: Q4_0x8 and Q4_Kx8, q6_Kp, float: F32, F16, BF16
+  shape    row: one weight row . one activation row; batch: one row . up to FM_DOTN_MAX
+           activation rows; rows: up to FM_DOTR_MAX rows . up to FM_DOTN_MAX; group: FM_GROUP
+           interleaved rows . up to FM_DOTN_MAX (quants.h). A file holds its weights' narrower
+           kernels for its ISA too (q6_Kp_batch_avx2.c has the row kernel).
+The references of the repacked layouts are in repack.c, and the other per-ISA files hold an op
+family (gdn_*.c: the DeltaNet head and conv updates, whose generic sibling is in ops.c).
 """
 from __future__ import annotations
 
@@ -39,6 +50,10 @@ def compile_isa_objects(out_dir: Path, src_dir: Path = HERE, extra_flags: tuple[
     -D for a measurement; give each set of them its own out_dir, as an object newer than its
     sources is kept); returns the object paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("*.o"):   # a renamed or removed source: out_dir/*.o links once
+        src = src_dir / f"{stale.stem}.c"
+        if not src.exists() and isa_of(src) is not None:
+            stale.unlink()
     objects = []
     for src in sorted(src_dir.glob("*.c")):
         isa = isa_of(src)

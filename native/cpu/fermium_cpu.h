@@ -71,11 +71,10 @@ long fm_pool_check(fm_pool *pool, int jobs, int max_tasks);
 void fm_matvec(fm_pool *pool, int type, const void *w, size_t row_bytes, int rows, int cols,
                int n, const float *x, float *y);
 
-// streaming read bandwidth: bytes/s of summing `bytes` of memory, the best of `reps` times
-// two streams (plain loads, and loads with software prefetch)
-double fm_membw(fm_pool *pool, size_t bytes, int reps);
-// the same with a buffer kept between measurements (allocated in 2 MiB pages where the kernel
-// gives them, and touched once); NULL when `bytes` holds no 2 MiB or cannot be allocated
+// streaming read bandwidth over a buffer kept between measurements (allocated in 2 MiB pages
+// where the kernel gives them, and touched once); NULL when `bytes` holds no 2 MiB or cannot be
+// allocated. fm_membw_run: bytes/s, the best of `reps` times two streams (plain loads, and loads
+// with software prefetch)
 typedef struct fm_membw_buf fm_membw_buf;
 fm_membw_buf *fm_membw_new(fm_pool *pool, size_t bytes);
 double fm_membw_run(fm_pool *pool, fm_membw_buf *b, int reps);
@@ -83,5 +82,9 @@ double fm_membw_run(fm_pool *pool, fm_membw_buf *b, int reps);
 double fm_membw_stream(fm_pool *pool, fm_membw_buf *b, int prefetch);
 void fm_membw_free(fm_membw_buf *b);
 // ---- FM_CDEF end
+
+// fm_membw_run on a buffer of `bytes` made and freed for the call; -1 where it cannot be
+// allocated (C callers: tools/ab_matvec.c)
+double fm_membw(fm_pool *pool, size_t bytes, int reps);
 
 #endif

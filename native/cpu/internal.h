@@ -11,7 +11,7 @@
 // 1.2e-38 do not matter to a decode. Set for the engine's step and for every pool job (the
 // workers keep it; a caller gets its own mode back afterwards). Not denormals-are-zero: inputs
 // stay exact, and the SSSE3 kernels scale a subnormal f16 block scale as a subnormal float
-// (dot32_ssse3.c), which DAZ would read as zero.
+// (qx_0_row_ssse3.c), which DAZ would read as zero.
 #define FM_MXCSR_FTZ 0x8000u
 static inline unsigned fm_flush_denormals(void) {
     const unsigned old = _mm_getcsr();

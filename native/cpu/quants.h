@@ -84,7 +84,8 @@ typedef struct { fm_f16 d[FM_GROUP], dmin[FM_GROUP]; uint8_t scales[12][FM_GROUP
 // of the activations under each int16 lane of the four registers' `pmaddubsw` products
 // (fm_q6kp_offsets): added to those products it takes out the +32 of the stored quants, and the
 // four products then add up as int16 (8 * 32 * 127 = 32512 < 32768 once offset; their wrapping
-// sum lands there exactly) before one `pmaddwd` per lane applies the scales (q6kp_ssse3.c).
+// sum lands there exactly) before one `pmaddwd` per lane applies the scales
+// (q6_Kp_row_ssse3.c).
 typedef struct { uint8_t planes[3][64]; int8_t scales[QK_K / 16]; fm_f16 d; } block_q6_Kp;   // 210 B
 
 // the value (0..255, natural order) at position p = 64 R + j of a Q6_Kp block and its
@@ -100,8 +101,8 @@ static inline int fm_q6kp_value(int p) {
 // then add up as int16, lane by lane (lanes 2m and 2m+1 hold 16 values of block m at most:
 // 16 * 15 * 128 = 30720 < 32768), and one `pmaddwd` turns them into a sum per block (Q4_0) or
 // applies the scales (Q4_K), where the GGUF layout needs a horizontal reduction per block or a
-// broadcast scale per sub-block (dot32_ssse3.c, dotk_ssse3.c). The activations are stored in the
-// same order (ACT_A8_32P, ACT_A8_256K).
+// broadcast scale per sub-block (qx_0_row_ssse3.c, qx_K_row_ssse3.c). The activations are
+// stored in the same order (ACT_A8_32P, ACT_A8_256K).
 // Q4_0p: 4 consecutive blocks (128 values): their scales, then register j (0..3), byte k: byte
 // 4j + k % 4 of the qs of block k / 4 (values 4j + k % 4 and 16 + 4j + k % 4 of that block).
 #define QK_Q4_0P 128
@@ -141,11 +142,11 @@ float fm_f16_to_f32(fm_f16 h);
 fm_f16 fm_f32_to_f16(float f);
 
 // f16 -> f32 for block scales without F16C: every f16 value's float, filled from
-// fm_f16_to_f32 when the library loads (dotf_generic.c). Two instructions and no branch, where a
-// conversion in integer operations took about ten, in kernels bound by their instruction count
-// (the SSSE3 row kernels of Q4_K and Q4_Kp stream faster with it). The floats are exact and never
-// subnormal (a subnormal f16 is a normal float), so no float operation on them costs a microcode
-// assist.
+// fm_f16_to_f32 when the library loads (float_row_generic.c). Two instructions and no branch,
+// where a conversion in integer operations took about ten, in kernels bound by their instruction
+// count (the SSSE3 row kernels of Q4_K and Q4_Kp stream faster with it). The floats are exact and
+// never subnormal (a subnormal f16 is a normal float), so no float operation on them costs a
+// microcode assist.
 extern float fm_f16_table[1 << 16];
 static inline float fm_half(fm_f16 h) { return fm_f16_table[h]; }
 

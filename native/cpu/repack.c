@@ -1,5 +1,5 @@
 /* Weights repacked for SIMD (layouts in quants.h), the reference kernel of each repacked
- * layout, and the checksum that guards the repack cache on disk (services/decode/repack.py). */
+ * layout, and the checksum that guards the repack cache on disk (native/cpu_repack.py). */
 #include <string.h>
 #include "quants.h"
 #include "fermium_cpu.h"

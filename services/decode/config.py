@@ -10,8 +10,8 @@ class DecodeConfig:
     router: str = "tcp://127.0.0.1:5560"     # the router's worker inbox
     listen: str = "tcp://127.0.0.1:0"        # this worker's inbox (:0 picks a free port)
     advertise: str | None = None             # inbox address as others reach it (other hosts)
-    engine: str = "auto"                     # native | reference | auto (native when it loads)
-    max_batch: int = 16                      # sequences per engine step
+    runner: str = "auto"                     # native | reference | auto (native when it loads)
+    max_batch: int = 16                      # sequences per decode step
     capacity: int = 64                       # sequences held at once (running + waiting)
     metrics_port: int = 0
     ready_timeout: float = 30.0

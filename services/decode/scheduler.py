@@ -1,4 +1,4 @@
-"""Continuous batching: which sequences run in the next decode step. Plain Python, no engine.
+"""Continuous batching: which sequences run in the next decode step. Plain Python, no runner.
 
 New sequences wait until a batch slot frees; they join between steps, never inside one.
 A cancelled sequence leaves at the next step boundary.
@@ -13,17 +13,16 @@ from typing import Any
 @dataclass
 class Sequence:
     rid: str
-    state: Any                       # SequenceState, advanced in place by the engine
+    state: Any                       # SequenceState, advanced in place by the runner
     sampler: Any                     # Sampler with this request's params and seed
     history: list[int]               # prompt + generated tokens (the sampler's context)
     max_tokens: int
     stop_ids: frozenset[int]
     return_state: bool
-    next_token: int = -1             # sampled, not yet fed to the engine
+    next_token: int = -1             # sampled, not yet fed to the runner
     logits: Any = None               # (vocab,) what next_token was sampled from
     generated: int = 0               # tokens sampled, the stop token included
     finish_reason: str | None = None
-    joined_at: float = 0.0
 
 
 @dataclass

@@ -1,12 +1,12 @@
-"""The decode worker: continuous batching over the engine, tokens streamed to the router.
+"""The decode worker: continuous batching over the runner, tokens streamed to the router.
 
 A DecodeRequest brings a prefilled state and the first token's logits. Its first token is
 sampled on arrival (that is the time to first token); then the sequence waits for a batch
-slot and decodes one token per engine step with the others. Each token goes to the router
+slot and decodes one token per step with the others. Each token goes to the router
 as a Tokens message; the end goes as Finished, with the final state when it was asked for.
 
 A request that fails the model's checks (common.protocol.checks), or whose sampler raises,
-fails alone with a Failed reply; an engine step that raises fails its batch. Nothing a
+fails alone with a Failed reply; a step that raises fails its batch. Nothing a
 request brings stops the loop.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ from common.protocol.worker import Cancel
 from common.sampling import Sampler
 from common.state import wire_limits
 from common.worker import CancelledIds, WorkerLink
+from native.runners import load_runner
 
 from .config import DecodeConfig
-from .engines import load_engine
 from .scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("fermium.decode")
@@ -39,7 +39,7 @@ class DecodeServer:
     def __init__(self, cfg: DecodeConfig):
         self.cfg = cfg
         self.model = GGUFModel(cfg.model)
-        self.engine_name, self.engine = load_engine(cfg.engine, self.model)
+        self.runner_name, self.runner = load_runner(cfg.runner, self.model)
         self.metrics = DecodeMetrics()
         self.sched = BatchScheduler(cfg.max_batch)
         self.cancelled = CancelledIds()
@@ -54,7 +54,7 @@ class DecodeServer:
     def start(self) -> None:
         self.metrics.serve(self.cfg.metrics_port)
         self.link.start(self.cfg.ready_timeout)
-        log.info("decode engine: %s, max batch %d", self.engine_name, self.cfg.max_batch)
+        log.info("decode runner: %s, max batch %d", self.runner_name, self.cfg.max_batch)
 
     # ---- messages
     def _take(self, timeout: float) -> None:
@@ -93,7 +93,7 @@ class DecodeServer:
     def _admit(self, req: DecodeRequest) -> None:
         state, params = check_decode(req, self.model.config)
         seq = Sequence(req.rid, state, Sampler(params), list(req.history),
-                       req.max_tokens, frozenset(req.stop_ids), req.return_state, joined_at=time.perf_counter())
+                       req.max_tokens, frozenset(req.stop_ids), req.return_state)
         seq.logits = np.asarray(req.logits)
         if self._accept(seq, seq.sampler.sample(seq.logits, seq.history)):
             self.sched.add(seq)
@@ -132,7 +132,7 @@ class DecodeServer:
             return
         t0 = time.perf_counter()
         try:
-            logits = self.engine.decode([s.next_token for s in batch], [s.state for s in batch])
+            logits = self.runner.decode([s.next_token for s in batch], [s.state for s in batch])
         except Exception as e:
             log.exception("decode step failed for %d sequences", len(batch))
             for seq in batch:

@@ -15,7 +15,7 @@ receives PrefillDone, Tokens, Finished or Failed messages, in order.
 The snapshot seam (issue 6): `PrefixCache.lookup(ids)` is the one place a prefix is looked up
 before prefill: it returns the cached position, the state there and, when the whole prompt is
 cached, the logits there (then nothing is prefilled). `store_state()` receives the final state
-and logits that decode returns when `wants_final_state` (`services/router/snapshots.py` is the
+and logits that decode returns when `wants_final_state` (`services/router/prefix_cache.py` is the
 store behind it).
 """
 from __future__ import annotations

@@ -190,11 +190,3 @@ class Generation:
         self.metrics.running.set(self.admission.running)
         self.metrics.waiting.set(self.admission.waiting)
 
-    async def collect(self, job: Job, arrived: float) -> Delta:
-        """The whole answer at once (non-streaming)."""
-        parts, final = [], None
-        async for d in self.run(job, arrived):
-            parts.append(d.text)
-            final = d
-        return Delta("".join(parts), final.finish_reason, final.prompt_tokens, final.completion_tokens)
-

@@ -1,7 +1,7 @@
 """The in-process twin of Dispatcher: the same submit / cancel / forget and the same reply
-messages, with an engine called on a thread of this process instead of remote workers.
+messages, with a runner called on a thread of this process instead of remote workers.
 
-The caller hands the engine in (anything with the reference engine's prefill/decode and
+The caller hands the runner in (anything with the reference model's prefill/decode and
 new_state), so the router package itself still loads no kernel. Tests use it to run the
 whole HTTP API in one process.
 """
@@ -25,12 +25,12 @@ class _OneOfEach:
 
 
 class LocalDispatcher:
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, runner):
+        self.runner = runner
         self.registry = _OneOfEach()
         self.tracks: dict[str, Track] = {}
         self._cancelled: set[str] = set()
-        self._lock = threading.Lock()   # one sequence on the engine at a time
+        self._lock = threading.Lock()   # one sequence on the runner at a time
 
     def submit(self, job: Job, stop_ids: tuple[int, ...]) -> Track:
         rid = uuid.uuid4().hex
@@ -48,9 +48,9 @@ class LocalDispatcher:
         try:
             with self._lock:
                 sampler, history = Sampler(SamplingParams(**job.sampling)), list(job.prompt_ids)
-                state = self.engine.new_state()
+                state = self.runner.new_state()
                 t0 = time.perf_counter()
-                logits = self.engine.prefill(list(job.prompt_ids), state)
+                logits = self.runner.prefill(list(job.prompt_ids), state)
                 post(PrefillDone(rid, "local", len(job.prompt_ids), time.perf_counter() - t0))
                 for n in range(1, job.max_tokens + 1):
                     if rid in self._cancelled:
@@ -63,7 +63,7 @@ class LocalDispatcher:
                     history.append(token)
                     post(Tokens(rid, "local", [token]))
                     if n < job.max_tokens:
-                        logits = self.engine.decode([token], [state])[0]
+                        logits = self.runner.decode([token], [state])[0]
                 post(Finished(rid, "local", "length", job.max_tokens, state.pos, None, None))
         except Exception as e:
             post(Failed(rid, "local", f"{type(e).__name__}: {e}"))

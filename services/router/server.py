@@ -28,7 +28,7 @@ from .config import RouterConfig
 from .dispatch import Dispatcher, PrefixCache
 from .workers import ROLES
 from .generation import Generation
-from .snapshots import build_snapshot_cache
+from .prefix_cache import build_snapshot_cache
 
 log = logging.getLogger("fermium.router")
 

@@ -26,7 +26,7 @@ class Device:
         self.cuda = cuda
         self.ctx = cuda.Device(0).make_context()
         self.allocs = []
-        from services.prefill.backends.cuda_kernels import Kernels
+        from native.cuda.kernels import Kernels
         self.k = Kernels()
         self.s = cuda.Stream()
 

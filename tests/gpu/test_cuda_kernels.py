@@ -1,4 +1,4 @@
-"""Every CUDA kernel against its numpy statement (the reference engine's ops), on a GPU."""
+"""Every CUDA kernel against its numpy statement (the reference model's ops), on a GPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from common.engine.deltanet import chunked_rule
-from common.engine.moe import route
-from common.engine.ops import l2_norm, rms_norm, rope_neox, sigmoid, silu
+from common.reference.deltanet import chunked_rule
+from common.reference.moe import route
+from common.reference.ops import l2_norm, rms_norm, rope_neox, sigmoid, silu
+from native.cuda.kernels import GEMM_KERNELS
 from services.prefill.backends.cuda import rope_table
-from services.prefill.backends.cuda_kernels import GEMM_KERNELS
 
 from .tiny_gguf import weight
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from common.engine.reference import ReferenceEngine
 from common.model.gguf_file import GGUFModel
+from common.reference.model import ReferenceModel
+from native.cuda.plan import make_plan
 from services.prefill.backends.cuda import CUDABackend
-from services.prefill.backends.cuda_plan import make_plan
 
 from .tiny_gguf import TinySpec, build
 
@@ -42,7 +42,7 @@ _REF: dict = {}
 def reference(model, tokens, split):
     key = (str(model.path), split)
     if key not in _REF:
-        eng = ReferenceEngine(model)
+        eng = ReferenceModel(model)
         st = eng.new_state()
         first = eng.prefill(tokens[:split], st)
         second = eng.prefill(tokens[split:], st)
@@ -94,7 +94,7 @@ def test_prefill_matches_reference(model, share, pass_tokens):
 
 def test_all_logits(model):
     tokens = [int(t) for t in np.random.default_rng(4).integers(0, model.config.vocab_size, 70)]
-    eng = ReferenceEngine(model)
+    eng = ReferenceModel(model)
     want = eng.prefill(tokens, eng.new_state(), all_logits=True)
     backend = CUDABackend(model, vram_budget="1GiB", pass_tokens=128, max_context=256)
     try:
@@ -114,7 +114,7 @@ DEMO_GREEDY = 24
 def test_demo_model_greedy(path):
     """The bundled demo model: same first-token logits, state and greedy continuation."""
     m = GGUFModel(path)
-    eng = ReferenceEngine(m)
+    eng = ReferenceModel(m)
     tokens = [int(t) for t in np.random.default_rng(5).integers(0, m.config.vocab_size, 200)]
     ref_state = eng.new_state()
     want = eng.prefill(tokens, ref_state)

@@ -18,14 +18,11 @@ class Arch:
     gguf_arch: str
     tokenizer_pre: str
     tiled_v_heads: bool          # reorder V heads from grouped-by-key-head to tiled
-    fused_qkvz: bool             # in_proj_qkvz / in_proj_ba (qwen3next) vs split projections
     mrope_sections: bool
 
 
-QWEN35MOE = Arch("qwen35moe", "qwen35", tiled_v_heads=True, fused_qkvz=False,
-                 mrope_sections=True)
-QWEN3NEXT = Arch("qwen3next", "qwen2", tiled_v_heads=False, fused_qkvz=True,
-                 mrope_sections=False)
+QWEN35MOE = Arch("qwen35moe", "qwen35", tiled_v_heads=True, mrope_sections=True)
+QWEN3NEXT = Arch("qwen3next", "qwen2", tiled_v_heads=False, mrope_sections=False)
 
 ARCHITECTURES: dict[str, Arch] = {
     "qwen3_5_moe_text": QWEN35MOE,

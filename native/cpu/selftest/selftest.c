@@ -3,7 +3,7 @@
  * Not part of the extension. Build from the repository root:
  *
  *   cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize,repack,ops}.c \
- *      native/cpu/dot*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_selftest
+ *      native/cpu/*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_selftest
  *
  * (build/native_cpu_isa holds the per-ISA objects that `pip install -e .` compiled.) */
 #include <math.h>

@@ -4,7 +4,7 @@
  * extension. Build from the repository root, beside selftest.c:
  *
  *   cc -O2 -Inative/cpu native/cpu/selftest/stream.c native/cpu/{dispatch,quantize,repack,ops}.c \
- *      native/cpu/dot*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_stream
+ *      native/cpu/*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_stream
  *   /tmp/fm_stream TYPE ISA [COLS]    e.g. /tmp/fm_stream 270 1: Q6_Kp through SSSE3
  *
  * TYPE is the GGUF type number (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K) or a repacked one (258 Q4_0
@@ -15,7 +15,7 @@
  *   python3 -c "import sys, pathlib; sys.path.insert(0, 'native/cpu'); import build; \
  *      build.compile_isa_objects(pathlib.Path('/tmp/pf4096'), extra_flags=('-DFM_PREFETCH_AHEAD=4096',))"
  *   cc -O2 -DFM_PREFETCH_AHEAD=4096 -Inative/cpu native/cpu/selftest/stream.c \
- *      native/cpu/{dispatch,quantize,repack,ops}.c native/cpu/dot*_generic.c /tmp/pf4096/*.o -lm -o /tmp/fm_stream4096
+ *      native/cpu/{dispatch,quantize,repack,ops}.c native/cpu/*_generic.c /tmp/pf4096/*.o -lm -o /tmp/fm_stream4096
  *
  * The prefetched sum moves with the distance, so compare the kernels' GB/s of alternating runs,
  * not only the ratio. */

@@ -1,6 +1,6 @@
-"""The `cpu` prefill backend, for machines without a usable GPU: the native engine's chunked
+"""The `cpu` prefill backend, for machines without a usable GPU: the CPU runner's chunked
 prefill (native/cpu: each weight read once per chunk of prompt tokens, by the decode kernels),
-or, where the native kernels do not load, the reference engine's (numpy/BLAS over weights
+or, where the native kernels do not load, the reference model's (numpy/BLAS over weights
 dequantized layer by layer)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from common.model.gguf_file import GGUFModel
 from common.state import SequenceState
-from services.decode.engines import load_engine
+from native.runners import load_runner
 
 from . import register_backend
 
@@ -19,8 +19,8 @@ from . import register_backend
 class CPUBackend:
     name = "cpu"
 
-    def __init__(self, model: GGUFModel, *, chunk: int | None = None, engine: str = "auto"):
-        self.engine_name, self.engine = load_engine(engine, model)
+    def __init__(self, model: GGUFModel, *, chunk: int | None = None, runner: str = "auto"):
+        self.runner_name, self.runner = load_runner(runner, model)
         self.chunk = chunk
         # every call reads each trunk weight once (embedding rows and MTP blocks aside)
         trunk = tuple(f"blk.{i}." for i in range(model.config.n_layers))
@@ -35,11 +35,11 @@ class CPUBackend:
 
     def prefill(self, tokens: list[int], state: SequenceState, *, all_logits: bool = False) -> np.ndarray:
         t0 = time.perf_counter()
-        chunk = {"chunk": self.chunk} if self.chunk else {}   # else the engine's own
-        logits = self.engine.prefill(tokens, state, all_logits=all_logits, **chunk)
+        chunk = {"chunk": self.chunk} if self.chunk else {}   # else the runner's own
+        logits = self.runner.prefill(tokens, state, all_logits=all_logits, **chunk)
         self._stats["compute_seconds"] += time.perf_counter() - t0
-        # the native engine counts what it read (per chunk: the dense weights, the routed experts)
-        self._stats["weight_bytes"] += self.engine.last_bytes if self.engine_name == "native" else self._bytes_per_call
+        # the native runner counts what it read (per chunk: the dense weights, the routed experts)
+        self._stats["weight_bytes"] += self.runner.last_bytes if self.runner_name == "native" else self._bytes_per_call
         self._stats["calls"] += 1
         self._stats["tokens"] += len(tokens)
         return logits

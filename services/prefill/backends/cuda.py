@@ -4,8 +4,8 @@ with the weights streamed from page-locked host memory under a VRAM budget.
 A prompt runs layer by layer over all of its tokens, so every streamed weight crosses the bus
 once per prompt (once per pass of `pass_tokens` for longer ones). Per layer, the routing is
 counted on the GPU and read back; only the experts some token routes to are copied, in chunks
-on a copy stream that overlap the GEMMs of the chunks already there. See cuda_plan for what is
-resident, and cuda_stream for the ring of slot regions.
+on a copy stream that overlap the GEMMs of the chunks already there. See native/cuda/plan.py for what
+is resident, and native/cuda/stream.py for the ring of slot regions.
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import time
 import numpy as np
 
 from common.state import SequenceState
+from native.cuda.layers import F32, LayerRunner, StateBlock
+from native.cuda.plan import DEFAULT_BUDGET, head_rows, layout, make_plan, parse_size, workspace_bytes
+from native.cuda.stream import Timeline
 
 from . import register_backend
-from .cuda_layers import F32, LayerRunner, StateBlock
-from .cuda_plan import DEFAULT_BUDGET, head_rows, layout, make_plan, parse_size, workspace_bytes
-from .cuda_stream import Timeline
 
 log = logging.getLogger("fermium.prefill.cuda")
 
@@ -65,9 +65,9 @@ class CUDABackend:
 
     def __init__(self, model, *, device: int = 0, vram_budget: int | str = DEFAULT_BUDGET,
                  pass_tokens: int = 4096, max_context: int = 8192, regions: int = 8):
-        from .cuda_kernels import Kernels
-        from .cuda_stream import ExpertStreamer
-        from .cuda_weights import DeviceArena, HostExperts, ResidentWeights
+        from native.cuda.kernels import Kernels
+        from native.cuda.stream import ExpertStreamer
+        from native.cuda.weights import DeviceArena, HostExperts, ResidentWeights
 
         self.cuda = cuda = _driver()
         self.model, self.cfg = model, model.config

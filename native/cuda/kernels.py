@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-CUDA_DIR = Path(__file__).resolve().parents[3] / "native" / "cuda"
+CUDA_DIR = Path(__file__).resolve().parent
 SOURCES = ("gemm.cu", "norm.cu", "conv.cu", "deltanet.cu", "attention.cu", "moe.cu")
 NVCC_OPTIONS = ["-maxrregcount=63", "-O3"]
 

@@ -1,4 +1,4 @@
-"""Float32 views of a GGUF model's weights for the reference engine.
+"""Float32 views of a GGUF model's weights for the reference model.
 
 Dense tensors are dequantized on first use and kept when the model is small; large models
 dequantize per call, so a prefill holds one layer's weights at a time. Expert stacks are

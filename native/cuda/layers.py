@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cuda_plan import EXPERT_TENSORS
+from .plan import EXPERT_TENSORS
 
 F32 = 4
 L2_EPS = 1e-6          # the reference's l2_norm epsilon

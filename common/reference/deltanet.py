@@ -12,6 +12,10 @@ from ..model.config import ModelConfig
 from .ops import l2_norm, rms_norm, sigmoid, silu, softplus
 from .weights import Weights
 
+# tokens per chunk of the chunked form; prefill checkpoints fall on its multiples, so a prompt
+# prefilled in segments is chunked as it is whole
+PREFILL_CHUNK = 64
+
 
 class GatedDeltaNet:
     def __init__(self, cfg: ModelConfig, w: Weights, layer: int):
@@ -31,7 +35,7 @@ class GatedDeltaNet:
         return x @ self.w.get(self.p + "ssm_beta.weight").T, x @ self.w.get(self.p + "ssm_alpha.weight").T
 
     def forward(self, x: np.ndarray, conv_state: np.ndarray, ssm_state: np.ndarray,
-                recurrent: bool, chunk: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                recurrent: bool, chunk: int = PREFILL_CHUNK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """x: [T, hidden] -> ([T, hidden], new conv state, new ssm state)."""
         cfg, w, p = self.cfg, self.w, self.p
         T = x.shape[0]

@@ -3,7 +3,7 @@
  * operations (`vpternlogd` merges each shifted pair), and since 32-bit lane k of every register
  * holds sub-block k, `vpdpbusd` sums all four into one register of 16 sub-block sums per
  * activation, scaled once in floats: 4 multiplies per block and activation where the
- * GGUF-layout kernel (dotn_avx512.c) takes 8, and 7 unpacking operations where it takes 48.
+ * GGUF-layout kernel (qx_batch_avx512.c) takes 8, and 7 unpacking operations where it takes 48.
  * The matvec driver hands it two rows at once (fm_dotr_q6_Kp_a8_avx512).
  * Built with -mavx512f -mavx512bw -mavx512vl -mavx512vnni. */
 #include <immintrin.h>

@@ -31,7 +31,7 @@ from common.model.gguf_file import GGUFModel, Tensor
 from common.model.huge_pages import advise_huge_pages
 from common.progress import byte_progress
 from native import cpu_lib
-from services.decode.repack_lock import LockUnavailable, build_lock, clean_if_idle
+from native.cpu_repack_lock import LockUnavailable, build_lock, clean_if_idle
 
 MAGIC = b"FMREPACK"
 VERSION = 6                         # bumped with any change to the file or a repacked layout
@@ -39,15 +39,13 @@ PREFIX = struct.Struct("<8sIIQQ")   # magic, version, header bytes, data start, 
 PAGE = 4096
 SUFFIX = ".fermium-repack"
 # The layout (cpu_lib.LAYOUTS) that each ISA reads each GGUF type in, where it reads it faster
-# than the GGUF layout (native/cpu/selftest/selftest.c, stream.c):
+# than the GGUF layout (docs/performance.md, "CPU kernel choices", has the figures):
 # - SSSE3 reads Q4_0 and Q4_K row by row with the nibbles of 4 blocks or sub-blocks side by side
-#   (Q4_0p, Q4_Kp): their `pmaddubsw` products add up as int16 before one `pmaddwd`. One Zen 5
-#   core streams them 1.28x and 1.11x as fast as the GGUF layouts. The groups of 8 rows cost it a
-#   shuffle per broadcast: a Q4_K_M model decoded at 0.87x with those (native/cpu/dotg_ssse3.c);
+#   (Q4_0p, Q4_Kp): their `pmaddubsw` products add up as int16 before one `pmaddwd`. The groups
+#   of 8 rows would cost it a shuffle per broadcast (native/cpu/q4x8_group_ssse3.c);
 # - AVX2 and AVX-512 read Q4_0 and Q4_K in groups of 8 rows;
-# - Q6_K is repacked everywhere: with AVX-512, where `vpdpbusd` sums a Q6_Kp block's four
-#   registers into one of 16 sub-block sums, the Q6_Kp kernel reads 1.28x (one activation)
-#   and 1.19x (four) what the GGUF-layout one does (selftest.c, cache-resident, Zen 5).
+# - Q6_K is repacked everywhere: with AVX-512, `vpdpbusd` sums a Q6_Kp block's four registers
+#   into one of 16 sub-block sums.
 _AVX = {Q.Q4_0: cpu_lib.lib.FM_Q4_0X8, Q.Q4_K: cpu_lib.lib.FM_Q4_KX8, Q.Q6_K: cpu_lib.lib.FM_Q6_KP}
 REPACK_LAYOUTS = {"ssse3": {Q.Q4_0: cpu_lib.lib.FM_Q4_0P, Q.Q4_K: cpu_lib.lib.FM_Q4_KP, Q.Q6_K: cpu_lib.lib.FM_Q6_KP},
                   "avx2": _AVX, "avx512": _AVX}
@@ -83,10 +81,6 @@ def repack_layout(t: Tensor, layouts: dict[int, int]) -> int | None:
     if t.shape[-2] % cpu_lib.repack_group(layout) or t.shape[-1] % cpu_lib.lib.fm_type_block(layout):
         return None
     return layout
-
-
-def repackable(t: Tensor, layouts: dict[int, int] | None = None) -> bool:
-    return repack_layout(t, layouts_for() if layouts is None else layouts) is not None
 
 
 def source_id(model: GGUFModel) -> dict:
@@ -222,9 +216,9 @@ def open_cache(model: GGUFModel, layouts: dict[int, int] | None = None,
     default: the active ISA's), from its cache file; the cache is built first where missing,
     stale or corrupt, and rebuilt with the tensors it lacks (or holds in another layout) added to
     the others it holds. None when there is nothing to repack, or when the cache cannot be written
-    (no room, no permission): the engine then reads the GGUF layout. Building reads the source
+    (no room, no permission): the runner then reads the GGUF layout. Building reads the source
     tensors once; their pages are then released from this process. One process builds, under
-    the build lock (repack_lock.py); the others that open the cache meanwhile wait for it."""
+    the build lock (cpu_repack_lock.py); the others that open the cache meanwhile wait for it."""
     layouts = layouts_for() if layouts is None else layouts
     wanted = {n: lay for n, t in model.tensors.items() if (lay := repack_layout(t, layouts)) is not None}
     if not wanted:

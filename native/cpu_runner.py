@@ -1,7 +1,7 @@
-"""The native CPU decode engine: the whole decode step (every layer, the LM head) runs in C
+"""The CPU runner: the whole decode step (every layer, the LM head) runs in C
 (native/cpu/engine.c) on weights read in place from the memory-mapped GGUF.
 
-Same `prefill` / `decode` signatures and `SequenceState` as the reference engine. The ISA
+Same `prefill` / `decode` signatures and `SequenceState` as the reference model. The ISA
 choice is process-wide (see native.cpu_lib); `isa=` switches it.
 """
 from __future__ import annotations
@@ -19,13 +19,13 @@ from common.progress import byte_progress
 from common.state import SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
-from services.decode.repack import REPACK_LAYOUTS, open_cache, source_ranges
+from native.cpu_repack import REPACK_LAYOUTS, open_cache, source_ranges
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
-# prompt tokens per native prefill step. Each weight is read once per chunk; at 8 experts a token,
+# prompt tokens per native prefill chunk. Each weight is read once per chunk; at 8 experts a token,
 # a chunk of 256 reaches nearly every expert of a 256-expert layer once, where chunks of 64 read
 # most of them four times over (a real-width layer: 0.45 GB of experts).
-PREFILL_CHUNK = 256
+NATIVE_CHUNK = 256
 PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head",
           "mixer prep", "MoE prep/sum")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
@@ -49,14 +49,14 @@ def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool
     return True
 
 
-class NativeEngine:
+class CpuRunner:
     def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None,
                  prefault: bool = True, repack: bool | None = None):
         if isa:
             cpu_lib.select_isa(isa)
         self.model = model
         self.isa = cpu_lib.active_isa()
-        # the matrices whose repacked layout this ISA reads faster, from a cache file (repack.py);
+        # the matrices whose repacked layout this ISA reads faster, from a cache file (cpu_repack.py);
         # their pages in the model file are then never touched
         if repack is None:
             repack = os.environ.get(REPACK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -70,7 +70,7 @@ class NativeEngine:
         self._model_c = self._describe()
         engine = lib.fm_engine_new(self._model_c, self.pool.ptr)
         if engine == ffi.NULL:
-            raise MemoryError("could not allocate the native engine's scratch buffers")
+            raise MemoryError("could not allocate the CPU runner's scratch buffers")
         self._engine = ffi.gc(engine, lib.fm_engine_free)
         self.last_bytes = 0.0           # weight bytes read by the last decode step
         self.last_seconds = (0.0, 0.0)  # last decode step: (whole call, the C step inside it)
@@ -187,7 +187,7 @@ class NativeEngine:
 
     @staticmethod
     def _advance(s: SequenceState, rows: int, kbufs: list[np.ndarray], vbufs: list[np.ndarray]) -> None:
-        """The state after the engine wrote `rows` more positions into the buffers of `_seq`."""
+        """The state after the runner wrote `rows` more positions into the buffers of `_seq`."""
         s.pos += rows
         s.k = [buf[:s.pos] for buf in kbufs]
         s.v = [buf[:s.pos] for buf in vbufs]
@@ -198,7 +198,7 @@ class NativeEngine:
             raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
         return ids
 
-    # ---- engine contract
+    # ---- runner contract
     def decode(self, tokens: Sequence[int], states: list[SequenceState]) -> np.ndarray:
         """One token per sequence; advances each state in place. Returns logits (B, vocab)."""
         t0 = time.perf_counter()
@@ -233,9 +233,9 @@ class NativeEngine:
         out["step"] = (p[2 * len(PHASES)], self.last_bytes)
         return out
 
-    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = PREFILL_CHUNK,
+    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = NATIVE_CHUNK,
                 all_logits: bool = False) -> np.ndarray:
-        """The prompt through the engine `chunk` tokens at a time (fm_prefill): every weight is
+        """The prompt through the runner `chunk` tokens at a time (fm_prefill): every weight is
         read once per chunk, the recurrences run token by token. Advances the state in place.
         Returns the last token's logits (vocab,), or every token's (T, vocab)."""
         ids = self._token_ids(tokens)

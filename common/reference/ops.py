@@ -1,4 +1,4 @@
-"""Elementwise and normalisation ops of the reference engine, float32 numpy."""
+"""Elementwise and normalisation ops of the reference model, float32 numpy."""
 from __future__ import annotations
 
 import numpy as np

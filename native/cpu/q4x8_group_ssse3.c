@@ -5,7 +5,7 @@
  * scaled for 4 rows at once. Cache-resident they are level with the GGUF-layout kernels or
  * ahead, but streaming a whole model they lose (the broadcasts cost a shuffle each in 128 bits;
  * docs/performance.md), so the engine repacks only for AVX2 and AVX-512
- * (services/decode/repack.py). Built with -mssse3 only; must hold no AVX instruction. */
+ * (native/cpu_repack.py). Built with -mssse3 only; must hold no AVX instruction. */
 #include <tmmintrin.h>
 #include "quants.h"
 #include "simd128.h"

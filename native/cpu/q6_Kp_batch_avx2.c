@@ -3,7 +3,7 @@
  * sub-blocks 8H..8H+7) is unpacked once (9 operations) and dotted with every activation,
  * each pair of registers through one `vpmaddwd` with the half's scale vector. Per 32 values
  * and activation that is 2.5 operations, 1.5 of them multiplies, against 3 and 2 for the GGUF
- * layout (dotn_avx2.c). Built with -mavx2 -mfma -mf16c. */
+ * layout (qx_batch_avx2.c). Built with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include "quants.h"
 #include "simd256.h"

@@ -25,9 +25,8 @@ from gguf.constants import GGML_QUANT_SIZES
 from common.model.config import ModelConfig
 from common.model.gguf_file import Tensor
 from common.state import SequenceState
-
-from .cuda import CUDABackend
-from .cuda_plan import parse_size
+from native.cuda.plan import parse_size
+from services.prefill.backends.cuda import CUDABackend
 
 C2075_PCIE = 6e9          # bytes/s, pinned PCIe 2.0 x16 as the paper's card reaches
 C2075_FLOPS = 1.03e12     # fp32 peak

@@ -1,4 +1,4 @@
-"""The numpy float32 reference engine: the yardstick every fast path is held against.
+"""The numpy float32 reference model: the yardstick every fast path is held against.
 
 It is plain on purpose: one layer object per block, the chunked Gated DeltaNet for prefill and
 the recurrent form for decode, weights dequantized from the GGUF blocks as they are needed.
@@ -12,13 +12,13 @@ import numpy as np
 from ..model.gguf_file import GGUFModel
 from ..state import SequenceState
 from .attention import GatedAttention
-from .deltanet import GatedDeltaNet
+from .deltanet import PREFILL_CHUNK, GatedDeltaNet
 from .moe import MoE
 from .ops import rms_norm
 from .weights import Weights
 
 
-class ReferenceEngine:
+class ReferenceModel:
     def __init__(self, model: GGUFModel):
         self.model = model
         self.cfg = cfg = model.config
@@ -32,7 +32,7 @@ class ReferenceEngine:
     def new_state(self) -> SequenceState:
         return SequenceState.empty(self.cfg)
 
-    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = 64,
+    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = PREFILL_CHUNK,
                 all_logits: bool = False) -> np.ndarray:
         """Chunked form over the prompt. Returns logits [vocab] of the last token, or [T, vocab]."""
         logits = self.forward(tokens, state, recurrent=False, chunk=chunk, all_logits=all_logits)
@@ -43,7 +43,7 @@ class ReferenceEngine:
         return np.stack([self.forward([t], s, recurrent=True)[-1] for t, s in zip(tokens, states)])
 
     def forward(self, tokens: Sequence[int], state: SequenceState, *, recurrent: bool,
-                chunk: int = 64, all_logits: bool = True) -> np.ndarray:
+                chunk: int = PREFILL_CHUNK, all_logits: bool = True) -> np.ndarray:
         cfg = self.cfg
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.ndim != 1 or len(ids) == 0:

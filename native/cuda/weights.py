@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from .cuda_plan import EXPERT_TENSORS, StreamPlan, classify
+from .plan import EXPERT_TENSORS, StreamPlan, classify
 
 log = logging.getLogger("fermium.prefill.cuda")
 ALIGN = 256

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cuda_plan import EXPERT_TENSORS, StreamPlan
+from .plan import EXPERT_TENSORS, StreamPlan
 
 
 class Timeline:

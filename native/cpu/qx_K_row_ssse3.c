@@ -62,7 +62,7 @@ static inline __m128i q4kp_sums(const uint8_t *q, const int8_t *v, __m128i sc) {
 
 // sum over super-blocks of d * (scaled sums) - dmin * (mins . activation sums). d and dmin go
 // through fm_half: real files hold subnormal f16 mins, which a conversion in vector registers
-// (dot32_ssse3.c) leaves as subnormal floats, one microcode assist each
+// (qx_0_row_ssse3.c) leaves as subnormal floats, one microcode assist each
 static inline __attribute__((always_inline)) float dot_k4(int n, const void *w, const void *a, k4_sums_fn sums) {
     const block_q4_K *x = w;
     const block_a8_256 *y = a;

@@ -12,7 +12,8 @@ import numpy as np
 
 from common.metrics import RouterMetrics
 from common.model.config import ModelConfig
-from common.snapshots import SnapshotStore
+from common.reference.deltanet import PREFILL_CHUNK
+from common.snapshots import KV_BLOCK, SnapshotStore
 from common.state import SequenceState
 
 log = logging.getLogger("fermium.router")
@@ -61,17 +62,14 @@ class SnapshotCache:
         self.metrics.snapshot_evictions.inc(evicted)
 
 
-CHUNK = 64   # the prefill chunk: checkpoints and KV blocks align to it
-
-
 def build_snapshot_cache(cfg: ModelConfig, metrics: RouterMetrics, budget: int,
                          disk_dir: str | None, every: int) -> SnapshotCache | None:
     if budget <= 0:
         return None
-    if every < 0 or every % CHUNK:
-        raise ValueError(f"snapshot interval {every} must be a multiple of the prefill chunk, {CHUNK} (0: only "
+    if every < 0 or every % PREFILL_CHUNK:
+        raise ValueError(f"snapshot interval {every} must be a multiple of the prefill chunk, {PREFILL_CHUNK} (0: only "
                          f"at prompt and generation ends)")
-    store = SnapshotStore(cfg, budget, block=CHUNK, disk_dir=disk_dir)
+    store = SnapshotStore(cfg, budget, block=KV_BLOCK, disk_dir=disk_dir)
     if store.stats.disk_rejected:
         log.error("%d corrupt snapshot files in %s were dropped", store.stats.disk_rejected, disk_dir)
     log.info("snapshots: %.1f GiB in RAM%s, checkpoint every %s tokens", budget / 2 ** 30,

@@ -1,4 +1,4 @@
-"""The native decode engine against the numpy reference engine on tiny synthetic GGUFs."""
+"""The CPU runner against the numpy reference model on tiny synthetic GGUFs."""
 from __future__ import annotations
 
 import os
@@ -9,17 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.engine.reference import ReferenceEngine
 from common.model.gguf_file import GGUFModel
+from common.reference.model import ReferenceModel
 from native import cpu_lib
-from services.decode.native_engine import NativeEngine
+from native.cpu_runner import CpuRunner
+from tests import kernel_calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
 
-# Float weights: the native engine dots fp32 activations too; only summation order differs.
+# Float weights: the native runner dots fp32 activations too; only summation order differs.
 FLOAT_REL_TOL = 1e-4
-# Quantized weights: the native engine rounds activations to 8 bits per block (the reference
+# Quantized weights: the native runner rounds activations to 8 bits per block (the reference
 # keeps them fp32). Typical token: well under 1% of the largest logit after 4 layers.
 QUANT_MEDIAN_REL_TOL = 0.015
 # A near-tie in the router can send one token to a different expert on one side; that token's
@@ -49,21 +50,21 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a - b).max(axis=-1) / np.abs(b).max()
 
 
-def greedy(engine, ids: list[int], steps: int) -> tuple[list[int], np.ndarray]:
-    state = engine.new_state()
-    rows = [engine.prefill(ids, state, all_logits=True)]
+def greedy(runner, ids: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+    state = runner.new_state()
+    rows = [runner.prefill(ids, state, all_logits=True)]
     tokens = []
     for _ in range(steps):
         tokens.append(int(np.argmax(rows[-1][-1])))
-        rows.append(engine.decode([tokens[-1]], [state]))
+        rows.append(runner.decode([tokens[-1]], [state]))
     return tokens, np.concatenate(rows)
 
 
 @pytest.mark.parametrize("name", ["f32", "next-f32"])
 def test_float_files_match_reference_and_greedy_tokens(files, name):
     model = GGUFModel(files[name])
-    ref_tokens, ref = greedy(ReferenceEngine(model), prompt(), STEPS)
-    tokens, got = greedy(NativeEngine(model, threads=2), prompt(), STEPS)
+    ref_tokens, ref = greedy(ReferenceModel(model), prompt(), STEPS)
+    tokens, got = greedy(CpuRunner(model, threads=2), prompt(), STEPS)
     assert tokens == ref_tokens
     assert rel_err(got, ref).max() <= FLOAT_REL_TOL
 
@@ -72,10 +73,10 @@ def test_float_files_match_reference_and_greedy_tokens(files, name):
 @pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m"])
 def test_quantized_files_track_reference(files, name, isa):
     model = GGUFModel(files[name])
-    ref = ReferenceEngine(model)
+    ref = ReferenceModel(model)
     expect = ref.prefill(prompt(), ref.new_state(), all_logits=True)
-    with cpu_lib.isa_restored():
-        eng = NativeEngine(model, threads=2, isa=isa)
+    with kernel_calls.isa_restored():
+        eng = CpuRunner(model, threads=2, isa=isa)
         got = eng.prefill(prompt(), eng.new_state(), all_logits=True)
     err = rel_err(got, expect)
     assert np.median(err) <= QUANT_MEDIAN_REL_TOL, err
@@ -85,7 +86,7 @@ def test_quantized_files_track_reference(files, name, isa):
 
 def test_batched_decode_equals_one_at_a_time(files):
     model = GGUFModel(files["q4_k_m"])
-    eng = NativeEngine(model, threads=2)
+    eng = CpuRunner(model, threads=2)
     states = [eng.new_state() for _ in range(3)]
     for s, n in zip(states, (5, 11, 0)):       # three different positions
         if n:
@@ -102,9 +103,9 @@ def test_batched_decode_equals_one_at_a_time(files):
 
 
 def test_continues_a_reference_prefill_through_kv_growth(files):
-    """State handed over from another engine (read-only arrays, as off the wire) decodes on."""
+    """State handed over from another runner (read-only arrays, as off the wire) decodes on."""
     model = GGUFModel(files["f32"])
-    ref, eng = ReferenceEngine(model), NativeEngine(model, threads=2)
+    ref, eng = ReferenceModel(model), CpuRunner(model, threads=2)
     s_ref = ref.new_state()
     ref.prefill(prompt(), s_ref)
     s_nat = s_ref.copy()
@@ -124,7 +125,7 @@ def test_chunked_prefill_equals_token_by_token(files, name):
     """A prompt through fm_prefill in chunks (each weight read once per chunk, the recurrences
     token by token) gives the logits and state of decoding it one token at a time: chunk
     borders anywhere, the KV buffers regrowing inside a chunk (past KV_GROW)."""
-    eng = NativeEngine(GGUFModel(files[name]), threads=2)
+    eng = CpuRunner(GGUFModel(files[name]), threads=2)
     ids = prompt(300, seed=3)
     one, chunked = eng.new_state(), eng.new_state()
     expect = np.stack([eng.decode([t], [one])[0] for t in ids])
@@ -143,7 +144,7 @@ def test_decode_is_deterministic_across_threads(files):
     """The same tokens give bit-identical logits run after run on two threads. A pool that let a
     worker read a new job's fields with the old job's counter ran some tasks twice (a doubled
     conv or state update) and let steps return early: a few runs in 30 went astray."""
-    eng = NativeEngine(GGUFModel(files["next-q4_0"]), threads=2)
+    eng = CpuRunner(GGUFModel(files["next-q4_0"]), threads=2)
     ids = prompt(48, seed=5)
 
     def run() -> np.ndarray:
@@ -156,7 +157,7 @@ def test_decode_is_deterministic_across_threads(files):
 
 
 def test_prefill_rejects_bad_input_and_keeps_the_state(files):
-    eng = NativeEngine(GGUFModel(files["q4_0"]), threads=2)
+    eng = CpuRunner(GGUFModel(files["q4_0"]), threads=2)
     state = eng.new_state()
     eng.prefill(prompt(5), state)
     before = state.copy()
@@ -168,22 +169,22 @@ def test_prefill_rejects_bad_input_and_keeps_the_state(files):
         assert np.array_equal(x, y)
 
 
-def test_cpu_prefill_backend_runs_the_native_engine(files):
-    """The prefill service's cpu backend: the native engine where it loads, the reference
-    engine on request; either one's logits as its own prefill gives them."""
+def test_cpu_prefill_backend_runs_the_cpu_runner(files):
+    """The prefill service's cpu backend: the native runner where it loads, the reference
+    model on request; either one's logits as its own prefill gives them."""
     from services.prefill.backends import create_backend
     model = GGUFModel(files["q4_k_m"])
     native = create_backend("cpu", model)
-    assert native.engine_name == "native"
-    got = native.prefill(prompt(), native.engine.new_state())
-    eng = NativeEngine(model, threads=2)
-    assert native.chunk is None   # the engine's own chunk
+    assert native.runner_name == "native"
+    got = native.prefill(prompt(), native.runner.new_state())
+    eng = CpuRunner(model, threads=2)
+    assert native.chunk is None   # the runner's own chunk
     assert np.array_equal(got, eng.prefill(prompt(), eng.new_state()))
     assert native.stats()["weight_bytes"] > 0 and native.stats()["tokens"] == PROMPT
-    ref = create_backend("cpu", model, engine="reference")
-    assert ref.engine_name == "reference"
-    expect = ReferenceEngine(model).prefill(prompt(), ReferenceEngine(model).new_state())
-    assert np.allclose(ref.prefill(prompt(), ref.engine.new_state()), expect, rtol=1e-5, atol=1e-5 * np.abs(expect).max())
+    ref = create_backend("cpu", model, runner="reference")
+    assert ref.runner_name == "reference"
+    expect = ReferenceModel(model).prefill(prompt(), ReferenceModel(model).new_state())
+    assert np.allclose(ref.prefill(prompt(), ref.runner.new_state()), expect, rtol=1e-5, atol=1e-5 * np.abs(expect).max())
 
 
 def rss_bytes() -> int:
@@ -199,7 +200,7 @@ def test_weights_are_read_in_place(tmp_path):
     path = write_synthetic(tmp_path / "mid.gguf", layers=4, recipe="q4_0", widths=widths)
     before = rss_bytes()
     model = GGUFModel(path)
-    eng = NativeEngine(model, threads=2)
+    eng = CpuRunner(model, threads=2)
     states = [eng.new_state() for _ in range(4)]
     for step in range(4):
         eng.decode([step, 100 + step, 200, 300], states)
@@ -212,7 +213,7 @@ def test_weights_are_read_in_place(tmp_path):
 def test_prefault_maps_the_whole_file_and_reports_progress(tmp_path, monkeypatch):
     """After prefault the file's pages are resident in this process; a file too big for RAM is
     left to fault in as it is touched."""
-    import services.decode.native_engine as native_engine
+    import native.cpu_runner as cpu_runner
     from common.model import gguf_reader
 
     widths = replace(TINY, hidden=512, experts=32, experts_used=4, expert_ffn=256, vocab=8192)
@@ -226,14 +227,14 @@ def test_prefault_maps_the_whole_file_and_reports_progress(tmp_path, monkeypatch
     assert seen[-1] == (size, size) and len(seen) == -(-size // (1 << 20))
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert rss_bytes() - before >= 0.9 * size
-    monkeypatch.setattr(native_engine, "PREFAULT_RAM_SHARE", size / (2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
-    assert not native_engine.prefault_weights(GGUFModel(path))
-    assert not NativeEngine(GGUFModel(path), threads=1).prefaulted
-    assert not NativeEngine(GGUFModel(path), threads=1, prefault=False).prefaulted
+    monkeypatch.setattr(cpu_runner, "PREFAULT_RAM_SHARE", size / (2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+    assert not cpu_runner.prefault_weights(GGUFModel(path))
+    assert not CpuRunner(GGUFModel(path), threads=1).prefaulted
+    assert not CpuRunner(GGUFModel(path), threads=1, prefault=False).prefaulted
 
 
 def test_bad_requests_are_refused(files):
-    eng = NativeEngine(GGUFModel(files["q4_0"]), threads=1)
+    eng = CpuRunner(GGUFModel(files["q4_0"]), threads=1)
     with pytest.raises(ValueError, match="out of range"):
         eng.decode([TINY.vocab], [eng.new_state()])
     with pytest.raises(ValueError, match="one token per state"):
@@ -253,8 +254,8 @@ def test_demo_model_matches_reference_and_greedy_tokens():
         pytest.skip(f"no demo model in this checkout: {exc}")
     model = GGUFModel(path)
     ids = np.random.default_rng(5).integers(0, model.config.vocab_size, 32).tolist()
-    ref_tokens, ref = greedy(ReferenceEngine(model), ids, 16)
-    tokens, got = greedy(NativeEngine(model, threads=2), ids, 16)
+    ref_tokens, ref = greedy(ReferenceModel(model), ids, 16)
+    tokens, got = greedy(CpuRunner(model, threads=2), ids, 16)
     assert tokens == ref_tokens
     err = rel_err(got, ref)
     assert np.median(err) <= QUANT_MEDIAN_REL_TOL and err.max() <= QUANT_MAX_REL_TOL, err

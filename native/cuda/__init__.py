@@ -1,0 +1,1 @@
+"""The CUDA prefill runner: kernel loading, the streaming plan, weights and layers."""
