@@ -182,7 +182,7 @@ def kill_in_mid_write(child: subprocess.Popen, snap_dir: Path, nth: int, rng: ra
         seen |= live_tmp(snap_dir)
         assert child.poll() is None, "the writer died by itself"
         assert time.monotonic() < deadline, f"the writer wrote {len(seen)} files, not {nth}"
-    until = time.perf_counter() + rng.uniform(0, 1e-3)
+    until = time.perf_counter() + rng.uniform(0, 1e-4)
     while time.perf_counter() < until:
         pass
     child.send_signal(signal.SIGKILL)
@@ -211,6 +211,7 @@ def crashed(tmp_path_factory):
         assert not orphans & live_tmp(snap_dir)          # and removed the dead writer's files
         mid_write += kill_in_mid_write(child, snap_dir, rng.randint(1, 12), rng)
         lives += 1
+    print(f"\nwriter: {mid_write} of {lives} SIGKILLs landed in mid-write")
     return model_path, snap_dir, ref, stored(snap_dir, ref)
 
 
@@ -279,6 +280,7 @@ def test_a_router_killed_in_mid_write_restarts_on_whole_files(tmp_path):
             orphans = live_tmp(snap_dir)
             restart_router(stack)
             assert not orphans & live_tmp(snap_dir)
+        print(f"\nrouter: {mid_write} of {kills} SIGKILLs landed in mid-write")
         on_disk = 0
         for p in prompts[:4 * kills]:
             ids = tok.encode(p)
