@@ -1,0 +1,87 @@
+"""The shape of the code (STYLE.md, "What that means here"), checked on every Python file:
+no service imports another, `common/` imports no service, the router imports nothing from
+`native` (it never loads a kernel), and no Python file outside tests/ passes MAX_LINES.
+
+Imports are read with `ast`, so an import inside a function counts as much as one at the top.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 300
+SERVICES = ("router", "prefill", "decode")
+SKIP_DIRS = {".venv", "build", ".git", "tests", "__pycache__"}
+
+
+def python_files() -> list[Path]:
+    """Every Python file outside tests/ and build outputs."""
+    return sorted(p for p in ROOT.rglob("*.py")
+                  if not SKIP_DIRS & set(p.relative_to(ROOT).parts[:-1]) and ".egg-info" not in str(p))
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, absolute; a relative import is resolved against its package."""
+    package = list(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            out.add(module)
+            out |= {f"{module}.{alias.name}" for alias in node.names}
+    return out
+
+
+def owner(path: Path) -> str:
+    """'services.router', 'common', 'native', 'fermium', 'tools', ...: who a file belongs to."""
+    parts = path.relative_to(ROOT).parts
+    return f"services.{parts[1]}" if parts[0] == "services" and len(parts) > 2 else parts[0]
+
+
+def violations() -> list[str]:
+    """One line per file and rule broken, naming the first module that breaks it."""
+    found: dict[tuple, str] = {}
+    for path in python_files():
+        me, rel = owner(path), path.relative_to(ROOT)
+        for module in sorted(imported_modules(path)):
+            top = module.split(".")
+            theirs = ".".join(top[:2]) if top[0] == "services" and len(top) > 1 else top[0]
+            if me.startswith("services.") and theirs.startswith("services.") and theirs != me \
+                    and top[1] in SERVICES:
+                found.setdefault((rel, 1), f"{rel}: the {me} service imports another service, {module}")
+            elif me == "common" and theirs.startswith("services"):
+                found.setdefault((rel, 2), f"{rel}: common/ imports a service, {module}")
+            elif me == "services.router" and top[0] == "native":
+                found.setdefault((rel, 3), f"{rel}: the router imports native code, {module}")
+    return list(found.values())
+
+
+def test_services_and_common_keep_to_their_side():
+    assert violations() == []
+
+
+def test_no_python_file_outside_tests_passes_the_line_limit():
+    long = {str(p.relative_to(ROOT)): n for p in python_files() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these files (at most {MAX_LINES} lines each): {long}"
+
+
+def test_the_check_sees_what_it_must_refuse(tmp_path, monkeypatch):
+    """Each rule fires on a file that breaks it, so a passing run means something."""
+    bad = {"services/decode/x.py": "from services.router import schema\n",
+           "common/y.py": "def f():\n    import services.prefill.server\n",
+           "services/router/z.py": "from native import cpu_lib\n",
+           "services/prefill/ok.py": "from common import state\nfrom . import server\n"}
+    for rel, text in bad.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = violations()
+    assert len(found) == 3, found
+    assert any("decode service imports another" in f for f in found)
+    assert any("common/ imports a service" in f for f in found)
+    assert any("router imports native" in f for f in found)
