@@ -1,12 +1,17 @@
 """Model files: the config comes from metadata; a wrong file gets an error that names the problem."""
 from __future__ import annotations
 
+import shutil
+
 import gguf
 import numpy as np
 import pytest
 
+from common.metrics import RouterMetrics
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel
+from services.router.prefix_cache import build_snapshot_cache
+from tests.stack_helpers import write_tiny_gguf
 
 
 def write_gguf(path, arch: str, keys: dict, tensors: dict | None = None):
@@ -96,3 +101,15 @@ def test_metadata_matches_gguf_packages_reader(tmp_path):
     assert set(ours.keys()) == set(theirs.fields) - {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
     for key in ours.keys():
         assert ours.get(key) == pytest.approx(theirs.fields[key].contents())
+
+
+def test_the_fingerprint_names_the_weights_not_the_path(tmp_path):
+    """Two files of one shape with other weights differ; a copy of a file does not: the
+    router's snapshot tier keeps one folder per fingerprint."""
+    a, b = write_tiny_gguf(tmp_path / "a.gguf", seed=0), write_tiny_gguf(tmp_path / "b.gguf", seed=1)
+    shutil.copy(a, tmp_path / "copy.gguf")
+    fa, fb, fc = (GGUFModel(p).fingerprint for p in (a, b, tmp_path / "copy.gguf"))
+    assert fa == fc and fa != fb
+    model = GGUFModel(a)
+    build_snapshot_cache(model.config, RouterMetrics(), 1 << 20, str(tmp_path / "snaps"), 64, fa)
+    assert (tmp_path / "snaps" / fa).is_dir()

@@ -259,11 +259,12 @@ def test_a_router_killed_in_mid_write_restarts_on_whole_files(tmp_path):
     model_path = write_tiny_gguf(tmp_path / "tiny.gguf", context=1024)
     model = GGUFModel(model_path)
     tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
-    snap_dir, rng = tmp_path / "snapshots", random.Random(1)
+    snap_root, rng = tmp_path / "snapshots", random.Random(1)
+    snap_dir = snap_root / model.fingerprint                # the router keeps each model's own folder
     ports = {"router": free_port()}
     words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far", "away", "home"]
     prompts = [" ".join(rng.choice(words) for _ in range(60)) for _ in range(4 * MAX_ROUTER_KILLS)]
-    extra = {"router": ["--snapshot-dir", str(snap_dir), "--snapshot-every", str(BLOCK)]}
+    extra = {"router": ["--snapshot-dir", str(snap_root), "--snapshot-every", str(BLOCK)]}
     with Stack(str(model_path), port=free_port(), runner="reference", metrics_ports=ports, log_dir=tmp_path,
                extra=extra) as stack:
         stack.wait_ready(READY_TIMEOUT_S)

@@ -113,8 +113,9 @@ def test_multi_turn_chat_prefills_only_new_tokens(tmp_path, demo):
 def test_disk_tier_survives_restart_and_rejects_corruption(tmp_path, demo):
     _, _, corpus = demo
     prompt = corpus[500:600]
-    snap_dir = tmp_path / "snapshots"
-    with start(tmp_path, ["--snapshot-dir", str(snap_dir)]) as stack:
+    snap_root = tmp_path / "snapshots"
+    snap_dir = snap_root / GGUFModel(default_model_path()).fingerprint      # the model's own folder
+    with start(tmp_path, ["--snapshot-dir", str(snap_root)]) as stack:
         stack.wait_ready(READY_TIMEOUT_S)
         first, _, _ = counted(stack, prompt)
 

@@ -8,6 +8,7 @@ expert stack is (n_experts, out, in).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -21,6 +22,7 @@ from .config import ModelConfig, ModelConfigError
 from .gguf_reader import FastGGUF, GGUFFormatError
 
 # Types the reference path can dequantize; the native kernels cover a subset of these.
+FINGERPRINT_SAMPLE = 4096     # bytes read from each of three places in every tensor
 SUPPORTED_TYPES = {
     GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
     GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K,
@@ -123,3 +125,16 @@ class GGUFModel:
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Names this model's weights: the tensor table and FINGERPRINT_SAMPLE bytes from the start,
+        middle and end of each tensor, so two files of the same shapes with other weights differ."""
+        h = hashlib.blake2b(digest_size=8)
+        for name in sorted(self.tensors):
+            t = self.tensors[name]
+            raw = t.raw.reshape(-1)
+            h.update(f"{name}:{t.qtype.name}:{t.shape};".encode())
+            for start in (0, max(0, raw.size // 2 - FINGERPRINT_SAMPLE // 2), max(0, raw.size - FINGERPRINT_SAMPLE)):
+                h.update(raw[start:start + FINGERPRINT_SAMPLE].tobytes())
+        return h.hexdigest()

@@ -6,6 +6,7 @@ from decode (at the end of a generation); a request starts from the longest stor
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -63,12 +64,16 @@ class SnapshotCache:
 
 
 def build_snapshot_cache(cfg: ModelConfig, metrics: RouterMetrics, budget: int,
-                         disk_dir: str | None, every: int) -> SnapshotCache | None:
+                         disk_dir: str | None, every: int, model_id: str = "") -> SnapshotCache | None:
+    """`model_id` (GGUFModel.fingerprint) names the disk tier's folder inside `disk_dir`, so
+    models that share a --snapshot-dir never read each other's states, even at equal shapes."""
     if budget <= 0:
         return None
     if every < 0 or every % PREFILL_CHUNK:
         raise ValueError(f"snapshot interval {every} must be a multiple of the prefill chunk, {PREFILL_CHUNK} (0: only "
                          f"at prompt and generation ends)")
+    if disk_dir and model_id:
+        disk_dir = str(Path(disk_dir) / model_id)
     store = SnapshotStore(cfg, budget, block=KV_BLOCK, disk_dir=disk_dir)
     if store.stats.disk_rejected:
         log.error("%d corrupt snapshot files in %s were dropped", store.stats.disk_rejected, disk_dir)

@@ -49,7 +49,7 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     metrics = RouterMetrics()
     if cache is None:
         cache = build_snapshot_cache(model.config, metrics, cfg.snapshot_budget, cfg.snapshot_dir,
-                                     cfg.snapshot_every)
+                                     cfg.snapshot_every, model.fingerprint)
     dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache,
                             token=cfg.worker_token, max_workers=cfg.max_workers,
                             limits=wire_limits(model.config))
