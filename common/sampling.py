@@ -13,17 +13,22 @@ from typing import Sequence
 
 import numpy as np
 
+from .config import setting
+
 LOGIT_LIMIT = 1e30              # far beyond any real logit, far from float64's overflow
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0        # 0 means greedy
-    top_k: int = 0                  # 0 means off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
+    """How one sequence samples; it travels as a typed field of the wire's requests (common.protocol),
+    and a value it refuses there is a ProtocolError."""
+
+    temperature: float = setting(0.0, "0 is greedy.", min=0.0)
+    top_k: int = setting(0, "Sample from the k most likely tokens; 0 is off.", min=0)
+    top_p: float = setting(1.0, "Sample from the fewest tokens whose probabilities reach top_p.")
+    min_p: float = setting(0.0, "Drop tokens less likely than min_p times the most likely one.")
+    repetition_penalty: float = setting(1.0, "Penalty on the logits of tokens already in the history.")
+    seed: int | None = setting(None, "Seed for sampling.")
 
     def __post_init__(self):
         floats = (self.temperature, self.top_p, self.min_p, self.repetition_penalty)
@@ -33,7 +38,8 @@ class SamplingParams:
                   (isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be an integer >= 0"),
                   (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
                   (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
-                  (self.repetition_penalty > 0, "repetition_penalty must be > 0")]
+                  (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+                  (self.seed is None or isinstance(self.seed, int) and self.seed >= 0, "seed must be an integer >= 0")]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)

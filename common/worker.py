@@ -6,28 +6,37 @@ so a long prefill never makes it look dead. Both carry the worker token (`common
 a worker without the router's token is ignored, and its handshake times out. Frames that do
 not decode are logged and, when their request id could be read, answered with Failed so the
 request ends instead of hanging.
+
+`WorkerServer` is the base of the prefill and decode servers: the link, metrics, the handshake
+at `start`, the message intake and the loop until `stop`, and `run`, which is all of it under
+SIGTERM and Ctrl-C.
 """
 from __future__ import annotations
 
 import logging
 import queue
+import signal
 import socket
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from typing import Callable
+from typing import Any, Callable, ClassVar
 
-from .mp import PullQueue, PushQueue
+from .config import WorkerConfig
+from .mp import LogLimiter, PullQueue, PushQueue
+from .mp_local import pull_queue, push_queue
 from .protocol import Message, ProtocolError
 from .protocol.codec import WireLimits
 from .protocol.router import Failed, Heartbeat, Hello
-from .protocol.worker import HelloAck
+from .protocol.worker import Cancel, HelloAck
+from .state import wire_limits
 from .worker_token import resolve as resolve_token
 
 log = logging.getLogger("fermium.worker")
 
 HEARTBEAT_S = 0.5
+GUARD_PAUSE_S = 0.01       # after a step failed outright: no busy loop if it keeps failing
 
 
 def reachable(address: str) -> str:
@@ -66,11 +75,11 @@ class WorkerLink:
         self._ack: HelloAck | None = None
         self._acked = threading.Event()
         self._queue: queue.Queue[Message] = queue.Queue()
-        self.inbox: PullQueue[Message] = PullQueue(inbox_address, name=role, on_message=self._route,
+        self.inbox: PullQueue[Message] = pull_queue(inbox_address, name=role, on_message=self._route,
                                                    on_error=self._rejected, limits=limits, errors=errors)
         self.address = advertise or reachable(self.inbox.address)
         self.router_address = router_address
-        self.router: PushQueue[Message] = PushQueue(router_address, name=f"{role}->router")
+        self.router: PushQueue[Message] = push_queue(router_address, name=f"{role}->router")
         self._stop = threading.Event()
 
     def _route(self, msg: Message) -> None:
@@ -136,3 +145,80 @@ class WorkerLink:
         self._stop.set()
         self.inbox.close()
         self.router.close(wait=1.0)            # shutdown: what is queued for the router goes first
+
+
+class WorkerServer:
+    """A worker's life: __init__ binds its inbox, `start` serves metrics and waits for the router's
+    ready handshake, `serve_forever` runs `step` until `stop`, `close` lets go of the sockets.
+
+    A subclass sets ROLE and REQUEST (the message type it serves) and implements `load`
+    (running, waiting), `receive(request)`, `cancel(rid)` and `step(timeout)`."""
+
+    ROLE: ClassVar[str] = ""
+    REQUEST: ClassVar[type] = Message
+
+    def __init__(self, cfg: WorkerConfig, model: Any, metrics: Any, *, capacity: int):
+        self.cfg, self.model, self.metrics = cfg, model, metrics
+        self.log = logging.getLogger(f"fermium.{self.ROLE}")
+        self.cancelled = CancelledIds()
+        self._complain = LogLimiter(self.log, f"{self.ROLE}: failed requests")
+        self._running = True
+        self.link = WorkerLink(self.ROLE, router_address=cfg.router, inbox_address=cfg.listen,
+                               token=cfg.worker_token, advertise=cfg.advertise, capacity=capacity,
+                               model=model.path.name, load=self.load, limits=wire_limits(model.config),
+                               errors=metrics.protocol_error)
+
+    def load(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def receive(self, request: Message) -> None:
+        raise NotImplementedError
+
+    def cancel(self, rid: str) -> None:
+        self.cancelled.add(rid)
+
+    def step(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.metrics.serve(self.cfg.metrics_port)
+        self.link.start(self.cfg.ready_timeout)
+
+    def _take(self, timeout: float) -> None:
+        """Every queued message: Cancels and requests to the subclass, anything else refused."""
+        first = self.link.get(timeout)
+        for msg in ([first] if first else []) + self.link.drain():
+            if isinstance(msg, Cancel):
+                self.cancel(msg.rid)
+            elif isinstance(msg, self.REQUEST):
+                self.receive(msg)
+            else:
+                self.metrics.protocol_error("unexpected")
+                self._complain("%s got an unexpected %s (rid %.40s); ignored", self.ROLE, type(msg).__name__, msg.rid)
+                self.link.fail(msg.rid, f"{self.ROLE} does not handle {type(msg).__name__}")
+
+    def serve_forever(self) -> None:
+        while self._running:
+            try:
+                self.step()
+            except Exception:       # the last resort: log, count, and go on serving
+                self.metrics.protocol_error("handler")
+                self._complain("%s step failed", self.ROLE, exc_info=True)
+                time.sleep(GUARD_PAUSE_S)
+
+    def stop(self) -> None:
+        self._running = False
+
+    def close(self) -> None:
+        self.link.close()
+
+    def run(self) -> None:
+        """Handshake, then the loop until SIGTERM or Ctrl-C; closed whatever happens. The
+        handshake's TimeoutError or RuntimeError (refused) and an OSError pass to the caller."""
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        signal.signal(signal.SIGINT, lambda *_: self.stop())
+        try:
+            self.start()
+            self.serve_forever()
+        finally:
+            self.close()

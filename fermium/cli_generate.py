@@ -8,29 +8,30 @@ from typing import Optional
 
 import typer
 
-from fermium.cli_services import RUNNER_FLAGS
+from common.sampling import SamplingParams
+from fermium.options import command, config, options
+from services.decode.config import DecodeConfig
+
+RUNNER = {"default": "reference", "help": "native, reference, or auto (native when it loads)."}
 
 
+@command("model", "prompt", "chat", "max_tokens", options(SamplingParams, env=False), "think",
+         options(DecodeConfig, "runner", env=False, runner=RUNNER))
 def generate_command(
     model: Optional[Path] = typer.Option(None, help="GGUF model file (default: the bundled demo model)."),
     prompt: Optional[str] = typer.Option(None, help="Raw text to continue."),
     chat: Optional[str] = typer.Option(None, help="A user message, rendered with the model's chat template."),
     max_tokens: int = typer.Option(64, min=1, help="Tokens to generate."),
-    temperature: float = typer.Option(0.0, min=0.0, help="0 is greedy."),
-    top_k: int = typer.Option(0, min=0), top_p: float = typer.Option(1.0), min_p: float = typer.Option(0.0),
-    repetition_penalty: float = typer.Option(1.0),
-    seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
     think: bool = typer.Option(False, help="With --chat: let the model think first (enable_thinking)."),
-    runner_name: str = typer.Option("reference", *RUNNER_FLAGS, help="native, reference, or auto (native when it loads)."),
     threads: Optional[int] = typer.Option(None, help="Threads for the native runner."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    **settings,
 ):
     """Generate text from a prompt or a chat message, in this process."""
     from common.model.chat_template import render_chat
     from common.model.gguf_file import GGUFModel
     from common.model.tokenizer import Tokenizer
     from common.reference.generate import generate
-    from common.sampling import SamplingParams
     from native.runners import load_runner
 
     if (prompt is None) == (chat is None):
@@ -47,9 +48,11 @@ def generate_command(
     if len(prompt_ids) + max_tokens > gguf_model.config.context_length:
         raise typer.BadParameter(f"prompt ({len(prompt_ids)} tokens) + max_tokens exceeds the context "
                                  f"length {gguf_model.config.context_length}")
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repetition_penalty=repetition_penalty, seed=seed)
-    _, runner = load_runner(runner_name, gguf_model, threads=threads)
+    try:
+        params = config(SamplingParams, settings)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    _, runner = load_runner(settings["runner"], gguf_model, threads=threads)
     stop = tokenizer.eos_ids
     tokens, stream = [], tokenizer.stream()
     for token in generate(runner, prompt_ids, params, max_tokens, stop):

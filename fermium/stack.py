@@ -37,10 +37,11 @@ class Stack:
     """Router, prefill and decode as children of this process; stopped on exit, whatever happens.
 
     `workers` lists the worker processes by name; a name's role is its text before any "-"
-    (e.g. "decode-b" is a second decode worker). `extra[name]` adds command-line flags.
+    (e.g. "decode-b" is a second decode worker). `extra[name]` adds command-line flags. A
+    `runner` or `backend` of None leaves the decode or prefill service's own default.
     """
 
-    def __init__(self, model: str, *, port: int, runner: str = "auto", backend: str = "cpu",
+    def __init__(self, model: str, *, port: int, runner: str | None = None, backend: str | None = None,
                  metrics_ports: dict[str, int] | None = None, workers: tuple[str, ...] = ("prefill", "decode"),
                  extra: dict[str, list[str]] | None = None, log_dir: Path | None = None,
                  drain_timeout: float = DRAIN_TIMEOUT_S):
@@ -49,8 +50,8 @@ class Stack:
         self.url = f"http://127.0.0.1:{port}"
         self.workers = f"tcp://127.0.0.1:{free_port()}"
         metrics_ports, extra = metrics_ports or {}, extra or {}
-        role_argv = {"prefill": ["--router", self.workers, "--backend", backend],
-                     "decode": ["--router", self.workers, "--runner", runner]}
+        role_argv = {"prefill": ["--router", self.workers, *(["--backend", backend] if backend else [])],
+                     "decode": ["--router", self.workers, *(["--runner", runner] if runner else [])]}
         self.argv = {"router": ["router", "--port", str(port), "--workers", self.workers,
                                 "--drain-timeout", str(drain_timeout)]}
         for name in workers:

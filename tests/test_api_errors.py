@@ -1,10 +1,11 @@
-"""The HTTP API in one process (LocalDispatcher, a counting runner, a byte tokenizer):
-bad requests get a 4xx with a clear OpenAI-style body; good ones stream and finish right."""
+"""The HTTP API in one process (LocalDispatcher: the real router, prefill and decode servers on
+threads; a counting runner, a byte tokenizer): bad requests get a 4xx with a clear OpenAI-style
+body; good ones stream and finish right."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -12,11 +13,14 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from common.metrics import RouterMetrics
+from common.model.config import ModelConfig
+from common.state import SequenceState
+from fermium.local import LocalDispatcher
 from services.router.admission import Admission
 from services.router.api import API
 from services.router.dispatch import Dispatcher, Track
 from services.router.generation import Generation
-from services.router.local import LocalDispatcher
+from tests.conftest import Metadata
 
 CONTEXT = 64
 EOS = 256
@@ -44,16 +48,24 @@ class ByteTokenizer:
         return Stream()
 
 
-@dataclass
-class _State:
-    pos: int = 0
+def counting_config(context: int = 4096) -> ModelConfig:
+    """A model with no layers: its state is only a position, which the servers check all the same."""
+    arch = "qwen35moe"
+    fields = {"embedding_length": 8, "block_count": 0, "context_length": context, "attention.head_count": 1,
+              "attention.head_count_kv": 1, "attention.layer_norm_rms_epsilon": 1e-6, "ssm.conv_kernel": 2,
+              "ssm.group_count": 1, "ssm.state_size": 1, "ssm.time_step_rank": 1, "ssm.inner_size": 1,
+              "expert_count": 1, "expert_used_count": 1, "expert_feed_forward_length": 1}
+    meta = Metadata(**{"general.architecture": arch}, **{f"{arch}.{k}": v for k, v in fields.items()})
+    return ModelConfig.from_gguf_fields(meta.get, meta.has, "counting", ByteTokenizer.vocab_size)
 
 
 class CountingRunner:
     """Greedy output after byte b is b + 1; after 'z' comes EOS."""
 
-    def new_state(self) -> _State:
-        return _State()
+    cfg = counting_config()
+
+    def new_state(self) -> SequenceState:
+        return SequenceState.empty(self.cfg)
 
     def _logits(self, last: int) -> np.ndarray:
         out = np.zeros(ByteTokenizer.vocab_size, np.float32)
@@ -70,13 +82,23 @@ class CountingRunner:
         return np.stack([self._logits(t) for t in tokens])
 
 
+def lifespan(dispatcher):
+    """The router's own: the dispatcher starts and stops with the app."""
+    @contextlib.asynccontextmanager
+    async def span(app):
+        await dispatcher.start()
+        yield
+        await dispatcher.close()
+    return span
+
+
 def make_app(dispatcher, max_running: int = 4, max_queue: int = 4, request_timeout: float = 30.0) -> Starlette:
     tok = ByteTokenizer()
     gen = Generation(tok, dispatcher, Admission(max_running, max_queue), RouterMetrics(), request_timeout)
     api = API(gen, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
               render=lambda msgs, kw: "".join(f"{m['role']}:{m['content']}\n" for m in msgs),
               health=lambda: {"prefill_workers": 1, "decode_workers": 1})
-    return api.app()
+    return api.app(lifespan=lifespan(dispatcher))
 
 
 @pytest.fixture(scope="module")

@@ -70,3 +70,29 @@ def test_a_backend_this_machine_cannot_run_says_why():
     proc = fermium("prefill", "--backend", "cuda", "--ready-timeout", "1")
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: prefill backend 'cuda' is not available here: ")
+
+
+def test_every_setting_is_an_option_with_its_variable_default_and_unit(monkeypatch):
+    import typer.main
+
+    from common.config import settings
+    from fermium.cli import app
+    from fermium.options import config
+    from services.decode.config import DecodeConfig
+    from services.prefill.config import PrefillConfig
+    from services.router.config import RouterConfig
+    group = typer.main.get_command(app)
+    for name, cls in (("router", RouterConfig), ("prefill", PrefillConfig), ("decode", DecodeConfig)):
+        params = {p.name: p for p in group.commands[name].params}
+        for field in settings(cls).values():
+            p = params[field.name]
+            envvars = [p.envvar] if isinstance(p.envvar, str) else p.envvar
+            assert f"--{field.name.replace('_', '-')}" in p.opts and f"FERMIUM_{field.name.upper()}" in envvars
+    monkeypatch.setenv("FERMIUM_ENGINE", "reference")          # the runner's name before runners were named
+    monkeypatch.setenv("FERMIUM_SNAPSHOT_BUDGET", "0.5")
+    assert group.commands["decode"].make_context("decode", []).params["runner"] == "reference"
+    values = group.commands["router"].make_context("router", ["--no-preserve-thinking"]).params
+    assert config(RouterConfig, values, model="m") == RouterConfig("m", snapshot_budget=1 << 29,
+                                                                   preserve_thinking=False)
+    values = group.commands["prefill"].make_context("prefill", ["--backend", "cuda", "--vram-budget", "2"]).params
+    assert config(PrefillConfig, values, model="m").backend_kwargs() == {"device": 0, "vram_budget": 2 << 30}

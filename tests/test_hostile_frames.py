@@ -28,6 +28,7 @@ from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
+from common.sampling import SamplingParams
 from common.state import SequenceState
 from fermium.stack import Stack, free_port
 from tests.stack_helpers import write_tiny_gguf
@@ -66,13 +67,13 @@ def samples(cfg, decode_address: str) -> list[list[bytes]]:
     """Real encoded messages of every kind, with states the model accepts."""
     logits = np.linspace(-1, 1, cfg.vocab_size, dtype=np.float32)
     msgs = [
-        make(DecodeRequest, rid="h-dec", pos=3, history=[72, 101, 108], sampling={"temperature": 0.0},
+        make(DecodeRequest, rid="h-dec", pos=3, history=[72, 101, 108], sampling=SamplingParams(temperature=0.0),
              max_tokens=2, stop_ids=[0], return_state=True, state=state_at(cfg, 3), logits=logits),
         make(PrefillRequest, rid="h-pre", tokens=[108, 111], history=[72, 101, 108, 111], start_pos=2,
-             decode_address=decode_address, sampling={}, max_tokens=1, stop_ids=[], return_state=False,
+             decode_address=decode_address, sampling=SamplingParams(), max_tokens=1, stop_ids=[], return_state=False,
              start_state=state_at(cfg, 2), snapshot_every=2),
         make(PrefillRequest, rid="h-pre0", tokens=[72, 105], history=[72, 105], start_pos=0,
-             decode_address=decode_address, sampling={"top_k": 3, "seed": 1, "temperature": 0.7}, max_tokens=1,
+             decode_address=decode_address, sampling=SamplingParams(top_k=3, seed=1, temperature=0.7), max_tokens=1,
              stop_ids=[3], return_state=False, start_state=None, snapshot_every=0),
         make(Tokens, rid="h-tok", worker_id="decode-x", tokens=[1, 2]),
         make(Finished, rid="h-fin", worker_id="decode-x", reason="stop", n_generated=1, pos=3,

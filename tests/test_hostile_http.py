@@ -1,7 +1,8 @@
-"""Hostile HTTP against a real uvicorn server on loopback (the in-process LocalDispatcher and
-counting runner behind it): a seeded generator sends N_CASES requests over both completion
-routes, over a few keep-alive connections. No answer is a 5xx, no connection is reset or
-closed, every error is in OpenAI's shape, and a normal request is answered right afterwards."""
+"""Hostile HTTP against a real uvicorn server on loopback (the in-process LocalDispatcher: the
+real router, prefill and decode servers on threads, with a counting runner, behind it): a
+seeded generator sends N_CASES requests over both completion routes, over a few keep-alive
+connections. No answer is a 5xx, no connection is reset or closed, every error is in OpenAI's
+shape, and a normal request is answered right afterwards."""
 from __future__ import annotations
 
 import contextlib
@@ -23,10 +24,10 @@ from fermium.stack import free_port
 from services.router.admission import Admission
 from services.router.api import API
 from services.router.generation import Generation
-from services.router.local import LocalDispatcher
+from fermium.local import LocalDispatcher
 from tests.hostile_cases import MODEL, ROUTES, fixed_cases, generated_cases
 from tests.stack_helpers import CHATML
-from tests.test_api_errors import ByteTokenizer, CountingRunner, assert_error, completion, make_app
+from tests.test_api_errors import ByteTokenizer, CountingRunner, assert_error, completion, lifespan, make_app
 
 SEED = 27
 N_CASES = 10_000
@@ -61,7 +62,7 @@ class Peers:
 
 @contextlib.contextmanager
 def serving(api: API):
-    app = Peers(api.app())
+    app = Peers(api.app(lifespan=lifespan(api.gen.dispatcher)))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from common import metrics
 from fermium.stack import free_port
-from services.router.local import LocalDispatcher
+from fermium.local import LocalDispatcher
 from tests.test_api_errors import MODEL, CountingRunner, make_app
 
 SERVICES = {"router": metrics.RouterMetrics, "prefill": metrics.PrefillMetrics, "decode": metrics.DecodeMetrics}

@@ -19,6 +19,7 @@ from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
+from common.sampling import SamplingParams
 from common.worker import WorkerLink
 
 RECV_TIMEOUT_S = 5.0
@@ -40,11 +41,12 @@ SAMPLES = [
     Failed("r1", "prefill-1", "boom"),
     HelloAck("h1", "decode-1", True, ""),
     Cancel("r1", "client disconnected"),
-    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {"temperature": 0.0, "seed": None}, 16, [3],
+    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", SamplingParams(top_p=0.5, seed=7), 16, [3],
                    False, None, 0),
-    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", {}, 16, [], True, state(2), 64),
+    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", SamplingParams(), 16, [], True, state(2), 64),
     Snapshot("r2", "prefill-1", 2, state(2), np.ones(11, np.float32)),
-    DecodeRequest("r3", 3, [1, 2, 3], {"top_k": 4}, 5, [0], False, state(3), np.arange(11, dtype=np.float32)),
+    DecodeRequest("r3", 3, [1, 2, 3], SamplingParams(top_k=4), 5, [0], False, state(3),
+                  np.arange(11, dtype=np.float32)),
 ]
 
 
@@ -98,6 +100,11 @@ def _with_header(frames, **changes) -> list:
 GOOD = encode_message(SAMPLES[-1])
 
 
+def _sampling(**changes) -> list:
+    f = _header(GOOD)["f"]
+    return _with_header(GOOD, f={**f, "sampling": {**f["sampling"], **changes}})
+
+
 @pytest.mark.parametrize("frames, needle", [
     ([], "empty"),
     ([b"\xc1\xc1not msgpack"], "not msgpack"),
@@ -112,6 +119,10 @@ GOOD = encode_message(SAMPLES[-1])
     (_with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [12], 5]}), "needs 48"),
     (_with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [11], 9]}), "frame index 9"),
     (_with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [11], 1]}), "missing or reused"),
+    (_sampling(seed=None, top_k=None), "DecodeRequest.sampling: top_k: NoneType is not allowed"),
+    (_sampling(temperature=-1.0), "DecodeRequest.sampling: temperature must be >= 0"),
+    (_with_header(GOOD, f={**_header(GOOD)["f"], "sampling": {"top_k": 4}}), "sampling: missing fields ['min_p'"),
+    (_with_header(GOOD, f={**_header(GOOD)["f"], "sampling": [4]}), "list is not a map of SamplingParams fields"),
     (GOOD[:-1], "frame index"),
     ([*GOOD, b"stray"], "not referenced"),
 ])
@@ -128,6 +139,14 @@ def _readable(header: bytes) -> bool:
         return isinstance(msgpack.unpackb(header), dict)
     except Exception:
         return False
+
+
+def test_sampling_travels_as_its_dataclass():
+    back = decode_frames([bytes(f) for f in GOOD])
+    assert type(back.sampling) is SamplingParams and back.sampling == SamplingParams(top_k=4)
+    assert _header(GOOD)["f"]["sampling"] == dataclasses.asdict(SamplingParams(top_k=4))
+    with pytest.raises(ProtocolError, match="DecodeRequest.sampling: dict is not allowed"):
+        encode_message(dataclasses.replace(SAMPLES[-1], sampling={"top_k": 4}))
 
 
 def test_encode_refuses_object_arrays():
@@ -197,7 +216,7 @@ def _desc(**changes) -> list:
 
 
 @pytest.mark.parametrize("frames", [
-    [msgpack.packb({"v": 1, "k": [1], "f": {}, "a": {}})],           # an unhashable kind
+    [msgpack.packb({"v": VERSION, "k": [1], "f": {}, "a": {}})],     # an unhashable kind
     _desc(logits=["float32", [2 ** 32, 2 ** 32], 5]),                  # a shape whose product overflows int64
     _desc(logits=["float32", [2 ** 63], 5]),
     _desc(logits=5), _desc(state=5), _desc(state={"x": 1}), _desc(state=["float32", [6, 3], 1]),
@@ -214,8 +233,8 @@ def test_any_undecodable_input_is_a_protocol_error(frames):
 
 
 def test_encode_refuses_integers_beyond_int64():
-    for msg in (DecodeRequest("r", 0, [2 ** 63], {}, 1, [], False, [], None),
-                DecodeRequest("r", 0, [], {"top_k": 2 ** 64}, 1, [], False, [], None),
+    for msg in (DecodeRequest("r", 0, [2 ** 63], SamplingParams(), 1, [], False, [], None),
+                DecodeRequest("r", 0, [], SamplingParams(top_k=2 ** 64), 1, [], False, [], None),
                 Tokens("r", "w", [1, 2 ** 70])):
         with pytest.raises(ProtocolError, match="int64"):
             encode_message(msg)
@@ -243,7 +262,8 @@ def test_inbox_counts_and_survives_a_failing_handler_and_error_handler():
     inbox = PullQueue("tcp://127.0.0.1:0", name="test", on_message=handle, on_error=on_error, errors=counted.append)
     raw = open_socket(zmq.PUSH, inbox.address, bind=False)
     try:
-        for frames in (encode_message(Cancel("boom", "")), [b"\x81\xa1k\x91\x01"], [msgpack.packb({"v": 1, "k": [1]})],
+        for frames in (encode_message(Cancel("boom", "")), [b"\x81\xa1k\x91\x01"],
+                       [msgpack.packb({"v": VERSION, "k": [1]})],
                        encode_message(Cancel("fine", ""))):
             raw.send_multipart([bytes(f) for f in frames])
         deadline = time.monotonic() + RECV_TIMEOUT_S

@@ -263,7 +263,7 @@ def test_snapshot_seam_in_one_process(tmp_path):
     model = GGUFModel(path)
     tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
     cache = DictCache()
-    greedy = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, seed=None)
+    greedy = SamplingParams(temperature=0.0)
 
     def expect(ids: list[int], n: int) -> str:
         return tok.decode(list(generate(reference, ids, SamplingParams(), n, tok.eos_ids)))

@@ -9,15 +9,18 @@ import sys
 import threading
 import time
 
+import msgpack
 import numpy as np
 import pytest
 
 from common.model.gguf_file import GGUFModel
 from common.mp import PushQueue
+from common.protocol import ProtocolError, decode_frames, encode_message
 from common.protocol.checks import check_decode, check_prefill, is_endpoint
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.worker import Cancel
+from common.sampling import SamplingParams
 from common.state import SequenceState, check_state, wire_limits
 from tests.stack_helpers import write_tiny_gguf
 
@@ -62,7 +65,7 @@ def test_wire_limits_fit_the_largest_legitimate_frame(cfg):
 
 
 def decode_request(cfg, **changes) -> DecodeRequest:
-    fields = dict(rid="r", pos=2, history=[5, 6], sampling={"temperature": 0.5, "seed": 1}, max_tokens=4,
+    fields = dict(rid="r", pos=2, history=[5, 6], sampling=SamplingParams(temperature=0.5, seed=1), max_tokens=4,
                   stop_ids=[0], return_state=False, state=state_at(cfg, 2),
                   logits=np.zeros(cfg.vocab_size, np.float32))
     return DecodeRequest(**{**fields, **changes})
@@ -70,8 +73,8 @@ def decode_request(cfg, **changes) -> DecodeRequest:
 
 def prefill_request(cfg, **changes) -> PrefillRequest:
     fields = dict(rid="r", tokens=[7, 8], history=[5, 6, 7, 8], start_pos=2, decode_address="tcp://127.0.0.1:5",
-                  sampling={}, max_tokens=4, stop_ids=[], return_state=False, start_state=state_at(cfg, 2),
-                  snapshot_every=0)
+                  sampling=SamplingParams(), max_tokens=4, stop_ids=[], return_state=False,
+                  start_state=state_at(cfg, 2), snapshot_every=0)
     return PrefillRequest(**{**fields, **changes})
 
 
@@ -83,9 +86,13 @@ def test_decode_request_checks(cfg):
     for name, value in bad.items():
         with pytest.raises(ValueError):
             check_decode(decode_request(cfg, **{name: value}), cfg)
-    for sampling in ({"nope": 1}, {"top_k": "3"}, {"seed": -1}, {"top_p": True}):
-        with pytest.raises(ValueError, match="sampling"):
-            check_decode(decode_request(cfg, sampling=sampling), cfg)
+    frames = [bytes(f) for f in encode_message(decode_request(cfg))]
+    header = msgpack.unpackb(frames[0])
+    good = header["f"]["sampling"]
+    for sampling in ({"nope": 1}, {"top_k": "3"}, {"seed": -1}, {"top_p": True}, {"temperature": -1.0}):
+        header["f"]["sampling"] = {**good, **sampling}
+        with pytest.raises(ProtocolError, match="sampling"):          # the codec refuses it, naming the field
+            decode_frames([msgpack.packb(header), *frames[1:]])
 
 
 def test_prefill_request_checks(cfg):

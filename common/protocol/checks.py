@@ -1,13 +1,13 @@
 """Checks of a worker's request against the model, run before native code or numpy sees it.
 
-The codec guarantees types (int64 integers, finite floats, dicts of scalars). These add what
-only the model knows: token ids inside the vocabulary, positions inside the context, the
-state's shapes and dtypes (common.state.check_state), sampling parameters SamplingParams
-takes, and a decode address that can be connected to. Each raises ValueError naming the field.
+The codec guarantees types (int64 integers, finite floats, dicts of scalars, a SamplingParams
+that passed its own checks). These add what only the model knows: token ids inside the
+vocabulary, positions inside the context, the state's shapes and dtypes
+(common.state.check_state), and a decode address that can be connected to. Each raises
+ValueError naming the field.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import numpy as np
@@ -19,15 +19,16 @@ from common.state import SequenceState, check_logits, check_state
 from .decode import DecodeRequest
 from .prefill import PrefillRequest
 
-ENDPOINT = re.compile(r"(tcp://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}|ipc://[^\x00\s]{1,100})")
-_SAMPLING_TYPES = {"float": (float, int), "int": (int,), "int | None": (int, type(None))}
+ENDPOINT = re.compile(r"(tcp://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}|ipc://[^\x00\s]{1,100}"
+                      r"|local://[A-Za-z0-9_.\-]{1,100})")
 
 
 def is_endpoint(address: object) -> bool:
-    """A well-formed address to connect to: tcp://host:port (port 1-65535) or ipc://path."""
+    """A well-formed address to connect to: tcp://host:port (port 1-65535), ipc://path, or
+    local://name (common.mp_local: an inbox of this process)."""
     if not isinstance(address, str) or not ENDPOINT.fullmatch(address):
         return False
-    return address.startswith("ipc://") or 0 < int(address.rsplit(":", 1)[1]) < 65536
+    return address.startswith(("ipc://", "local://")) or 0 < int(address.rsplit(":", 1)[1]) < 65536
 
 
 def token_ids(name: str, ids: list[int], vocab: int) -> None:
@@ -37,29 +38,14 @@ def token_ids(name: str, ids: list[int], vocab: int) -> None:
             raise ValueError(f"{name}: token ids must be in [0, {vocab})")
 
 
-def sampling_params(fields: dict) -> SamplingParams:
-    """The request's sampling dict as SamplingParams; a field it lacks or mistypes is a ValueError."""
-    known = {f.name: str(f.type) for f in dataclasses.fields(SamplingParams)}
-    for key, value in fields.items():
-        if key not in known:
-            raise ValueError(f"sampling: unknown field {key!r:.40}")
-        types = _SAMPLING_TYPES.get(known[key], (object,))
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise ValueError(f"sampling.{key}: {type(value).__name__} is not allowed")
-    if isinstance(fields.get("seed"), int) and fields["seed"] < 0:
-        raise ValueError("sampling.seed must be >= 0")
-    try:
-        return SamplingParams(**fields)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise ValueError(f"sampling: {e}") from None
-
-
 def _common(req: DecodeRequest | PrefillRequest, cfg: ModelConfig) -> SamplingParams:
     token_ids("history", req.history, cfg.vocab_size)
     token_ids("stop_ids", req.stop_ids, cfg.vocab_size)
     if req.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
-    return sampling_params(req.sampling)
+    if not isinstance(req.sampling, SamplingParams):        # the codec builds one; a message made here must too
+        raise ValueError(f"sampling: {type(req.sampling).__name__} is not SamplingParams")
+    return req.sampling
 
 
 def check_decode(req: DecodeRequest, cfg: ModelConfig) -> tuple[SequenceState, SamplingParams]:

@@ -9,21 +9,25 @@ Frame layout of one message (a ZeroMQ multipart):
 `kind` is a single-byte code, unique across all messages. Array fields hold an ndarray, a list
 of ndarrays, or None. Nothing is pickled: only msgpack primitives and raw bytes travel.
 Integers (fields and list items) fit int64, floats are finite, a dict field holds scalars
-under string keys. A header of another version, an unknown kind, a missing or extra field, a
-field of the wrong type, an unreferenced frame or a frame whose size disagrees with its dtype
-and shape raises ProtocolError, which carries the request id when the header was readable;
-so does any other undecodable input, and a message over its receiver's WireLimits.
+under string keys. A field typed with a dataclass (`sampling: SamplingParams`) is a map of all
+its fields, each of its declared type, rebuilt into the dataclass, whose own checks then apply.
+A header of another version, an unknown kind, a missing or extra field (of a message or such a
+map), a field of the wrong type or that its dataclass refuses, an unreferenced frame or a frame
+whose size disagrees with its dtype and shape raises ProtocolError, which carries the request id
+when the header was readable; so does any other undecodable input, and a message over its
+receiver's WireLimits. VERSION changes with the layout and with any message's fields (held
+exactly): 2 made `sampling` a whole SamplingParams, where 1 sent a dict of some of its fields.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_type_hints
 
 import msgpack
 import numpy as np
 
-VERSION = 1
+VERSION = 2
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}
@@ -63,6 +67,8 @@ class Message:
 class _Field:
     types: tuple[type, ...]      # what the value may be
     items: type | None           # list[int]: the type of every item
+    struct: type | None = None   # a dataclass that travels as a map of its fields
+    members: dict | None = None  # struct: field name -> _Field
 
 
 _REGISTRY: dict[int, type[Message]] = {}
@@ -85,6 +91,13 @@ def _accepted(annotation: str) -> _Field:
     return _Field(out, items)
 
 
+def _typed(annotation: str, hint: Any) -> _Field:
+    """A field's _Field; a dataclass `hint` travels as a map of its fields."""
+    if not dataclasses.is_dataclass(hint):
+        return _accepted(annotation)
+    return _Field((hint,), None, hint, {f.name: _accepted(str(f.type)) for f in dataclasses.fields(hint)})
+
+
 def message(kind: int):
     """Register a frozen dataclass as a wire message with a single-byte kind code."""
 
@@ -96,8 +109,8 @@ def message(kind: int):
         cls = dataclasses.dataclass(frozen=True)(cls)
         cls.KIND = kind
         _REGISTRY[kind] = cls
-        fields = dataclasses.fields(cls)
-        _SCALAR_TYPES[cls] = {f.name: _accepted(str(f.type)) for f in fields if f.name not in cls.ARRAYS}
+        fields, hints = dataclasses.fields(cls), get_type_hints(cls)
+        _SCALAR_TYPES[cls] = {f.name: _typed(str(f.type), hints[f.name]) for f in fields if f.name not in cls.ARRAYS}
         _ARRAY_LISTS[cls] = {f.name: str(f.type).startswith("list") for f in fields if f.name in cls.ARRAYS}
         return cls
 
@@ -106,6 +119,19 @@ def message(kind: int):
 
 def kinds() -> dict[int, type[Message]]:
     return dict(_REGISTRY)
+
+
+def _struct_problem(value: Any, field: _Field) -> str | None:
+    """Why a map cannot be the fields of `field.struct`, or None."""
+    if not isinstance(value, dict):
+        return f"{type(value).__name__} is not a map of {field.struct.__name__} fields"
+    if set(value) != set(field.members):
+        extra = sorted(str(k)[:40] for k in set(value) - set(field.members))
+        return f"missing fields {sorted(set(field.members) - set(value))}, unknown fields {extra}"
+    for name, member in field.members.items():
+        if why := _scalar_problem(value[name], member):
+            return f"{name}: {why}"
+    return None
 
 
 def _scalar_problem(value: Any, field: _Field) -> str | None:
@@ -143,7 +169,10 @@ def encode(msg: Message) -> list[Any]:
     for f in dataclasses.fields(msg):
         value = getattr(msg, f.name)
         if f.name not in msg.ARRAYS:
-            if f.name in types and (why := _scalar_problem(value, types[f.name])):
+            field = types.get(f.name)
+            struct = field is not None and field.struct is not None and isinstance(value, field.struct)
+            value = {name: getattr(value, name) for name in field.members} if struct else value
+            if field and (why := (_struct_problem if struct else _scalar_problem)(value, field)):
                 raise ProtocolError(f"{type(msg).__name__}.{f.name}: {why}", msg.rid)
             fields[f.name] = value
             continue
@@ -252,11 +281,17 @@ def _decode(frames: list[Any], limits: WireLimits | None) -> Message:
         missing = (set(types) - set(fields)) | (set(cls.ARRAYS) - set(arrays))
         extra = {str(k)[:40] for k in (set(fields) - set(types)) | (set(arrays) - set(cls.ARRAYS))}
         raise ProtocolError(f"{cls.__name__}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}", rid)
-    for name, value in fields.items():
-        if why := _scalar_problem(value, types[name]):
-            raise ProtocolError(f"{cls.__name__}.{name}: {why}", rid)
-    used: set[int] = set()
     values = dict(fields)
+    for name, value in fields.items():
+        field = types[name]
+        if why := (_struct_problem if field.struct else _scalar_problem)(value, field):
+            raise ProtocolError(f"{cls.__name__}.{name}: {why}", rid)
+        if field.struct:
+            try:
+                values[name] = field.struct(**value)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise ProtocolError(f"{cls.__name__}.{name}: {e}", rid) from None
+    used: set[int] = set()
     for name, as_list in _ARRAY_LISTS[cls].items():
         values[name] = _arrays(arrays[name], as_list, frames, used, f"{cls.__name__}.{name}", rid)
     if len(used) != len(frames) - 1:

@@ -1,6 +1,6 @@
 """Messages a decode worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 1).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 2).
 
     0x30 DecodeRequest  prefill -> decode: the prefilled state and the first token's logits
 
@@ -9,6 +9,8 @@ per array; `logits` is (vocab,) float32. Decode samples the first token from `lo
 """
 from __future__ import annotations
 
+from common.sampling import SamplingParams
+
 from .codec import Message, message
 
 
@@ -16,7 +18,7 @@ from .codec import Message, message
 class DecodeRequest(Message):
     pos: int
     history: list[int]           # the whole prompt
-    sampling: dict
+    sampling: SamplingParams
     max_tokens: int
     stop_ids: list[int]
     return_state: bool

@@ -1,6 +1,6 @@
 """Messages a prefill worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 1).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 2).
 
     0x20 PrefillRequest  router -> prefill: tokens to run, where to ship the result
 
@@ -13,6 +13,8 @@ multiples of it, and at the end of the prompt.
 """
 from __future__ import annotations
 
+from common.sampling import SamplingParams
+
 from .codec import Message, message
 
 
@@ -22,7 +24,7 @@ class PrefillRequest(Message):
     history: list[int]           # the whole prompt
     start_pos: int
     decode_address: str          # inbox of the decode worker the router chose
-    sampling: dict               # SamplingParams fields
+    sampling: SamplingParams
     max_tokens: int
     stop_ids: list[int]
     return_state: bool

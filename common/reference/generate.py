@@ -1,23 +1,51 @@
-"""The generation loop shared by `fermium generate` and the in-process tests."""
+"""The generation loop of `fermium generate` and of tests: prefill once, then decode, ending as
+common.generation.GenerationPolicy says, as the servers do."""
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
 
+from ..generation import GenerationPolicy
 from ..sampling import Sampler, SamplingParams
 from ..state import SequenceState
 
 
 def generate(runner, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
-             stop_ids: set[int] = frozenset(), state: SequenceState | None = None) -> Iterator[int]:
-    """Prefill once, then decode; yields each sampled token (a stop token is yielded, then ends)."""
+             stop_ids: Iterable[int] = frozenset(), state: SequenceState | None = None,
+             policy: GenerationPolicy | None = None) -> Iterator[int]:
+    """Yields the emitted tokens: a stop token ends the loop and is not yielded. With `policy`
+    (built by the caller, who may feed it text), it decides instead of max_tokens and stop_ids."""
+    policy = policy or GenerationPolicy(max_tokens, stop_ids)
     state = state if state is not None else runner.new_state()
     sampler = Sampler(params)
     history = list(prompt_ids)
     logits = runner.prefill(prompt_ids, state)
-    for _ in range(max_tokens):
+    while True:
         token = sampler.sample(logits, history)
-        history.append(token)
-        yield token
-        if token in stop_ids:
+        if policy.accept(token):
+            history.append(token)
+            yield token
+        if policy.finished:
             return
         logits = runner.decode([token], [state])[0]
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    tokens: list[int]              # emitted
+    finish_reason: str
+    completion_tokens: int         # as usage counts them: a stop token too
+
+
+def complete(runner, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
+             stop_ids: Iterable[int] = frozenset(), stop: Iterable[str] = (),
+             state: SequenceState | None = None) -> Completion:
+    """One answer as the router gives it: text detokenized token by token, stop strings applied."""
+    policy = GenerationPolicy(max_tokens, stop_ids, stop)
+    detok, parts, tokens = tokenizer.stream(), [], []
+    for token in generate(runner, prompt_ids, params, max_tokens, state=state, policy=policy):
+        tokens.append(token)
+        parts.append(policy.text(detok.push(token)))
+    parts += [policy.text(detok.finish()), policy.flush()]
+    return Completion("".join(parts), tokens, policy.finish_reason or "length", policy.generated)

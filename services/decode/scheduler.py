@@ -16,13 +16,10 @@ class Sequence:
     state: Any                       # SequenceState, advanced in place by the runner
     sampler: Any                     # Sampler with this request's params and seed
     history: list[int]               # prompt + generated tokens (the sampler's context)
-    max_tokens: int
-    stop_ids: frozenset[int]
+    policy: Any                      # common.generation.GenerationPolicy: stop ids, max_tokens, the count
     return_state: bool
     next_token: int = -1             # sampled, not yet fed to the runner
     logits: Any = None               # (vocab,) what next_token was sampled from
-    generated: int = 0               # tokens sampled, the stop token included
-    finish_reason: str | None = None
 
 
 @dataclass

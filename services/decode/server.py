@@ -16,75 +16,64 @@ import time
 
 import numpy as np
 
+from common.generation import GenerationPolicy
 from common.metrics import DecodeMetrics
 from common.model.gguf_file import GGUFModel
-from common.mp import LogLimiter
 from common.protocol.checks import check_decode
 from common.protocol.decode import DecodeRequest
 from common.protocol.router import Finished, Tokens
-from common.protocol.worker import Cancel
 from common.sampling import Sampler
-from common.state import wire_limits
-from common.worker import CancelledIds, WorkerLink
+from common.worker import WorkerServer
 from native.runners import load_runner
 
 from .config import DecodeConfig
 from .scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("fermium.decode")
-GUARD_PAUSE_S = 0.01       # after a step failed outright: no busy loop if it keeps failing
 
 
-class DecodeServer:
-    def __init__(self, cfg: DecodeConfig):
-        self.cfg = cfg
-        self.model = GGUFModel(cfg.model)
-        self.runner_name, self.runner = load_runner(cfg.runner, self.model)
-        self.metrics = DecodeMetrics()
+class DecodeServer(WorkerServer):
+    ROLE, REQUEST = "decode", DecodeRequest
+
+    def __init__(self, cfg: DecodeConfig, *, model=None, runner=None):
+        """`model` (anything with GGUFModel's .config and .path) and `runner`, when given, are
+        used instead of loading cfg.model and cfg.runner: the in-process stack hands in its own."""
+        model = model if model is not None else GGUFModel(cfg.model)
+        self.runner_name, self.runner = (("given", runner) if runner is not None
+                                         else load_runner(cfg.runner, model))
         self.sched = BatchScheduler(cfg.max_batch)
-        self.cancelled = CancelledIds()
-        self.link = WorkerLink("decode", router_address=cfg.router, inbox_address=cfg.listen,
-                               token=cfg.worker_token, advertise=cfg.advertise, capacity=cfg.capacity,
-                               model=self.model.path.name,
-                               load=lambda: (len(self.sched.running), len(self.sched.waiting)),
-                               limits=wire_limits(self.model.config), errors=self.metrics.protocol_error)
-        self._complain = LogLimiter(log, "decode: failed requests")
-        self._running = True
+        super().__init__(cfg, model, DecodeMetrics(), capacity=cfg.capacity)
+
+    def load(self) -> tuple[int, int]:
+        return len(self.sched.running), len(self.sched.waiting)
 
     def start(self) -> None:
-        self.metrics.serve(self.cfg.metrics_port)
-        self.link.start(self.cfg.ready_timeout)
+        super().start()
         log.info("decode runner: %s, max batch %d", self.runner_name, self.cfg.max_batch)
 
     # ---- messages
     def _take(self, timeout: float) -> None:
-        first = self.link.get(timeout)
-        for msg in ([first] if first else []) + self.link.drain():
-            if isinstance(msg, Cancel):
-                self._cancel(msg.rid)
-            elif isinstance(msg, DecodeRequest):
-                if msg.rid in self.cancelled:
-                    self.metrics.requests.labels("cancelled").inc()
-                    continue
-                try:
-                    self._admit(msg)
-                except ValueError as e:                     # the request's fault
-                    self.metrics.protocol_error("invalid")
-                    self._reject(msg.rid, f"decode rejected the request: {e}")
-                except Exception as e:
-                    self._reject(msg.rid, f"decode rejected the request: {type(e).__name__}: {e}", trace=True)
-            else:
-                self.metrics.protocol_error("unexpected")
-                self._complain("decode got an unexpected %s (rid %.40s); ignored", type(msg).__name__, msg.rid)
-                self.link.fail(msg.rid, f"decode does not handle {type(msg).__name__}")
+        super()._take(timeout)
         self._gauges()
+
+    def receive(self, msg: DecodeRequest) -> None:
+        if msg.rid in self.cancelled:
+            self.metrics.requests.labels("cancelled").inc()
+            return
+        try:
+            self._admit(msg)
+        except ValueError as e:                     # the request's fault
+            self.metrics.protocol_error("invalid")
+            self._reject(msg.rid, f"decode rejected the request: {e}")
+        except Exception as e:
+            self._reject(msg.rid, f"decode rejected the request: {type(e).__name__}: {e}", trace=True)
 
     def _reject(self, rid: str, why: str, *, trace: bool = False) -> None:
         self._complain("%s: %s", rid[:40], why, exc_info=trace)
         self.metrics.requests.labels("error").inc()
         self.link.fail(rid, why)
 
-    def _cancel(self, rid: str) -> None:
+    def cancel(self, rid: str) -> None:
         self.cancelled.add(rid)
         seq = self.sched.cancel(rid)
         if seq is not None:
@@ -93,25 +82,21 @@ class DecodeServer:
     def _admit(self, req: DecodeRequest) -> None:
         state, params = check_decode(req, self.model.config)
         seq = Sequence(req.rid, state, Sampler(params), list(req.history),
-                       req.max_tokens, frozenset(req.stop_ids), req.return_state)
+                       GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state)
         seq.logits = np.asarray(req.logits)
         if self._accept(seq, seq.sampler.sample(seq.logits, seq.history)):
             self.sched.add(seq)
         else:
-            self._finish(seq, seq.finish_reason or "length", retire=False)
+            self._finish(seq, seq.policy.finish_reason, retire=False)
 
     # ---- tokens
     def _accept(self, seq: Sequence, token: int) -> bool:
-        """Record a sampled token; False when the sequence is finished."""
-        seq.generated += 1
+        """Record a sampled token, as common.generation says; False when the sequence is finished."""
         self.metrics.tokens.inc()
-        if token in seq.stop_ids:
-            seq.finish_reason = "stop"
-            return False
-        seq.history.append(token)
-        self.link.send(Tokens(seq.rid, self.link.worker_id, [token]))
-        if seq.generated >= seq.max_tokens:
-            seq.finish_reason = "length"
+        if seq.policy.accept(token):
+            seq.history.append(token)
+            self.link.send(Tokens(seq.rid, self.link.worker_id, [token]))
+        if seq.policy.finished:
             return False
         seq.next_token = token
         return True
@@ -122,7 +107,8 @@ class DecodeServer:
         self.metrics.requests.labels(reason).inc()
         keep = seq.return_state and reason != "cancelled"
         state, logits = (seq.state.arrays(), np.asarray(seq.logits, np.float32)) if keep else (None, None)
-        self.link.send(Finished(seq.rid, self.link.worker_id, reason, seq.generated, seq.state.pos, state, logits))
+        self.link.send(Finished(seq.rid, self.link.worker_id, reason, seq.policy.generated, seq.state.pos,
+                                state, logits))
 
     def step(self, timeout: float = 0.05) -> None:
         self._take(timeout if not len(self.sched) else 0)
@@ -151,24 +137,9 @@ class DecodeServer:
                 self._reject(seq.rid, f"sampling failed: {type(e).__name__}: {e}", trace=True)
                 continue
             if not more:
-                self._finish(seq, seq.finish_reason or "length")
+                self._finish(seq, seq.policy.finish_reason)
         self._gauges()
 
     def _gauges(self) -> None:
         self.metrics.running.set(len(self.sched.running))
         self.metrics.waiting.set(len(self.sched.waiting))
-
-    def serve_forever(self) -> None:
-        while self._running:
-            try:
-                self.step()
-            except Exception:       # the last resort: log, count, and go on serving
-                self.metrics.protocol_error("handler")
-                self._complain("decode step failed", exc_info=True)
-                time.sleep(GUARD_PAUSE_S)
-
-    def stop(self) -> None:
-        self._running = False
-
-    def close(self) -> None:
-        self.link.close()

@@ -3,15 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.config import GIB, WorkerConfig, setting
+
 
 @dataclass(frozen=True)
-class PrefillConfig:
-    model: str                               # GGUF path
-    router: str = "tcp://127.0.0.1:5560"     # the router's worker inbox
-    listen: str = "tcp://127.0.0.1:0"        # this worker's inbox (:0 picks a free port)
-    advertise: str | None = None             # inbox address as others reach it (other hosts)
-    backend: str = "cpu"
-    backend_options: dict = field(default_factory=dict)
-    metrics_port: int = 0
-    ready_timeout: float = 30.0
-    worker_token: str | None = None          # shown to the router; None: common.worker_token's default
+class PrefillConfig(WorkerConfig):
+    backend: str = setting("cpu", "Prefill backend: cpu, cuda.")
+    device: int = setting(0, "GPU index (cuda backend).")
+    vram_budget: int | None = setting(None, "GiB of GPU memory to use (cuda backend).", unit=GIB)   # bytes
+    backend_options: dict = field(default_factory=dict)      # more keyword arguments of the backend
+
+    def backend_kwargs(self) -> dict:
+        """backend_options, with device and a set vram_budget for the cuda backend."""
+        cuda = {"device": self.device, **({"vram_budget": self.vram_budget} if self.vram_budget else {})}
+        return {**(cuda if self.backend == "cuda" else {}), **self.backend_options}

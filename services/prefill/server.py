@@ -15,14 +15,14 @@ from collections import OrderedDict, deque
 
 from common.metrics import PrefillMetrics
 from common.model.gguf_file import GGUFModel
-from common.mp import LogLimiter, PushQueue
+from common.mp import PushQueue
+from common.mp_local import push_queue
 from common.protocol.checks import check_prefill
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.router import PrefillDone, Snapshot
-from common.protocol.worker import Cancel
-from common.state import SequenceState, wire_limits
-from common.worker import CancelledIds, WorkerLink
+from common.state import SequenceState
+from common.worker import WorkerServer
 
 from .backends import create_backend
 from .config import PrefillConfig
@@ -32,39 +32,32 @@ MAX_DECODERS = 8           # decode workers one prefill worker ships to; the lea
 IDLE_DECODER_S = 120.0
 
 
-class PrefillServer:
-    def __init__(self, cfg: PrefillConfig):
-        self.cfg = cfg
-        self.model = GGUFModel(cfg.model)
-        self.backend = create_backend(cfg.backend, self.model, **cfg.backend_options)
-        self.metrics = PrefillMetrics()
+class PrefillServer(WorkerServer):
+    ROLE, REQUEST = "prefill", PrefillRequest
+
+    def __init__(self, cfg: PrefillConfig, *, model=None, backend=None):
+        """`model` (anything with GGUFModel's .config and .path) and `backend`, when given, are
+        used instead of loading cfg.model and cfg.backend: the in-process stack hands in its own."""
+        model = model if model is not None else GGUFModel(cfg.model)
+        self.backend = backend if backend is not None else create_backend(cfg.backend, model,
+                                                                           **cfg.backend_kwargs())
         self.queue: deque[PrefillRequest] = deque()
-        self.cancelled = CancelledIds()
         self.decoders: OrderedDict[str, tuple[PushQueue, float]] = OrderedDict()   # address -> (queue, last use)
         self.busy = 0
-        self.link = WorkerLink("prefill", router_address=cfg.router, inbox_address=cfg.listen,
-                               token=cfg.worker_token, advertise=cfg.advertise, capacity=1, model=self.model.path.name,
-                               load=lambda: (self.busy, len(self.queue) + self.link.pending()),
-                               limits=wire_limits(self.model.config), errors=self.metrics.protocol_error)
-        self._complain = LogLimiter(log, "prefill: failed requests")
-        self._running = True
+        super().__init__(cfg, model, PrefillMetrics(), capacity=1)
+
+    def load(self) -> tuple[int, int]:
+        return self.busy, len(self.queue) + self.link.pending()
 
     def start(self) -> None:
         self._export_stats(self.backend.stats())     # budget and device memory before the first prompt
-        self.metrics.serve(self.cfg.metrics_port)
-        self.link.start(self.cfg.ready_timeout)
+        super().start()
+
+    def receive(self, msg: PrefillRequest) -> None:
+        self.queue.append(msg)
 
     def _take(self, timeout: float) -> None:
-        first = self.link.get(timeout)
-        for msg in ([first] if first else []) + self.link.drain():
-            if isinstance(msg, Cancel):
-                self.cancelled.add(msg.rid)
-            elif isinstance(msg, PrefillRequest):
-                self.queue.append(msg)
-            else:
-                self.metrics.protocol_error("unexpected")
-                self._complain("prefill got an unexpected %s (rid %.40s); ignored", type(msg).__name__, msg.rid)
-                self.link.fail(msg.rid, f"prefill does not handle {type(msg).__name__}")
+        super()._take(timeout)
         self.metrics.waiting.set(len(self.queue))
 
     def step(self, timeout: float = 0.1) -> None:
@@ -134,7 +127,7 @@ class PrefillServer:
         if address in self.decoders:
             q = self.decoders.pop(address)[0]
         else:
-            q = PushQueue(address, name=f"prefill->{address}")
+            q = push_queue(address, name=f"prefill->{address}")
             while len(self.decoders) >= MAX_DECODERS:
                 self.decoders.popitem(last=False)[1][0].close()
         self.decoders[address] = (q, time.monotonic())
@@ -149,14 +142,7 @@ class PrefillServer:
             del self.decoders[address]
             q.close()
 
-    def serve_forever(self) -> None:
-        while self._running:
-            self.step()
-
-    def stop(self) -> None:
-        self._running = False
-
     def close(self) -> None:
-        self.link.close()
+        super().close()
         for q, _ in self.decoders.values():
             q.close(wait=1.0)

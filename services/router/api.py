@@ -27,13 +27,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .config import RouterConfig
 from .errors import APIError, CatchAll, Drained, GenerationError, http_exception, server_error
 from .generation import RETRY_AFTER_S, Delta, Generation
 from .schema import Job, parse_body, validate
 
 log = logging.getLogger("fermium.router")
 
-MAX_BODY = 8 << 20              # bytes; a full 262k-token context as text is about 1 MB
 VALIDATE_THREADS = 2            # bodies parsed and tokenized at once, off the event loop
 DRAIN_POLL_S = 0.05
 ABORT_GRACE_S = 1.0             # after the drain time, for the ended requests to send their error
@@ -67,7 +67,7 @@ async def _until_disconnect(request: Request) -> None:
 class API:
     def __init__(self, generation: Generation, *, served: tuple[str, ...], context: int, vocab: int,
                  encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
-                 health: Callable[[], dict], max_body: int = MAX_BODY):
+                 health: Callable[[], dict], max_body: int = RouterConfig.max_body_bytes):
         self.gen, self.served, self.context, self.vocab = generation, served, context, vocab
         self.encode, self.render, self.health_info = encode, render, health
         self.max_body = max_body

@@ -3,27 +3,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.config import (GIB, ROUTER_WORKERS, log_level_setting, metrics_port_setting, model_setting, setting,
+                           worker_token_setting)
+
+from .workers import MAX_PER_ROLE
+
 
 @dataclass(frozen=True)
 class RouterConfig:
-    model: str                                  # GGUF path (tokenizer, chat template, context length)
-    host: str = "127.0.0.1"                     # HTTP API
-    port: int = 8000
-    workers: str = "tcp://127.0.0.1:5560"       # inbox that workers register and report to
-    served_model_name: str = "fermium"          # the `model` clients ask for (the file stem works too)
-    max_model_len: int = 0                      # 0: the model's context length
-    max_running: int = 64                       # requests dispatched to workers at once
-    max_queue: int = 256                        # requests waiting for a slot; beyond that, 429
-    heartbeat_timeout: float = 2.5              # seconds of silence before a worker is dead
-    worker_token: str | None = None             # workers must show it; None: common.worker_token's default
-    max_workers: int = 64                       # workers held per role; more are refused
-    request_timeout: float = 600.0              # seconds a request may wait for its next event
-    metrics_port: int = 0
-    log_level: str = "info"
-    api_key: str | None = None                  # Bearer key required on /v1/* when set
-    snapshot_budget: int = 4 << 30              # bytes of snapshots kept in RAM; 0 turns the cache off
-    snapshot_dir: str | None = None             # disk tier that survives a restart
-    snapshot_every: int = 1024                  # prefill checkpoints, a multiple of the 64-token chunk
-    preserve_thinking: bool = True              # render past reasoning as generated, so turns share a prefix
-    drain_timeout: float = 30.0                 # seconds in-flight requests get after SIGTERM
-    max_body_bytes: int = 8 << 20               # larger request bodies get 413
+    model: str = model_setting()                # tokenizer, chat template, context length
+    host: str = setting("127.0.0.1", "HTTP address to listen on.")
+    port: int = setting(8000, "HTTP port of the router.")
+    workers: str = setting(ROUTER_WORKERS, "ZeroMQ address workers register at (bind).")
+    served_model_name: str = setting("fermium", "The `model` clients ask for.")   # the file stem works too
+    max_model_len: int = setting(0, "Context limit; 0 is the model's.")
+    max_running: int = setting(64, "Requests at the workers at once.")
+    max_queue: int = setting(256, "Requests waiting for a slot; beyond, 429.")
+    heartbeat_timeout: float = setting(2.5, "Seconds before a silent worker is dead.")
+    worker_token: str | None = worker_token_setting()
+    max_workers: int = setting(MAX_PER_ROLE, "Workers admitted per role; more are refused.", min=1)
+    request_timeout: float = setting(600.0, "Seconds a request may wait for its next token.")
+    api_key: str | None = setting(None, "Require `Authorization: Bearer KEY` on /v1/*.")
+    snapshot_budget: int = setting(4 << 30, "GiB of RAM for snapshots; 0 turns them off.", unit=GIB)   # bytes
+    snapshot_dir: str | None = setting(None, "Disk tier for snapshots; survives restarts.", path=True)
+    snapshot_every: int = setting(1024, "Prefill checkpoint interval, a multiple of 64; 0: only at prompt "
+                                        "and generation ends.")
+    preserve_thinking: bool = setting(True, "Render earlier reasoning as generated, so each chat turn extends "
+                                            "the last one's snapshot.")
+    drain_timeout: float = setting(30.0, "Seconds in-flight requests get to finish after SIGTERM; new ones "
+                                         "get 503 meanwhile.")
+    metrics_port: int = metrics_port_setting()
+    log_level: str = log_level_setting()
+    max_body_bytes: int = 8 << 20               # larger request bodies get 413; a 262k-token context as text is ~1 MB

@@ -30,6 +30,7 @@ import numpy as np
 
 from common.metrics import RouterMetrics
 from common.mp import LogLimiter, PullQueue, PushQueue
+from common.mp_local import pull_queue, push_queue
 from common.protocol import Message, ProtocolError
 from common.protocol.codec import WireLimits
 from common.protocol.decode import DecodeRequest
@@ -110,12 +111,12 @@ class Dispatcher:
             except RuntimeError:               # the loop is closed: the router is stopping
                 pass
 
-        link = PushQueue(address, name=f"router->{address}", on_disconnect=lost)
+        link = push_queue(address, name=f"router->{address}", on_disconnect=lost)
         return link
 
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
-        self.inbox = PullQueue(self.address, name="router",
+        self.inbox = pull_queue(self.address, name="router",
                                on_message=lambda m: loop.call_soon_threadsafe(self._handle, m),
                                on_error=lambda e: loop.call_soon_threadsafe(self._rejected, e),
                                limits=self.limits, errors=self.metrics.protocol_error)

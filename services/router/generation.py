@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from common.generation import GenerationPolicy
 from common.metrics import RouterMetrics
 from common.protocol.router import Failed, Finished, PrefillDone, Tokens
 
 from .admission import Admission, QueueFull
 from .dispatch import Dispatcher, NoWorkers, Track
+from .config import RouterConfig
 from .errors import APIError, Drained, GenerationError, server_error
 from .schema import Job
 
@@ -34,30 +36,6 @@ class Delta:
     completion_tokens: int = 0
 
 
-class StopMatcher:
-    """Holds back the tail that could still become a stop string; finds the earliest match."""
-
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.pending = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """(text safe to emit, whether a stop string ended the output)."""
-        self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.pending = self.pending[:min(hits)], ""
-            return out, True
-        cut = len(self.pending) - self.hold
-        out, self.pending = (self.pending[:cut], self.pending[cut:]) if cut > 0 else ("", self.pending)
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-
 def _coalesce(msg, events: asyncio.Queue):
     """Tokens already queued behind `msg` join it: one SSE chunk for all, when the router lags."""
     if not isinstance(msg, Tokens):
@@ -70,7 +48,7 @@ def _coalesce(msg, events: asyncio.Queue):
 
 class Generation:
     def __init__(self, tokenizer, dispatcher: Dispatcher, admission: Admission, metrics: RouterMetrics,
-                 request_timeout: float = 600.0):
+                 request_timeout: float = RouterConfig.request_timeout):
         self.tokenizer = tokenizer
         self.request_timeout = request_timeout
         self.dispatcher = dispatcher
@@ -117,10 +95,11 @@ class Generation:
             raise server_error("the request could not be dispatched", e, "dispatch_failed") from None
         self.active[track.rid] = track
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
-        detok, stops = self.tokenizer.stream(), StopMatcher(job.stop)
+        # decode applies the stop ids and max_tokens, and so never sends a stop token; the same
+        # policy here counts what arrives and applies the stop strings, which need the text
+        detok, policy = self.tokenizer.stream(), GenerationPolicy(job.max_tokens, self.stop_ids, job.stop)
         dispatched = time.perf_counter()
         first = last = None
-        n = 0
         try:
             while True:
                 try:
@@ -136,9 +115,9 @@ class Generation:
                     outcome = "error"
                     raise (Drained if track.rid in self._drained else GenerationError)(msg.error)
                 if isinstance(msg, Finished):
-                    outcome = msg.reason
-                    tail = stops.flush() + detok.finish()
-                    yield Delta(tail, msg.reason, len(job.prompt_ids), max(n, msg.n_generated))
+                    tail = policy.text(detok.finish()) + policy.flush()
+                    outcome = "stop" if isinstance(policy.stop_reason, str) else msg.reason
+                    yield Delta(tail, outcome, len(job.prompt_ids), max(policy.generated, msg.n_generated))
                     return
                 assert isinstance(msg, Tokens)
                 now = time.perf_counter()
@@ -153,13 +132,12 @@ class Generation:
                 for gap in gaps:
                     self.metrics.itl.observe(gap)
                 last = now
-                n += len(msg.tokens)
                 self.metrics.generation_tokens.inc(len(msg.tokens))
-                text, stopped = stops.feed("".join(detok.push(t) for t in msg.tokens))
-                if stopped:
+                text = "".join(policy.text(detok.push(t)) for t in msg.tokens if policy.accept(t))
+                if isinstance(policy.stop_reason, str):
                     outcome = "stop"
                     self.dispatcher.cancel(track.rid, "stop string")
-                    yield Delta(text, "stop", len(job.prompt_ids), n)
+                    yield Delta(text, "stop", len(job.prompt_ids), policy.generated)
                     return
                 if text:
                     yield Delta(text)

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from common.sampling import SamplingParams
+
 from .errors import APIError, bad_request
 
 COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
@@ -47,7 +49,7 @@ class Job:
     model: str
     prompt_ids: tuple[int, ...]
     max_tokens: int
-    sampling: dict                 # SamplingParams fields
+    sampling: SamplingParams
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
@@ -221,18 +223,17 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
-    sampling = {
-        "temperature": _num(body, "temperature", float, 1.0,
-                            lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
-                            f"0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]"),
-        "top_p": _num(body, "top_p", float, 1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
-        "top_k": min(vocab, max(0, _num(body, "top_k", int, 0, lambda v: v >= -1, ">= -1 (-1 or 0: off)"))),
-        "min_p": _num(body, "min_p", float, 0.0, lambda v: 0 <= v <= 1, "in [0, 1]"),
-        "repetition_penalty": _num(body, "repetition_penalty", float, 1.0,
-                                   lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY,
-                                   f"in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}]"),
-        "seed": _num(body, "seed", int, None, lambda v: 0 <= v < 2 ** 63, "in [0, 2^63)"),
-    }
+    sampling = SamplingParams(
+        temperature=_num(body, "temperature", float, 1.0, lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+                         f"0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]"),
+        top_p=_num(body, "top_p", float, 1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
+        top_k=min(vocab, max(0, _num(body, "top_k", int, 0, lambda v: v >= -1, ">= -1 (-1 or 0: off)"))),
+        min_p=_num(body, "min_p", float, 0.0, lambda v: 0 <= v <= 1, "in [0, 1]"),
+        repetition_penalty=_num(body, "repetition_penalty", float, 1.0,
+                                lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY,
+                                f"in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}]"),
+        seed=_num(body, "seed", int, None, lambda v: 0 <= v < 2 ** 63, "in [0, 2^63)"),
+    )
     if chat:
         kwargs = _template_kwargs(body)
         try:
