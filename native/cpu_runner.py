@@ -15,6 +15,7 @@ import numpy as np
 
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel, Tensor
+from common.model.layers import VECTOR_ROLES, bind
 from common.progress import byte_progress
 from common.state import SequenceState
 from native import cpu_lib
@@ -52,6 +53,7 @@ def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool
 class CpuRunner:
     def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None,
                  prefault: bool = True, repack: bool | None = None):
+        self.bound = bind(model)        # every tensor checked before anything is mapped
         if isa:
             cpu_lib.select_isa(isa)
         self.model = model
@@ -76,67 +78,41 @@ class CpuRunner:
         self.last_seconds = (0.0, 0.0)  # last decode step: (whole call, the C step inside it)
 
     # ---- model description
-    def _weight(self, name: str, optional: bool = False):
+    def _weight(self, t: Tensor):
         w = ffi.new("fm_weight *")
-        if name not in self.model:
-            if optional:
-                return w[0]
-            raise ModelConfigError(f"{self.model.path}: missing tensor {name!r}")
-        t: Tensor = self.model.tensor(name)
         if not lib.fm_type_supported(int(t.qtype)):
-            raise ModelConfigError(f"{name}: no native kernel for type {t.qtype.name}")
+            raise ModelConfigError(f"{t.name}: no native kernel for type {t.qtype.name}")
         block = lib.fm_type_block(int(t.qtype))
         if t.shape[-1] % block:
-            raise ModelConfigError(f"{name}: row length {t.shape[-1]} is not a multiple of the "
+            raise ModelConfigError(f"{t.name}: row length {t.shape[-1]} is not a multiple of the "
                                    f"{t.qtype.name} block ({block})")
         rows, cols = (t.shape[-2], t.shape[-1]) if len(t.shape) > 1 else (1, t.shape[0])
-        if self.repacked and name in self.repacked.views:
-            w.data = ffi.cast("void *", self.repacked.views[name].ctypes.data)
-            w.type = self.repacked.layouts[name]
+        if self.repacked and t.name in self.repacked.views:
+            w.data = ffi.cast("void *", self.repacked.views[t.name].ctypes.data)
+            w.type = self.repacked.layouts[t.name]
         else:
             w.data, w.type = ffi.cast("void *", t.raw.ctypes.data), int(t.qtype)
         w.rows, w.cols = rows, cols
         w.row_bytes, w.mat_bytes = t.row_bytes, rows * t.row_bytes
         return w[0]
 
-    def _vector(self, name: str, optional: bool = False):
-        if name not in self.model:
-            if optional:
-                return ffi.NULL
-            raise ModelConfigError(f"{self.model.path}: missing tensor {name!r}")
-        a = np.ascontiguousarray(self.model.f32(name).reshape(-1), np.float32)
+    def _vector(self, t: Tensor):
+        a = np.ascontiguousarray(t.dequant().reshape(-1), np.float32)
         self._alive.append(a)
         return ffi.cast("float *", a.ctypes.data)
 
     def _describe(self):
-        cfg, m = self.cfg, ffi.new("fm_model *")
+        """fm_model from the bound tensors: each role is the fm_layer field of that name; a
+        tensor the file lacks (an optional one) stays NULL."""
+        cfg, m, bound = self.cfg, ffi.new("fm_model *"), self.bound
         layers = ffi.new("fm_layer[]", cfg.n_layers)
         self._alive += [m, layers]
-        for i in range(cfg.n_layers):
-            L, p = layers[i], f"blk.{i}."
+        for i, tensors in enumerate(bound.layers):
+            L = layers[i]
             L.is_full = int(cfg.is_full_attention(i))
-            L.attn_norm = self._vector(p + "attn_norm.weight")
-            L.post_norm = self._vector(p + "post_attention_norm.weight")
-            if L.is_full:
-                L.q, L.k, L.v, L.o = (self._weight(p + f"attn_{n}.weight") for n in ("q", "k", "v", "output"))
-                L.q_norm = self._vector(p + "attn_q_norm.weight")
-                L.k_norm = self._vector(p + "attn_k_norm.weight")
-            else:
-                L.qkv, L.z = self._weight(p + "attn_qkv.weight"), self._weight(p + "attn_gate.weight")
-                if p + "ssm_ba.weight" in self.model:
-                    L.ba = self._weight(p + "ssm_ba.weight")
-                else:
-                    L.alpha, L.beta = self._weight(p + "ssm_alpha.weight"), self._weight(p + "ssm_beta.weight")
-                L.ssm_out = self._weight(p + "ssm_out.weight")
-                L.conv_w = self._vector(p + "ssm_conv1d.weight")
-                L.ssm_a = self._vector(p + "ssm_a")
-                L.dt_bias = self._vector(p + "ssm_dt.bias")
-                L.ssm_norm = self._vector(p + "ssm_norm.weight")
-            L.router = self._weight(p + "ffn_gate_inp.weight")
-            L.gate_exps, L.up_exps, L.down_exps = (self._weight(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
-            L.sh_gate, L.sh_up, L.sh_down = (self._weight(p + f"ffn_{n}_shexp.weight", optional=True)
-                                             for n in ("gate", "up", "down"))
-            L.sh_gate_inp = self._vector(p + "ffn_gate_inp_shexp.weight", optional=True)
+            for role, t in tensors.items():
+                if t is not None:
+                    setattr(L, role, self._vector(t) if role in VECTOR_ROLES else self._weight(t))
         m.hidden, m.vocab, m.n_layers, m.rms_eps = cfg.hidden_size, cfg.vocab_size, cfg.n_layers, cfg.rms_eps
         m.n_heads, m.n_kv_heads, m.head_dim, m.rope_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim
         m.rope_theta, m.conv_kernel = cfg.rope_theta, cfg.conv_kernel
@@ -144,9 +120,9 @@ class CpuRunner:
         m.v_tiled = int(cfg.v_head_layout == "tiled")
         m.n_experts, m.n_experts_used = cfg.n_experts, cfg.n_experts_used
         m.expert_ffn, m.shared_ffn = cfg.expert_ffn, cfg.shared_ffn
-        m.embd = self._weight("token_embd.weight")
-        m.output = self._weight("output.weight" if "output.weight" in self.model else "token_embd.weight")
-        m.out_norm = self._vector("output_norm.weight")
+        m.embd = self._weight(bound.globals["embd"])
+        m.output = self._weight(bound.globals["head"])
+        m.out_norm = self._vector(bound.globals["out_norm"])
         m.layers = layers
         return m
 

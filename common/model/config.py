@@ -1,9 +1,11 @@
 """Model configuration, read once from GGUF metadata.
 
 Two architectures share one definition: `qwen35moe` (Qwen3.5/3.6 MoE) and `qwen3next`.
-They differ only in how the Gated DeltaNet value heads are ordered in the file:
-llama.cpp tiles them for qwen35moe (value head p reads key head p % n_k_heads) and
-keeps them grouped for qwen3next (value head p reads key head p // (n_v / n_k)).
+They differ in two ways, both flags here, read from the architecture name:
+- the Gated DeltaNet value heads: llama.cpp tiles them for qwen35moe (value head p reads key
+  head p % n_k_heads) and keeps them grouped for qwen3next (p // (n_v / n_k));
+- beta and alpha: qwen35moe stores `ssm_beta` and `ssm_alpha`, qwen3next one fused `ssm_ba`.
+The tensors each layer kind carries are listed in common/model/layers.py.
 """
 from __future__ import annotations
 
@@ -18,8 +20,16 @@ class ModelConfigError(UserError, ValueError):
     """A model file that Fermium cannot serve, with the reason in words."""
 
 
-# arch -> how a value head finds its key head in the file's order
-V_HEAD_LAYOUTS: dict[str, str] = {"qwen35moe": "tiled", "qwen3next": "grouped"}
+@dataclass(frozen=True)
+class ArchTraits:
+    v_head_layout: str           # how a value head finds its key head in the file's order
+    fused_ba: bool               # one ssm_ba matrix: per key head, r beta rows then r alpha rows
+
+
+ARCHITECTURES: dict[str, ArchTraits] = {
+    "qwen35moe": ArchTraits(v_head_layout="tiled", fused_ba=False),
+    "qwen3next": ArchTraits(v_head_layout="grouped", fused_ba=True),
+}
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,8 @@ class ModelConfig:
     n_experts: int
     n_experts_used: int
     expert_ffn: int
-    shared_ffn: int
+    shared_ffn: int              # 0: no shared expert
+    fused_ba: bool = False       # see ArchTraits
 
     def is_full_attention(self, layer: int) -> bool:
         return (layer + 1) % self.full_attention_interval == 0
@@ -61,6 +72,10 @@ class ModelConfig:
     @property
     def full_layers(self) -> list[int]:
         return [i for i in range(self.n_layers) if self.is_full_attention(i)]
+
+    @property
+    def has_shared_expert(self) -> bool:
+        return self.shared_ffn > 0
 
     @property
     def conv_channels(self) -> int:
@@ -77,10 +92,10 @@ class ModelConfig:
                          path: str | Path, vocab_size: int) -> "ModelConfig":
         """Build from GGUF key/value accessors. `get(key)` returns a field's value."""
         arch = get("general.architecture") if has("general.architecture") else None
-        if arch not in V_HEAD_LAYOUTS:
+        if arch not in ARCHITECTURES:
             raise ModelConfigError(
                 f"{path}: general.architecture is {arch!r}; Fermium supports "
-                f"{', '.join(sorted(V_HEAD_LAYOUTS))}")
+                f"{', '.join(sorted(ARCHITECTURES))}")
 
         def key(name: str, default: Any = None) -> Any:
             full = f"{arch}.{name}"
@@ -90,8 +105,9 @@ class ModelConfig:
                 return default
             raise ModelConfigError(
                 f"{path}: missing metadata key {full!r}, required for architecture {arch!r} "
-                f"(supported: {', '.join(sorted(V_HEAD_LAYOUTS))})")
+                f"(supported: {', '.join(sorted(ARCHITECTURES))})")
 
+        traits = ARCHITECTURES[arch]
         hidden = int(key("embedding_length"))
         n_heads = int(key("attention.head_count"))
         head_dim = int(key("attention.key_length", hidden // n_heads))
@@ -118,9 +134,10 @@ class ModelConfig:
             n_v_heads=n_v,
             head_k_dim=int(key("ssm.state_size")),
             head_v_dim=inner // n_v,
-            v_head_layout=V_HEAD_LAYOUTS[arch],
+            v_head_layout=traits.v_head_layout,
             n_experts=int(key("expert_count")),
             n_experts_used=int(key("expert_used_count")),
             expert_ffn=int(key("expert_feed_forward_length")),
             shared_ffn=int(key("expert_shared_feed_forward_length", 0)),
+            fused_ba=traits.fused_ba,
         )

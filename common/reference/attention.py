@@ -5,24 +5,24 @@ import numpy as np
 
 from ..model.config import ModelConfig
 from .ops import rms_norm, rope_neox, sigmoid, softmax
-from .weights import Weights
+from .weights import LayerWeights
 
 
 class GatedAttention:
-    def __init__(self, cfg: ModelConfig, w: Weights, layer: int):
-        self.cfg, self.w, self.p = cfg, w, f"blk.{layer}."
+    def __init__(self, cfg: ModelConfig, w: LayerWeights):
+        self.cfg, self.w = cfg, w
 
     def forward(self, x: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                 pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """x: [T, hidden]; caches: [pos, n_kv, hd] -> ([T, hidden], new k cache, new v cache)."""
-        cfg, w, p = self.cfg, self.w, self.p
+        cfg, w = self.cfg, self.w
         T, nh, nkv, hd = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        qg = (x @ w.get(p + "attn_q.weight").T).reshape(T, nh, 2 * hd)        # per head: [query | gate]
+        qg = (x @ w["q"].T).reshape(T, nh, 2 * hd)                            # per head: [query | gate]
         q, gate = qg[..., :hd], qg[..., hd:].reshape(T, nh * hd)
-        k = (x @ w.get(p + "attn_k.weight").T).reshape(T, nkv, hd)
-        v = (x @ w.get(p + "attn_v.weight").T).reshape(T, nkv, hd)
-        q = rms_norm(q, w.get(p + "attn_q_norm.weight"), cfg.rms_eps)
-        k = rms_norm(k, w.get(p + "attn_k_norm.weight"), cfg.rms_eps)
+        k = (x @ w["k"].T).reshape(T, nkv, hd)
+        v = (x @ w["v"].T).reshape(T, nkv, hd)
+        q = rms_norm(q, w["q_norm"], cfg.rms_eps)
+        k = rms_norm(k, w["k_norm"], cfg.rms_eps)
         positions = np.arange(pos, pos + T)
         q = rope_neox(q, positions, cfg.rope_dim, cfg.rope_theta)
         k = rope_neox(k, positions, cfg.rope_dim, cfg.rope_theta)
@@ -38,4 +38,4 @@ class GatedAttention:
         scores = np.where(causal[None], scores, -np.inf)
         o = (softmax(scores) @ vh).transpose(1, 0, 2).reshape(T, nh * hd)
         o = o * sigmoid(gate)
-        return o @ w.get(p + "attn_output.weight").T, keys, values
+        return o @ w["o"].T, keys, values

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.config import ModelConfig
+from ..model.layers import fused_ba_rows
 from .ops import l2_norm, rms_norm, sigmoid, silu, softplus
-from .weights import Weights
+from .weights import LayerWeights
 
 # tokens per chunk of the chunked form; prefill checkpoints fall on its multiples, so a prompt
 # prefilled in segments is chunked as it is whole
@@ -18,34 +19,30 @@ PREFILL_CHUNK = 64
 
 
 class GatedDeltaNet:
-    def __init__(self, cfg: ModelConfig, w: Weights, layer: int):
-        self.cfg, self.w, self.p = cfg, w, f"blk.{layer}."
-        nk, nv = cfg.n_k_heads, cfg.n_v_heads
-        self.key_heads = np.array([cfg.key_head_of(h) for h in range(nv)])   # [nv]
-        if self.p + "ssm_ba.weight" in w:                                      # qwen3next: per key head [b*r, a*r]
-            r = nv // nk
-            heads = np.arange(nv)
-            self.beta_rows = (heads // r) * 2 * r + heads % r
-            self.alpha_rows = self.beta_rows + r
+    def __init__(self, cfg: ModelConfig, w: LayerWeights):
+        self.cfg, self.w = cfg, w
+        self.key_heads = np.array([cfg.key_head_of(h) for h in range(cfg.n_v_heads)])   # [nv]
+        if cfg.fused_ba:
+            self.beta_rows, self.alpha_rows = fused_ba_rows(cfg)
 
     def _beta_alpha(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if hasattr(self, "beta_rows"):
-            ba = x @ self.w.get(self.p + "ssm_ba.weight").T
+        if self.cfg.fused_ba:
+            ba = x @ self.w["ba"].T
             return ba[:, self.beta_rows], ba[:, self.alpha_rows]
-        return x @ self.w.get(self.p + "ssm_beta.weight").T, x @ self.w.get(self.p + "ssm_alpha.weight").T
+        return x @ self.w["beta"].T, x @ self.w["alpha"].T
 
     def forward(self, x: np.ndarray, conv_state: np.ndarray, ssm_state: np.ndarray,
                 recurrent: bool, chunk: int = PREFILL_CHUNK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """x: [T, hidden] -> ([T, hidden], new conv state, new ssm state)."""
-        cfg, w, p = self.cfg, self.w, self.p
+        cfg, w = self.cfg, self.w
         T = x.shape[0]
         nk, nv, dk, dv = cfg.n_k_heads, cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim
-        mixed = x @ w.get(p + "attn_qkv.weight").T                          # [T, C]
-        z = (x @ w.get(p + "attn_gate.weight").T).reshape(T, nv, dv)
+        mixed = x @ w["qkv"].T                                              # [T, C]
+        z = (x @ w["z"].T).reshape(T, nv, dv)
         b, a = self._beta_alpha(x)                                           # [T, nv]
 
         # causal depthwise conv1d over [state tail, new inputs], then SiLU
-        kernel = w.get(p + "ssm_conv1d.weight")                              # [C, K]
+        kernel = w["conv_w"]                                                 # [C, K]
         K = kernel.shape[1]
         window = np.concatenate([conv_state.T, mixed], axis=0)               # [K-1+T, C]
         conv = sum(window[j:j + T] * kernel[:, j] for j in range(K))
@@ -58,7 +55,7 @@ class GatedDeltaNet:
         q = l2_norm(q) / np.float32(np.sqrt(dk))
         k = l2_norm(k)
         beta = sigmoid(b)
-        g = w.get(p + "ssm_a") * softplus(a + w.get(p + "ssm_dt.bias"))   # [T, nv], ssm_a = -exp(A_log)
+        g = w["ssm_a"] * softplus(a + w["dt_bias"])                          # [T, nv], ssm_a = -exp(A_log)
 
         # heads first: [nv, T, d]
         q, k, v = (t.transpose(1, 0, 2) for t in (q, k, v))
@@ -69,8 +66,8 @@ class GatedDeltaNet:
             o, S = chunked_rule(q, k, v, g, beta, ssm_state, chunk)
         o = o.transpose(1, 0, 2)                                             # [T, nv, dv]
 
-        o = rms_norm(o, w.get(p + "ssm_norm.weight"), cfg.rms_eps) * silu(z)
-        return o.reshape(T, nv * dv) @ w.get(p + "ssm_out.weight").T, new_conv, S
+        o = rms_norm(o, w["ssm_norm"], cfg.rms_eps) * silu(z)
+        return o.reshape(T, nv * dv) @ w["ssm_out"].T, new_conv, S
 
 
 def recurrent_rule(q, k, v, g, beta, S):

@@ -10,12 +10,13 @@ from typing import Sequence
 import numpy as np
 
 from ..model.gguf_file import GGUFModel
+from ..model.layers import bind
 from ..state import SequenceState
 from .attention import GatedAttention
 from .deltanet import PREFILL_CHUNK, GatedDeltaNet
 from .moe import MoE
 from .ops import rms_norm
-from .weights import Weights
+from .weights import LayerWeights, Weights
 
 
 class ReferenceModel:
@@ -23,9 +24,12 @@ class ReferenceModel:
         self.model = model
         self.cfg = cfg = model.config
         self.w = Weights(model)
-        self.mixers = [GatedAttention(cfg, self.w, i) if cfg.is_full_attention(i)
-                       else GatedDeltaNet(cfg, self.w, i) for i in range(cfg.n_layers)]
-        self.moes = [MoE(cfg, self.w, i) for i in range(cfg.n_layers)]
+        bound = bind(model)
+        self.globals = bound.globals
+        self.layers = [LayerWeights(self.w, tensors) for tensors in bound.layers]
+        self.mixers = [GatedAttention(cfg, w) if cfg.is_full_attention(i) else GatedDeltaNet(cfg, w)
+                       for i, w in enumerate(self.layers)]
+        self.moes = [MoE(cfg, w) for w in self.layers]
         # layer -> its index among the linear or the full-attention layers (the state's order)
         self.slot = {i: n for n, i in enumerate(cfg.linear_layers)} | {i: n for n, i in enumerate(cfg.full_layers)}
 
@@ -50,21 +54,20 @@ class ReferenceModel:
             raise ValueError("forward needs a non-empty 1-D token sequence")
         if ids.min() < 0 or ids.max() >= cfg.vocab_size:
             raise ValueError(f"token id out of range [0, {cfg.vocab_size})")
-        x = self.w.rows("token_embd.weight", ids)                             # [T, hidden]
+        x = self.w.rows(self.globals["embd"], ids)                            # [T, hidden]
         for i in range(cfg.n_layers):
-            p, n = f"blk.{i}.", self.slot[i]
-            h = rms_norm(x, self.w.get(p + "attn_norm.weight"), cfg.rms_eps)
+            w, n = self.layers[i], self.slot[i]
+            h = rms_norm(x, w["attn_norm"], cfg.rms_eps)
             if cfg.is_full_attention(i):
                 h, state.k[n], state.v[n] = self.mixers[i].forward(h, state.k[n], state.v[n], state.pos)
             else:
                 h, state.conv[n], state.ssm[n] = self.mixers[i].forward(
                     h, state.conv[n], state.ssm[n], recurrent, chunk)
             x = x + h
-            h = rms_norm(x, self.w.get(p + "post_attention_norm.weight"), cfg.rms_eps)
+            h = rms_norm(x, w["post_norm"], cfg.rms_eps)
             x = x + self.moes[i].forward(h)
         state.pos += len(ids)
         if not all_logits:
             x = x[-1:]
-        x = rms_norm(x, self.w.get("output_norm.weight"), cfg.rms_eps)
-        head = "output.weight" if "output.weight" in self.w else "token_embd.weight"
-        return self.w.matmul_rows_blocked(head, x)
+        x = rms_norm(x, self.w.get(self.globals["out_norm"]), cfg.rms_eps)
+        return self.w.matmul_rows_blocked(self.globals["head"], x)

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..model.config import ModelConfig
 from .ops import sigmoid, silu, softmax
-from .weights import Weights
+from .weights import LayerWeights
 
 
 def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -17,26 +17,26 @@ def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class MoE:
-    def __init__(self, cfg: ModelConfig, w: Weights, layer: int):
-        self.cfg, self.w, self.p = cfg, w, f"blk.{layer}."
+    def __init__(self, cfg: ModelConfig, w: LayerWeights):
+        self.cfg, self.w = cfg, w
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x: [T, hidden] -> [T, hidden]."""
-        w, p = self.w, self.p
-        ids, weights = route(x @ w.get(p + "ffn_gate_inp.weight").T, self.cfg.n_experts_used)
+        w = self.w
+        ids, weights = route(x @ w["router"].T, self.cfg.n_experts_used)
         out = np.zeros_like(x)
         for e in np.unique(ids):
             tokens, slot = np.nonzero(ids == e)
             xe = x[tokens]
-            gate = xe @ w.rows(p + "ffn_gate_exps.weight", [e])[0].T          # [n, F]
-            up = xe @ w.rows(p + "ffn_up_exps.weight", [e])[0].T
-            down = (silu(gate) * up) @ w.rows(p + "ffn_down_exps.weight", [e])[0].T
+            gate = xe @ w.rows("gate_exps", [e])[0].T                         # [n, F]
+            up = xe @ w.rows("up_exps", [e])[0].T
+            down = (silu(gate) * up) @ w.rows("down_exps", [e])[0].T
             out[tokens] += down * weights[tokens, slot][:, None]
-        if p + "ffn_up_shexp.weight" in w:
-            h = silu(x @ w.get(p + "ffn_gate_shexp.weight").T) * (x @ w.get(p + "ffn_up_shexp.weight").T)
-            shared = h @ w.get(p + "ffn_down_shexp.weight").T
-            if p + "ffn_gate_inp_shexp.weight" in w:
-                gate_w = w.get(p + "ffn_gate_inp_shexp.weight").reshape(-1)
+        if self.cfg.has_shared_expert:
+            h = silu(x @ w["sh_gate"].T) * (x @ w["sh_up"].T)
+            shared = h @ w["sh_down"].T
+            if w.has("sh_gate_inp"):
+                gate_w = w["sh_gate_inp"].reshape(-1)
                 shared = shared * sigmoid(x @ gate_w)[:, None]
             out += shared
         return out

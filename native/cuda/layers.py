@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.model.layers import EXPERT_ROLES
+
 from .plan import EXPERT_TENSORS
 
 F32 = 4
@@ -35,90 +37,91 @@ class LayerRunner:
         self.slot_of = {i: n for n, i in enumerate(cfg.linear_layers)} | \
                        {i: n for n, i in enumerate(cfg.full_layers)}
         self.counts_h, self.upload_h = host_scratch
-        self.eq = {(i, t): model.tensor(f"blk.{i}.{t}.weight") for i in range(cfg.n_layers)
-                   for t in EXPERT_TENSORS}
+        self.layers = weights.bound.layers       # per layer: role -> Tensor (common/model/layers.py)
+        self.eq = {(i, t): tensors[role] for i, tensors in enumerate(self.layers)
+                   for t, role in zip(EXPERT_TENSORS, EXPERT_ROLES)}
         self.T = 0
         self.bm = 64
         self.d2h = cuda.Stream()
         self.wait_seconds = 0.0         # host blocked on routing counts
 
     # ---------------------------------------------------------------- helpers
-    def dense(self, name: str, x: int, ldx: int, y: int, ldy: int, accumulate: bool = False) -> None:
-        t = self.w[name]
+    def dense(self, key: tuple[int, str], x: int, ldx: int, y: int, ldy: int, accumulate: bool = False) -> None:
+        t = self.w[key]
         self.k.gemm(self.s, t.qtype, x=x, ldx=ldx, y=y, ldy=ldy, w=t.ptr, row_bytes=t.row_bytes,
                     tiles=self.ws["keep"]["tiles"], n_tiles=-(-self.T // 64), N=t.N, K=t.K,
                     accumulate=accumulate)
 
-    def norm(self, name: str, x: int, y: int) -> None:
+    def norm(self, key: tuple[int, str], x: int, y: int) -> None:
         H = self.cfg.hidden_size
-        self.k.rms_norm(self.s, x, H, 0, y, H, 0, self.w[name].ptr, self.T, 1, H, self.cfg.rms_eps)
+        self.k.rms_norm(self.s, x, H, 0, y, H, 0, self.w[key].ptr, self.T, 1, H, self.cfg.rms_eps)
 
     # ---------------------------------------------------------------- one layer
     def layer(self, i: int, T: int, pos: int, sink: list | None = None) -> None:
         """Enqueue layer i over T tokens at position pos. `sink`: (host array, device address)
         pairs of this layer's state, read back on the d2h stream while the MoE computes."""
         self.T = T
-        keep, p = self.ws["keep"], f"blk.{i}."
+        keep = self.ws["keep"]
         start = self.tl.begin(self.s)
-        self.norm(p + "attn_norm.weight", keep["x"], keep["xn"])
+        self.norm((i, "attn_norm"), keep["x"], keep["xn"])
         if self.cfg.is_full_attention(i):
-            self.full(p, self.slot_of[i], pos)
+            self.full(i, self.slot_of[i], pos)
         else:
-            self.linear(p, self.slot_of[i])
+            self.linear(i, self.slot_of[i])
         mixed = self.cuda.Event()
         mixed.record(self.s)
-        self.norm(p + "post_attention_norm.weight", keep["x"], keep["xn"])
-        self.moe(i, p, start)
+        self.norm((i, "post_norm"), keep["x"], keep["xn"])
+        self.moe(i, start)
         if sink:
             self.d2h.wait_for_event(mixed)
             for host, ptr in sink:
                 self.cuda.memcpy_dtoh_async(host, ptr, self.d2h)
 
-    def linear(self, p: str, n: int) -> None:
+    def linear(self, i: int, n: int) -> None:
         cfg, k, s, T, L = self.cfg, self.k, self.s, self.T, self.ws["linear"]
         H, C, nk, nv, dk, dv = (cfg.hidden_size, cfg.conv_channels, cfg.n_k_heads, cfg.n_v_heads,
                                 cfg.head_k_dim, cfg.head_v_dim)
         xn = self.ws["keep"]["xn"]
-        self.dense(p + "attn_qkv.weight", xn, H, L["qkv"], C)
-        self.dense(p + "attn_gate.weight", xn, H, L["z"], nv * dv)
-        self.dense(p + "ssm_beta.weight", xn, H, L["beta"], nv)
-        self.dense(p + "ssm_alpha.weight", xn, H, L["alpha"], nv)
-        k.conv1d(s, L["qkv"], self.state.conv[n], self.w[p + "ssm_conv1d.weight"].ptr, L["conv"],
+        self.dense((i, "qkv"), xn, H, L["qkv"], C)
+        self.dense((i, "z"), xn, H, L["z"], nv * dv)
+        self.dense((i, "beta"), xn, H, L["beta"], nv)                # a fused ssm_ba is split at upload
+        self.dense((i, "alpha"), xn, H, L["alpha"], nv)
+        k.conv1d(s, L["qkv"], self.state.conv[n], self.w[i, "conv_w"].ptr, L["conv"],
                  T, C, cfg.conv_kernel)
         k.l2_norm(s, L["conv"], C, T * nk, nk, dk, L2_EPS, float(1.0 / np.sqrt(dk)))
         k.l2_norm(s, L["conv"] + nk * dk * F32, C, T * nk, nk, dk, L2_EPS, 1.0)
-        k.gdn_gates(s, L["alpha"], L["beta"], self.w[p + "ssm_a"].ptr, self.w[p + "ssm_dt.bias"].ptr, T, nv)
+        k.gdn_gates(s, L["alpha"], L["beta"], self.w[i, "ssm_a"].ptr, self.w[i, "dt_bias"].ptr, T, nv)
         k.gdn_chunked(s, L["conv"], L["alpha"], L["beta"],
                       (T, C, nk, nv, dk, dv, int(cfg.v_head_layout == "tiled")),
                       L["gcum"], L["aqk"], L["u"], L["wk"], self.state.ssm[n], L["o"])
-        k.rms_norm_gated(s, L["o"], L["z"], L["o"], self.w[p + "ssm_norm.weight"].ptr, T * nv, dv, cfg.rms_eps)
-        self.dense(p + "ssm_out.weight", L["o"], nv * dv, self.ws["keep"]["x"], H, accumulate=True)
+        k.rms_norm_gated(s, L["o"], L["z"], L["o"], self.w[i, "ssm_norm"].ptr, T * nv, dv, cfg.rms_eps)
+        self.dense((i, "ssm_out"), L["o"], nv * dv, self.ws["keep"]["x"], H, accumulate=True)
 
-    def full(self, p: str, n: int, pos: int) -> None:
+    def full(self, i: int, n: int, pos: int) -> None:
         cfg, k, s, T, A = self.cfg, self.k, self.s, self.T, self.ws["full"]
         H, nh, nkv, hd = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         xn, row = self.ws["keep"]["xn"], nkv * hd
         kc, vc = self.state.k[n], self.state.v[n]
         knew, vnew = kc + pos * row * F32, vc + pos * row * F32
-        self.dense(p + "attn_q.weight", xn, H, A["q2"], nh * 2 * hd)
-        self.dense(p + "attn_k.weight", xn, H, A["kraw"], row)
-        self.dense(p + "attn_v.weight", xn, H, vnew, row)
+        self.dense((i, "q"), xn, H, A["q2"], nh * 2 * hd)
+        self.dense((i, "k"), xn, H, A["kraw"], row)
+        self.dense((i, "v"), xn, H, vnew, row)
         k.rms_norm(s, A["q2"], nh * 2 * hd, 2 * hd, A["q"], nh * hd, hd,
-                   self.w[p + "attn_q_norm.weight"].ptr, T * nh, nh, hd, cfg.rms_eps)
+                   self.w[i, "q_norm"].ptr, T * nh, nh, hd, cfg.rms_eps)
         k.rms_norm(s, A["kraw"], row, hd, knew, row, hd,
-                   self.w[p + "attn_k_norm.weight"].ptr, T * nkv, nkv, hd, cfg.rms_eps)
+                   self.w[i, "k_norm"].ptr, T * nkv, nkv, hd, cfg.rms_eps)
         cs = self.ws["keep"]["rope"]
         k.rope(s, A["q"], nh * hd, nh, hd, cfg.rope_dim, cs, T)
         k.rope(s, knew, row, nkv, hd, cfg.rope_dim, cs, T)
         k.attention(s, A["q"], kc, vc, A["q2"] + hd * F32, nh * 2 * hd, 2 * hd, A["att"], T, pos, nh, nkv, hd)
-        self.dense(p + "attn_output.weight", A["att"], nh * hd, self.ws["keep"]["x"], H, accumulate=True)
+        self.dense((i, "o"), A["att"], nh * hd, self.ws["keep"]["x"], H, accumulate=True)
 
     # ---------------------------------------------------------------- MoE
-    def moe(self, i: int, p: str, start) -> None:
+    def moe(self, i: int, start) -> None:
         cfg, k, s, T, M = self.cfg, self.k, self.s, self.T, self.ws["moe"]
         H, E, top = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used
         xn, x = self.ws["keep"]["xn"], self.ws["keep"]["x"]
-        self.dense(p + "ffn_gate_inp.weight", xn, H, M["logits"], E)
+        self.dense((i, "router"), xn, H, M["logits"], E)
         k.moe_route(s, M["logits"], M["ids"], M["w"], T, E, top)
         self.cuda.memset_d32_async(M["counts"], 0, E, s)
         k.moe_count(s, M["ids"], M["counts"], T * top)
@@ -127,7 +130,7 @@ class LayerRunner:
         routed.record(s)
         self.tl.end(s, start)
         start = self.tl.begin(s)                    # the shared expert runs while the host groups
-        shared = self.shared_expert(p)
+        shared = self.shared_expert(i)
         self.tl.end(s, start)
         t0 = time.perf_counter()
         routed.synchronize()
@@ -188,7 +191,7 @@ class LayerRunner:
             self.st.release(where.region, s)
 
         start = self.tl.begin(s)
-        sg = M["sg"] if shared and p + "ffn_gate_inp_shexp.weight" in self.w else 0
+        sg = M["sg"] if shared and self.layers[i]["sh_gate_inp"] is not None else 0
         k.moe_combine(s, x, M["down"], M["pos"], M["w"], M["shd"] if shared else 0, sg, T, H, top)
         self.tl.end(s, start)
 
@@ -209,15 +212,15 @@ class LayerRunner:
         k.gemm(s, w.qtype, x=M["g"], ldx=F, y=M["down"], ldy=H, w=0, woff=M["woff"] + 2 * E * 8,
                row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0, N=H, K=F, bm=self.bm)
 
-    def shared_expert(self, p: str) -> bool:
-        if p + "ffn_up_shexp.weight" not in self.w:
+    def shared_expert(self, i: int) -> bool:
+        if not self.cfg.has_shared_expert:
             return False
         M, Fs, H = self.ws["moe"], self.cfg.shared_ffn, self.cfg.hidden_size
         xn = self.ws["keep"]["xn"]
-        self.dense(p + "ffn_gate_shexp.weight", xn, H, M["shg"], Fs)
-        self.dense(p + "ffn_up_shexp.weight", xn, H, M["shu"], Fs)
+        self.dense((i, "sh_gate"), xn, H, M["shg"], Fs)
+        self.dense((i, "sh_up"), xn, H, M["shu"], Fs)
         self.k.silu_mul(self.s, M["shg"], M["shu"], M["shg"], self.T * Fs)
-        self.dense(p + "ffn_down_shexp.weight", M["shg"], Fs, M["shd"], H)
-        if p + "ffn_gate_inp_shexp.weight" in self.w:
-            self.dense(p + "ffn_gate_inp_shexp.weight", xn, H, M["sg"], 1)
+        self.dense((i, "sh_down"), M["shg"], Fs, M["shd"], H)
+        if self.layers[i]["sh_gate_inp"] is not None:
+            self.dense((i, "sh_gate_inp"), xn, H, M["sg"], 1)
         return True

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 
 from common.model.config import ModelConfig
+from common.model.layers import head_name
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 DEFAULT_BUDGET = 6 << 30
@@ -164,8 +165,7 @@ def make_plan(cfg: ModelConfig, tensor_bytes: dict[str, int], *, budget: int = D
               pass_tokens: int = 4096, max_context: int = 8192, regions: int = 8) -> StreamPlan:
     kinds = {n: classify(cfg, n) for n in tensor_bytes}
     dense = sum(b for n, b in tensor_bytes.items() if kinds[n] == "dense")
-    head_name = "output.weight" if "output.weight" in tensor_bytes else "token_embd.weight"
-    head = tensor_bytes[head_name]
+    head = tensor_bytes[head_name(tensor_bytes)]
     per_layer = [sum(tensor_bytes.get(f"blk.{i}.{t}.weight", 0) for t in EXPERT_TENSORS) // cfg.n_experts
                  for i in range(cfg.n_layers)]
     expert, all_experts = max(per_layer), sum(per_layer)

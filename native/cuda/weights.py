@@ -9,13 +9,14 @@ copy stream, one chunk per slot region, with events in both directions.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from .plan import EXPERT_TENSORS, StreamPlan, classify
+from common.model.layers import EXPERT_ROLES, VECTOR_ROLES, bind, fused_ba_rows
+
+from .plan import EXPERT_TENSORS, StreamPlan
 
 log = logging.getLogger("fermium.prefill.cuda")
 ALIGN = 256
@@ -55,72 +56,72 @@ class DevTensor:
     row_bytes: int
 
 
-def _is_vector(name: str, shape: tuple[int, ...]) -> bool:
-    return len(shape) == 1 or name.endswith("ssm_conv1d.weight")
-
-
 def _ba_split(cfg, raw: np.ndarray) -> np.ndarray:
-    """qwen3next ssm_ba rows (per key head: r beta rows, r alpha rows) -> [beta (nv); alpha (nv)]."""
-    nv, r = cfg.n_v_heads, cfg.n_v_heads // cfg.n_k_heads
-    heads = np.arange(nv)
-    beta_rows = (heads // r) * 2 * r + heads % r
-    return np.ascontiguousarray(raw[np.concatenate([beta_rows, beta_rows + r])])
+    """Fused ssm_ba rows (per key head: r beta rows, r alpha rows) -> [beta (nv); alpha (nv)]."""
+    return np.ascontiguousarray(raw[np.concatenate(fused_ba_rows(cfg))])
 
 
 class ResidentWeights:
     """Dense tensors (GEMM weights in their blocks, vectors as f32), the head if resident, and
-    experts [0, pinned) of every layer, uploaded once into one allocation."""
+    experts [0, pinned) of every layer, uploaded once into one allocation.
+
+    Keys: (layer, role) for a layer's tensors (common/model/layers.py), a fused ssm_ba split
+    into its "beta" and "alpha" rows; "output_norm.weight" and "head" for the globals."""
 
     def __init__(self, cuda, arena: DeviceArena, model, plan: StreamPlan):
         cfg = model.config
-        self.tensors: dict[str, DevTensor] = {}
+        self.bound = bind(model)
+        self.tensors: dict = {}
         self.experts: dict[tuple[int, str], DevTensor] = {}   # (layer, tensor) -> pinned experts
-        uploads: list[tuple[str, np.ndarray, DevTensor]] = []
+        uploads: list[tuple[object, np.ndarray, DevTensor]] = []
         offset = 0
 
-        def add(name: str, data: np.ndarray, qtype: Q, N: int, K: int, row_bytes: int):
+        def add(key, data: np.ndarray, qtype: Q, N: int, K: int, row_bytes: int):
             nonlocal offset
-            uploads.append((name, data, DevTensor(offset, qtype, N, K, row_bytes)))
+            uploads.append((key, data, DevTensor(offset, qtype, N, K, row_bytes)))
             offset += _align(data.nbytes)
 
-        head = "output.weight" if "output.weight" in model.tensors else "token_embd.weight"
-        for name, t in model.tensors.items():
-            kind = classify(cfg, name)
-            if kind == "dense" and name.endswith("ssm_ba.weight"):
-                p = name[:-len("ssm_ba.weight")]
-                raw = _ba_split(cfg, t.raw)
-                half = raw.shape[0] // 2
-                add(p + "ssm_beta.weight", raw[:half], t.qtype, half, t.shape[-1], t.row_bytes)
-                add(p + "ssm_alpha.weight", raw[half:], t.qtype, half, t.shape[-1], t.row_bytes)
-            elif kind == "dense" and _is_vector(name, t.shape):
+        def dense(key, role: str, t) -> None:
+            if role in VECTOR_ROLES:
                 v = np.ascontiguousarray(t.dequant(), dtype=np.float32)
-                add(name, v, Q.F32, 1 if v.ndim == 1 else v.shape[0], v.shape[-1], v.shape[-1] * 4)
-            elif kind == "dense":
-                add(name, t.raw, t.qtype, t.shape[0], t.shape[-1], t.row_bytes)
-            elif kind == "expert" and plan.pinned_experts:
-                raw = t.raw[:plan.pinned_experts]
-                add(f"pinned:{name}", raw, t.qtype, t.shape[1], t.shape[2], t.row_bytes)
-            if name == head and plan.head_resident:
-                add("head", t.raw, t.qtype, t.shape[0], t.shape[-1], t.row_bytes)
+                add(key, v, Q.F32, 1 if v.ndim == 1 else v.shape[0], v.shape[-1], v.shape[-1] * 4)
+            else:
+                add(key, t.raw, t.qtype, t.shape[0], t.shape[-1], t.row_bytes)
+
+        expert_name = dict(zip(EXPERT_ROLES, EXPERT_TENSORS))
+        for i, tensors in enumerate(self.bound.layers):
+            for role, t in tensors.items():
+                if t is None:
+                    continue
+                if role == "ba":
+                    raw = _ba_split(cfg, t.raw)
+                    half = raw.shape[0] // 2
+                    add((i, "beta"), raw[:half], t.qtype, half, t.shape[-1], t.row_bytes)
+                    add((i, "alpha"), raw[half:], t.qtype, half, t.shape[-1], t.row_bytes)
+                elif role in expert_name:
+                    if plan.pinned_experts:
+                        raw = t.raw[:plan.pinned_experts]
+                        add(("pinned", i, expert_name[role]), raw, t.qtype, t.shape[1], t.shape[2], t.row_bytes)
+                else:
+                    dense((i, role), role, t)
+        dense("output_norm.weight", "out_norm", self.bound.globals["out_norm"])
+        self.head_tensor = head = self.bound.globals["head"]
+        if plan.head_resident:
+            add("head", head.raw, head.qtype, head.shape[0], head.shape[-1], head.row_bytes)
 
         self.base = arena.alloc("resident weights", offset)
-        for name, data, dt in uploads:
+        for key, data, dt in uploads:
             ptr = self.base + dt.ptr
             cuda.memcpy_htod(ptr, np.ascontiguousarray(data))
             placed = DevTensor(ptr, dt.qtype, dt.N, dt.K, dt.row_bytes)
-            if name.startswith("pinned:"):
-                m = re.match(r"pinned:blk\.(\d+)\.(\w+)\.weight", name)
-                self.experts[(int(m.group(1)), m.group(2))] = placed
+            if isinstance(key, tuple) and key[0] == "pinned":
+                self.experts[key[1:]] = placed
             else:
-                self.tensors[name] = placed
+                self.tensors[key] = placed
         self.nbytes = offset
-        self.head_tensor = model.tensor(head)
 
-    def __getitem__(self, name: str) -> DevTensor:
-        return self.tensors[name]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
+    def __getitem__(self, key) -> DevTensor:
+        return self.tensors[key]
 
 
 class HostExperts:
