@@ -30,6 +30,7 @@ demo: $(BASE)
 	$(VENV)/bin/fermium demo
 
 test: $(TESTING)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs tests
 
 clean:

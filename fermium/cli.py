@@ -10,8 +10,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 from fermium.cli_generate import generate_command  # noqa: E402
 
 app.command("generate")(generate_command)
-from fermium.cli_services import (chat_command, decode_command, demo_command, prefill_command,  # noqa: E402
-                                  router_command, up_command)
+from fermium.cli_services import chat_command, decode_command, demo_command, prefill_command, router_command, up_command  # noqa: E402
 
 for _name, _cmd in {"router": router_command, "prefill": prefill_command, "decode": decode_command,
                     "up": up_command, "chat": chat_command, "demo": demo_command}.items():
@@ -26,8 +25,10 @@ app.add_typer(deploy_app, name="deploy")
 from fermium.cli_bench import bench_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
-from fermium import cli_bench_prefill  # noqa: E402,F401  (registers `fermium bench prefill`)
-from fermium import cli_bench_cpu_prefill  # noqa: E402,F401  (registers `fermium bench cpu-prefill`)
+from fermium import (  # noqa: E402  (imported after `app` exists: importing them registers their commands)
+    cli_bench_cpu_prefill,  # noqa: F401  (registers `fermium bench cpu-prefill`)
+    cli_bench_prefill,  # noqa: F401  (registers `fermium bench prefill`)
+)
 
 
 def main() -> None:

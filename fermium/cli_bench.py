@@ -187,8 +187,9 @@ def decode_command(
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"$ {command}")
-    typer.echo(f"model {model.name}  isa {runner.isa}{' (repacked)' if runner.repacked else ''}  threads {runner.threads}  "
-               f"batch {batch}  bandwidth: a {report['membw_stream']} stream of {bw_mib} MiB after each step")
+    typer.echo(f"model {model.name}  isa {runner.isa}{' (repacked)' if runner.repacked else ''}  "
+               f"threads {runner.threads}  batch {batch}  "
+               f"bandwidth: a {report['membw_stream']} stream of {bw_mib} MiB after each step")
     if cache_note:
         typer.echo(f"note: {cache_note}")
     typer.echo("weights mapped in 2 MB pages: " + ", ".join(

@@ -59,6 +59,8 @@ def cpu_prefill_command(
     typer.echo(f"$ {command}")
     typer.echo(f"model {model.name}  isa {runner.isa}  threads {runner.threads}  prompt {prompt}  chunk {chunk}")
     typer.echo("prompt tok/s by round: " + " ".join(f"{r:.1f}" for r in rates)
-               + f"; median {report['median_prompt_tok_s']:.1f}; {report['weights_gb_per_chunk']:.3f} GB of weights per chunk")
+               + f"; median {report['median_prompt_tok_s']:.1f}"
+               f"; {report['weights_gb_per_chunk']:.3f} GB of weights per chunk")
     if baseline_tokens:
-        typer.echo(f"token by token: {report['token_by_token_tok_s']:.1f} tok/s; chunked prefill {report['speedup']:.1f}x that")
+        typer.echo(f"token by token: {report['token_by_token_tok_s']:.1f} tok/s; "
+                   f"chunked prefill {report['speedup']:.1f}x that")

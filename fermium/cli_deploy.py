@@ -50,12 +50,15 @@ def keys_create(
 
 @deploy_app.command("install")
 def deploy_install(
-    prefix: Path = typer.Option(Path("/opt/fermium"), help="Fermium checkout or install (holds .venv/bin/fermium or bin/fermium)."),
+    prefix: Path = typer.Option(Path("/opt/fermium"),
+                                help="Fermium checkout or install (holds .venv/bin/fermium or bin/fermium)."),
     user: str = typer.Option("fermium", help="The dedicated user the services run as."),
     env_file: Path = typer.Option(Path("/etc/fermium/fermium.env"), help="EnvironmentFile of every unit."),
     output_dir: Path = typer.Option(Path("/etc/systemd/system"), help="Where the units are written."),
-    decode_cpus: Optional[str] = typer.Option(None, help="CPUAffinity of the decode worker: one CPU per physical core, e.g. 0-7."),
-    numa_interleave: bool = typer.Option(False, help="NUMAPolicy=interleave for prefill and decode (multi-socket hosts)."),
+    decode_cpus: Optional[str] = typer.Option(
+        None, help="CPUAffinity of the decode worker: one CPU per physical core, e.g. 0-7."),
+    numa_interleave: bool = typer.Option(
+        False, help="NUMAPolicy=interleave for prefill and decode (multi-socket hosts)."),
 ):
     """Render fermium-{router,prefill,decode}.service and fermium.target for this machine."""
     from fermium.deploy_units import UnitSettings, render_all

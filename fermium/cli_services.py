@@ -15,7 +15,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from common.config import WorkerConfig, default, settings as fields_of
+from common.config import WorkerConfig, default
+from common.config import settings as fields_of
 from fermium.options import command, config, defaults, options
 from services.decode.config import DecodeConfig
 from services.prefill.config import PrefillConfig
@@ -132,7 +133,10 @@ def up_command(
     ports = {name: first + i for i, name in enumerate(roles)} if first else {}
     quiet = {name: ["--log-level", settings["log_level"]] for name in roles}
     path = _model(settings["model"])
-    note = lambda text: print(text, file=sys.stderr, flush=True)     # progress; stdout carries the answer
+
+    def note(text):     # progress; stdout carries the answer
+        print(text, file=sys.stderr, flush=True)
+
     note(f"starting router, prefill ({backend}) and decode ({runner}) on {path} ...")
     with Stack(path, port=port, runner=runner, backend=backend, metrics_ports=ports,
                extra=quiet, drain_timeout=drain_timeout) as stack:

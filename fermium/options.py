@@ -15,7 +15,8 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from common.config import default as field_default, settings as fields_of
+from common.config import default as field_default
+from common.config import settings as fields_of
 
 ENV_PREFIX = "FERMIUM_"
 

@@ -116,7 +116,8 @@ class CpuRunner:
         m.hidden, m.vocab, m.n_layers, m.rms_eps = cfg.hidden_size, cfg.vocab_size, cfg.n_layers, cfg.rms_eps
         m.n_heads, m.n_kv_heads, m.head_dim, m.rope_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim
         m.rope_theta, m.conv_kernel = cfg.rope_theta, cfg.conv_kernel
-        m.n_k_heads, m.n_v_heads, m.head_k_dim, m.head_v_dim = cfg.n_k_heads, cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim
+        m.n_k_heads, m.n_v_heads = cfg.n_k_heads, cfg.n_v_heads
+        m.head_k_dim, m.head_v_dim = cfg.head_k_dim, cfg.head_v_dim
         m.v_tiled = int(cfg.v_head_layout == "tiled")
         m.n_experts, m.n_experts_used = cfg.n_experts, cfg.n_experts_used
         m.expert_ffn, m.shared_ffn = cfg.expert_ffn, cfg.shared_ffn

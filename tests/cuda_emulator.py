@@ -226,9 +226,9 @@ class FakeKernels:
         np.add.at(self.m.view(counts, 1 << 10, np.int32), self.m.view(ids, n, np.int32), 1)
 
     def moe_scatter(self, stream, ids, cursor, tok, pos, n, k):
-        I = self.m.view(ids, n, np.int32)
-        cur = self.m.view(cursor, int(I.max()) + 1, np.int32)
-        for i, e in enumerate(I):
+        experts = self.m.view(ids, n, np.int32)
+        cur = self.m.view(cursor, int(experts.max()) + 1, np.int32)
+        for i, e in enumerate(experts):
             self.m.view(tok, n, np.int32)[cur[e]] = i // k
             self.m.view(pos, n, np.int32)[i] = cur[e]
             cur[e] += 1

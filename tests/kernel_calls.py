@@ -131,7 +131,8 @@ def matvec(pool: Pool, qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """w: (rows, row_bytes) stored blocks; x: (B, cols) float32 -> (B, rows)."""
     check_type(qtype)
     if w.shape[0] % lib.fm_type_group(int(qtype)):
-        raise ValueError(f"type {int(qtype)} stores rows in groups of {lib.fm_type_group(int(qtype))}: got {w.shape[0]} rows")
+        raise ValueError(f"type {int(qtype)} stores rows in groups of {lib.fm_type_group(int(qtype))}: "
+                         f"got {w.shape[0]} rows")
     w = np.ascontiguousarray(w)
     x = np.ascontiguousarray(np.atleast_2d(x), np.float32)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)

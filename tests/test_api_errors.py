@@ -124,7 +124,8 @@ def assert_error(r, status: int, needle: str, param: str | None = None) -> dict:
 # ---- bad requests
 
 def test_invalid_json(client):
-    r = client.post("/v1/completions", content=b'{"model": "fermium", "prompt": ', headers={"content-type": "application/json"})
+    r = client.post("/v1/completions", content=b'{"model": "fermium", "prompt": ',
+                    headers={"content-type": "application/json"})
     assert_error(r, 400, "not valid JSON")
 
 

@@ -99,8 +99,8 @@ def test_router_process_enforces_the_key(tmp_path):
 
     port = free_port()
     env = {**os.environ, "FERMIUM_API_KEY": KEY}
-    proc = subprocess.Popen([sys.executable, "-m", "fermium", "router", "--model", str(write_tiny_gguf(tmp_path / "m.gguf")),
-                             "--port", str(port), "--workers", f"tcp://127.0.0.1:{free_port()}"],
+    proc = subprocess.Popen([sys.executable, "-m", "fermium", "router",
+                             "--model", str(write_tiny_gguf(tmp_path / "m.gguf")), "--port", str(port), "--workers", f"tcp://127.0.0.1:{free_port()}"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -13,8 +13,13 @@ import json
 
 import pytest
 
-from common.model.chat_template import (BUNDLED_TEMPLATE, ChatTemplateError, render_chat,
-                                        template_from_checkpoint, template_from_gguf)
+from common.model.chat_template import (
+    BUNDLED_TEMPLATE,
+    ChatTemplateError,
+    render_chat,
+    template_from_checkpoint,
+    template_from_gguf,
+)
 from tests.conftest import Metadata
 
 SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"

@@ -29,7 +29,8 @@ def not_gguf(tmp_path) -> Path:
 def test_a_file_that_is_not_gguf_is_named_in_one_line(command, not_gguf):
     proc = fermium(*command, "--model", str(not_gguf))
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"error: not a readable GGUF file: {not_gguf}: not a GGUF file (bad magic)"]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: not a readable GGUF file: {not_gguf}: not a GGUF file (bad magic)"]
 
 
 def test_an_unknown_isa_in_the_environment_lists_the_known_ones(not_gguf):

@@ -39,7 +39,8 @@ def prompt(n: int = PROMPT, seed: int = 1) -> list[int]:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
-    out = {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY) for r in ("f32", "q8_0", "q4_0", "q4_k_m")}
+    out = {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY)
+           for r in ("f32", "q8_0", "q4_0", "q4_k_m")}
     out["next-f32"] = write_synthetic(root / "next-f32.gguf", layers=4, recipe="f32", widths=TINY, arch="qwen3next")
     out["next-q4_0"] = write_synthetic(root / "next-q4_0.gguf", layers=4, recipe="q4_0", widths=TINY, arch="qwen3next")
     return out
@@ -184,7 +185,8 @@ def test_cpu_prefill_backend_runs_the_cpu_runner(files):
     ref = create_backend("cpu", model, runner="reference")
     assert ref.runner_name == "reference"
     expect = ReferenceModel(model).prefill(prompt(), ReferenceModel(model).new_state())
-    assert np.allclose(ref.prefill(prompt(), ref.runner.new_state()), expect, rtol=1e-5, atol=1e-5 * np.abs(expect).max())
+    assert np.allclose(ref.prefill(prompt(), ref.runner.new_state()), expect,
+                       rtol=1e-5, atol=1e-5 * np.abs(expect).max())
 
 
 def rss_bytes() -> int:
@@ -227,7 +229,8 @@ def test_prefault_maps_the_whole_file_and_reports_progress(tmp_path, monkeypatch
     assert seen[-1] == (size, size) and len(seen) == -(-size // (1 << 20))
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert rss_bytes() - before >= 0.9 * size
-    monkeypatch.setattr(cpu_runner, "PREFAULT_RAM_SHARE", size / (2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+    monkeypatch.setattr(cpu_runner, "PREFAULT_RAM_SHARE",
+                        size / (2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
     assert not cpu_runner.prefault_weights(GGUFModel(path))
     assert not CpuRunner(GGUFModel(path), threads=1).prefaulted
     assert not CpuRunner(GGUFModel(path), threads=1, prefault=False).prefaulted
@@ -268,7 +271,8 @@ def test_bench_cpu_prefill_reports_prompt_rate(files):
 
     from fermium.cli import app
     out = CliRunner().invoke(app, ["bench", "cpu-prefill", "--model", str(files["q4_0"]), "--threads", "2",
-                                   "--prompt", "40", "--chunk", "16", "--rounds", "2", "--baseline-tokens", "4", "--json"])
+                                   "--prompt", "40", "--chunk", "16", "--rounds", "2", "--baseline-tokens", "4",
+                                   "--json"])
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
     assert report["prompt"] == 40 and report["chunk"] == 16 and len(report["prompt_tok_s"]) == 2

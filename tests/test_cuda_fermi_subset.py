@@ -78,13 +78,17 @@ def random_blocks(qtype: Q, n: int, rng: np.random.Generator) -> np.ndarray:
     """Random bytes with every f16 scale set to a finite value, so nothing decodes to inf/nan."""
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(n // block, size), dtype=np.uint8)
-    scale = lambda k: rng.uniform(0.001, 0.1, size=(n // block, k)).astype(np.float16).view(np.uint8)
+
+    def scale(k):
+        return rng.uniform(0.001, 0.1, size=(n // block, k)).astype(np.float16).view(np.uint8)
+
     if qtype == Q.F32:
         return rng.standard_normal(n).astype(np.float32).view(np.uint8).reshape(n, 4)
     if qtype == Q.F16:
         return rng.standard_normal(n).astype(np.float16).view(np.uint8).reshape(n, 2)
     if qtype == Q.BF16:
-        return (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, 2)
+        top_halves = rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16
+        return top_halves.astype(np.uint16).view(np.uint8).reshape(n, 2)
     if qtype in (Q.Q8_0, Q.Q4_0):
         raw[:, :2] = scale(1)
     elif qtype in (Q.Q4_K, Q.Q5_K):

@@ -29,7 +29,8 @@ PROMPT = "ROMEO:"
 GOLDEN_TOKENS = 32
 GOLDEN_IDS = [295, 466, 325, 308, 198, 358, 318, 11, 302, 295, 364, 826, 258, 465, 300, 293,
               288, 453, 673, 916, 268, 476, 11, 543, 323, 325, 372, 288, 453, 673, 916, 268]
-GOLDEN_TEXT = " I'll not be\nTheir, and I have been a man of you.\n\nKING RICHARD III:\nWhat, let's not so.\n\nKING RICHARD III:\n"
+GOLDEN_TEXT = (" I'll not be\nTheir, and I have been a man of you.\n\n"
+               "KING RICHARD III:\nWhat, let's not so.\n\nKING RICHARD III:\n")
 
 SLICE_TOKENS = 512
 # The committed q8_0 file scores SLICE_PPL_MEASURED on this slice (models/README.md); q8_0 sits

@@ -63,10 +63,10 @@ def test_rendering_changes_only_the_chosen_values(tmp_path):
         changed = {a.split("=", 1)[0] for a, b in zip(original, rendered) if a != b}
         assert len(original) == len(rendered)
         assert changed <= {"User", "Group", "EnvironmentFile", "ExecStart", "Documentation"}, (name, changed)
-        assert "fermium" not in " ".join(l for l in rendered if l.startswith(("User=", "Group=")))
+        assert "fermium" not in " ".join(line for line in rendered if line.startswith(("User=", "Group=")))
         if name.endswith(".service"):
             assert "EnvironmentFile=/etc/fm/env" in rendered
-            assert any(l.startswith("ExecStart=/srv/fm/.venv/bin/fermium ") for l in rendered)
+            assert any(line.startswith("ExecStart=/srv/fm/.venv/bin/fermium ") for line in rendered)
 
 
 def _directives(name: str) -> dict[str, list[str]]:

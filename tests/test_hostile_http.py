@@ -20,11 +20,11 @@ from starlette.testclient import TestClient
 
 from common.metrics import RouterMetrics
 from common.model.chat_template import render_chat
+from fermium.local import LocalDispatcher
 from fermium.stack import free_port
 from services.router.admission import Admission
 from services.router.api import API
 from services.router.generation import Generation
-from fermium.local import LocalDispatcher
 from tests.hostile_cases import MODEL, ROUTES, fixed_cases, generated_cases
 from tests.stack_helpers import CHATML
 from tests.test_api_errors import ByteTokenizer, CountingRunner, assert_error, completion, lifespan, make_app
@@ -223,8 +223,9 @@ def test_hostile_bodies_are_400(client, raw, needle, param):
 
 def test_chat_template_kwargs_are_template_variables(client):
     def chat(kwargs):
-        return client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "chat_template_kwargs": kwargs,
-                                                          "messages": [{"role": "user", "content": "a"}]})
+        return client.post("/v1/chat/completions",
+                           json={"model": MODEL, "max_tokens": 2, "chat_template_kwargs": kwargs,
+                                 "messages": [{"role": "user", "content": "a"}]})
     assert chat({"self": 1}).status_code == 200
     assert_error(chat({"not a name": 1}), 400, "not a template variable", "chat_template_kwargs.not a name")
     assert_error(chat({"enable_thinking": "no"}), 400, "boolean", "chat_template_kwargs.enable_thinking")

@@ -70,7 +70,8 @@ def test_ssse3_kernels_run_on_an_emulated_westmere(isa_objects, tmp_path):
     if not qemu:
         pytest.skip("qemu-user is not installed (apt-get install qemu-user)")
     cpu = REPO / "native" / "cpu"
-    sources = [cpu / "selftest" / "selftest.c", *(cpu / f"{name}.c" for name in ("dispatch", "quantize", "repack", "ops")),
+    sources = [cpu / "selftest" / "selftest.c",
+               *(cpu / f"{name}.c" for name in ("dispatch", "quantize", "repack", "ops")),
                *sorted(cpu.glob("*_generic.c"))]
     binary = tmp_path / "selftest"
     subprocess.run([native_build.compiler(), "-O2", f"-I{cpu}", *map(str, sources), *map(str, isa_objects), "-lm",

@@ -347,7 +347,8 @@ def test_matvec_splits_a_large_matrix_into_tasks_that_cover_every_row(threads, r
     x = rng.standard_normal((1, n)).astype(np.float32)
     got = kernel_calls.matvec(pool, T.Q4_0, w, x)[0]
     act = kernel_calls.quantize_act(T.Q4_0, x[0])
-    expect = np.array([kernel_calls.vec_dot(cpu_lib.active_isa(), T.Q4_0, w[r], act, n) for r in range(rows)], np.float32)
+    expect = np.array([kernel_calls.vec_dot(cpu_lib.active_isa(), T.Q4_0, w[r], act, n) for r in range(rows)],
+                      np.float32)
     assert np.array_equal(got, expect)
 
 
@@ -386,7 +387,8 @@ def test_repack_refuses_partial_groups_and_blocks(rng):
     with pytest.raises(ValueError, match="whole blocks of 128"):
         kernel_calls.quantize_act(lib.FM_Q4_0P, np.ones(96, np.float32))
     with pytest.raises(ValueError, match="repacked layout"):
-        kernel_calls.vec_dot_group("generic", T.Q4_0, w[:8], [kernel_calls.quantize_act(T.Q4_0, np.ones(64, np.float32))], 64)
+        kernel_calls.vec_dot_group("generic", T.Q4_0, w[:8],
+                                   [kernel_calls.quantize_act(T.Q4_0, np.ones(64, np.float32))], 64)
 
 
 def test_checksum_sees_every_byte(rng):
@@ -411,7 +413,8 @@ def test_activation_blocks_round_trip(rng):
     d, s = a32[512:].view(np.float32).reshape(2, 16)
     assert np.all(np.abs((q * d[:, None]).reshape(-1) - x) <= act_values(T.Q4_0, x) * ROUNDING_SLACK)
     np.testing.assert_allclose(s, d * q.sum(axis=1), rtol=1e-6)
-    a256 = kernel_calls.quantize_act(T.Q4_K, x).reshape(-1, 256 + 32 + 16 + 4 + 12)   # qs | bsums | sums32 | d | padding
+    # qs | bsums | sums32 | d | padding
+    a256 = kernel_calls.quantize_act(T.Q4_K, x).reshape(-1, 256 + 32 + 16 + 4 + 12)
     qs = a256[:, :256].view(np.int8).astype(np.float32)
     bsums = a256[:, 256:288].copy().view(np.int16)
     sums32 = a256[:, 288:304].copy().view(np.int16)

@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from common import metrics
-from fermium.stack import free_port
 from fermium.local import LocalDispatcher
+from fermium.stack import free_port
 from tests.test_api_errors import MODEL, CountingRunner, make_app
 
 SERVICES = {"router": metrics.RouterMetrics, "prefill": metrics.PrefillMetrics, "decode": metrics.DecodeMetrics}

@@ -114,7 +114,8 @@ def prometheus(stack, tmp_path_factory):
     config.write_text(json.dumps(prometheus_config(stack, str(DEPLOY / "prometheus" / "fermium-alerts.yml"))))
     port = free_port()
     log = open(root / "prometheus.log", "wb")
-    proc = subprocess.Popen([system_tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
+    proc = subprocess.Popen([system_tool("prometheus"), f"--config.file={config}",
+                             f"--storage.tsdb.path={root / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -13,7 +13,7 @@ import zmq
 
 from common import protocol
 from common.mp import PullQueue, open_socket
-from common.protocol import ProtocolError, VERSION, decode_frames, encode_message
+from common.protocol import VERSION, ProtocolError, decode_frames, encode_message
 from common.protocol.codec import kinds
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
@@ -175,7 +175,8 @@ def test_worker_answers_a_rejected_request_with_failed():
                       capacity=1, model="m", load=lambda: (0, 0))
     raw = open_socket(zmq.PUSH, link.address, bind=False)
     try:
-        raw.send_multipart([bytes(f) for f in _with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [3], 5]})])
+        bad = _with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [3], 5]})
+        raw.send_multipart([bytes(f) for f in bad])
         reply = router.get(RECV_TIMEOUT_S)
         assert isinstance(reply, Failed) and reply.rid == "r3" and "needs 12" in reply.error
         assert link.get(0.1) is None        # nothing reached the service loop

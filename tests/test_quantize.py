@@ -8,8 +8,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from common.model.convert import kquants
-from common.model.convert.quantize import (FILE_TYPES, TensorSlot, choose_type, quantize,
-                                           stored_nbytes)
+from common.model.convert.quantize import FILE_TYPES, TensorSlot, choose_type, quantize, stored_nbytes
 
 # Relative RMS error on gaussian rows, dequantize(quantize(x)) vs x. A wrong byte layout
 # scrambles values and lands near 1.4, far above all of these.

@@ -105,7 +105,10 @@ def test_the_delta_rule_chunked_equals_recurrent():
     from common.reference.deltanet import chunked_rule, recurrent_rule
     rng = np.random.default_rng(5)
     H, T, dk, dv = 3, 150, 16, 8
-    unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)
+
+    def unit(a):
+        return a / np.linalg.norm(a, axis=-1, keepdims=True)
+
     q, k = unit(rng.standard_normal((2, H, T, dk)).astype(np.float32))
     v = rng.standard_normal((H, T, dv)).astype(np.float32)
     g = -np.abs(rng.standard_normal((H, T))).astype(np.float32)

@@ -15,7 +15,8 @@ import pytest
 
 from common.model.gguf_file import GGUFModel
 from native import cpu_lib
-from native import cpu_repack as repack, cpu_repack_lock as repack_lock
+from native import cpu_repack as repack
+from native import cpu_repack_lock as repack_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402

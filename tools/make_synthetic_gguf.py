@@ -137,16 +137,19 @@ def tensor_plan(w: Widths, layers: int, interval: int, arch: str = "qwen35moe"):
                      (p + "attn_k.weight", (w.kv_heads * w.head_dim, H), "matrix"),
                      (p + "attn_v.weight", (w.kv_heads * w.head_dim, H), "matrix"),
                      (p + "attn_output.weight", (H, w.heads * w.head_dim), "matrix"),
-                     (p + "attn_q_norm.weight", (w.head_dim,), "norm"), (p + "attn_k_norm.weight", (w.head_dim,), "norm")]
+                     (p + "attn_q_norm.weight", (w.head_dim,), "norm"),
+                     (p + "attn_k_norm.weight", (w.head_dim,), "norm")]
         else:
-            plan += [(p + "attn_qkv.weight", (C, H), "matrix"), (p + "attn_gate.weight", (w.v_heads * w.head_v, H), "matrix"),
+            plan += [(p + "attn_qkv.weight", (C, H), "matrix"),
+                     (p + "attn_gate.weight", (w.v_heads * w.head_v, H), "matrix"),
                      (p + "ssm_conv1d.weight", (C, w.conv_kernel), "conv"), (p + "ssm_a", (w.v_heads,), "ssm_a"),
                      (p + "ssm_dt.bias", (w.v_heads,), "small"), (p + "ssm_norm.weight", (w.head_v,), "norm"),
                      (p + "ssm_out.weight", (H, w.v_heads * w.head_v), "matrix")]
             if arch == "qwen3next":
                 plan += [(p + "ssm_ba.weight", (2 * w.v_heads, H), "matrix")]
             else:
-                plan += [(p + "ssm_alpha.weight", (w.v_heads, H), "matrix"), (p + "ssm_beta.weight", (w.v_heads, H), "matrix")]
+                plan += [(p + "ssm_alpha.weight", (w.v_heads, H), "matrix"),
+                         (p + "ssm_beta.weight", (w.v_heads, H), "matrix")]
         plan += [(p + "ffn_gate_inp.weight", (w.experts, H), "router"),
                  (p + "ffn_gate_exps.weight", (w.experts, w.expert_ffn, H), "matrix"),
                  (p + "ffn_up_exps.weight", (w.experts, w.expert_ffn, H), "matrix"),
@@ -213,7 +216,8 @@ def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", 
         elif kind == "conv":
             data = (0.5 * rng.standard_normal(shape)).astype(np.float32).view(np.uint8)
         else:
-            std = {"embed": 1.0, "router": ROUTER_GAIN}.get(kind, gain) / (1.0 if kind == "embed" else np.sqrt(shape[-1]))
+            fan_in = 1.0 if kind == "embed" else np.sqrt(shape[-1])
+            std = {"embed": 1.0, "router": ROUTER_GAIN}.get(kind, gain) / fan_in
             data = MAKERS[qtype](rng, int(np.prod(shape[:-1])), shape[-1], std)
         writer.write_tensor_data(np.ascontiguousarray(data).reshape(byte_shape))
     writer.close()

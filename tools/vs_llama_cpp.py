@@ -104,7 +104,10 @@ def compare_prompts(a: argparse.Namespace) -> None:
 def fermium(model: Path, threads: int, batch: int, isa: str | None, tokens: int) -> dict:
     report = _fermium_json(["decode", "--model", str(model), "--threads", str(threads), "--batch", str(batch),
                             "--rounds", "3", "--tokens", str(tokens), *_isa(isa)])
-    tok_1 = [r["tok_s"] / r["batch_gain"] for r in report["rounds"]] if batch > 1 else [r["tok_s"] for r in report["rounds"]]
+    if batch > 1:
+        tok_1 = [r["tok_s"] / r["batch_gain"] for r in report["rounds"]]
+    else:
+        tok_1 = [r["tok_s"] for r in report["rounds"]]
     return {
         "tok_s": {1: statistics.median(tok_1), batch: report["median_tok_s"]},
         "gb_per_token": statistics.median(r["weights_gb_per_step"] for r in report["rounds"]) if batch == 1 else None,
@@ -138,7 +141,7 @@ def main() -> None:
     for b in sorted({1, a.batch}):
         lc_tok = [lc[b] for lc, _ in runs]
         fm_tok = [fm["tok_s"][b] for _, fm in runs]
-        ratio = statistics.median(f / l for f, l in zip(fm_tok, lc_tok))
+        ratio = statistics.median(fm / lc for fm, lc in zip(fm_tok, lc_tok))
         print(f"batch {b}: llama.cpp tok/s " + " ".join(f"{x:6.2f}" for x in lc_tok)
               + "   Fermium tok/s " + " ".join(f"{x:6.2f}" for x in fm_tok)
               + f"   Fermium / llama.cpp, run by run: {ratio:.2f}x")

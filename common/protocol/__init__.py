@@ -8,7 +8,9 @@
 - `checks`: what a worker checks against the model before a request reaches native code.
 """
 from . import decode, prefill, router, worker
-from .codec import VERSION, Message, ProtocolError, decode as decode_frames, encode as encode_message
+from .codec import VERSION, Message, ProtocolError
+from .codec import decode as decode_frames
+from .codec import encode as encode_message
 
 __all__ = ["VERSION", "Message", "ProtocolError", "decode_frames", "encode_message",
            "decode", "prefill", "router", "worker"]

@@ -3,8 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.config import (GIB, ROUTER_WORKERS, log_level_setting, metrics_port_setting, model_setting, setting,
-                           worker_token_setting)
+from common.config import (
+    GIB,
+    ROUTER_WORKERS,
+    log_level_setting,
+    metrics_port_setting,
+    model_setting,
+    setting,
+    worker_token_setting,
+)
 
 from .workers import MAX_PER_ROLE
 

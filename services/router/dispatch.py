@@ -38,7 +38,8 @@ from common.protocol.prefill import PrefillRequest
 from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
 from common.worker import CancelledIds
-from common.worker_token import matches, resolve as resolve_token
+from common.worker_token import matches
+from common.worker_token import resolve as resolve_token
 
 from .schema import Job
 from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry

@@ -18,8 +18,8 @@ from common.metrics import RouterMetrics
 from common.protocol.router import Failed, Finished, PrefillDone, Tokens
 
 from .admission import Admission, QueueFull
-from .dispatch import Dispatcher, NoWorkers, Track
 from .config import RouterConfig
+from .dispatch import Dispatcher, NoWorkers, Track
 from .errors import APIError, Drained, GenerationError, server_error
 from .schema import Job
 

@@ -26,9 +26,9 @@ from .api import API
 from .auth import api_key_middleware
 from .config import RouterConfig
 from .dispatch import Dispatcher, PrefixCache
-from .workers import ROLES
 from .generation import Generation
 from .prefix_cache import build_snapshot_cache
+from .workers import ROLES
 
 log = logging.getLogger("fermium.router")
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFValueType as V, GGML_QUANT_VERSION
+from gguf import GGML_QUANT_VERSION
+from gguf import GGUFValueType as V
 
 from .errors import ConvertError
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q, LlamaFileType
+from gguf import GGMLQuantizationType as Q
+from gguf import LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import quantize as gguf_quantize
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFWriter
 from tqdm import tqdm
 
 from .arch import arch_for, metadata
