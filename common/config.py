@@ -9,12 +9,24 @@ default and help. A plain field is not an option. Metadata keys (all optional):
     path     the option is a path; the config holds it as a str
     unit     a Unit: the option is a float in that unit, the config holds an int of base units
     min      the least value the option accepts
+
+The context size (`--ctx-size`) is one setting of every service: `context_size` resolves it
+against the model, `sequence_memory` is what one sequence holds at that many tokens, and
+`check_memory` refuses at start a context that the machine cannot hold.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from common.errors import UserError
+
+if TYPE_CHECKING:
+    from common.model.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,12 @@ def log_level_setting() -> Any:
     return setting("info", "debug, info, warning or error.")
 
 
+def ctx_size_setting() -> Any:
+    return setting(0, "Context length in tokens (prompt and generation of one sequence), at most the model's "
+                      "context_length; 0 is the model's. The same on router, prefill and decode.",
+                   aliases=("max_model_len",), min=0)
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     """What prefill and decode workers share: the model, the router link and the ready handshake."""
@@ -65,6 +83,7 @@ class WorkerConfig:
     listen: str = setting("tcp://127.0.0.1:0", "This worker's inbox (bind); :0 picks a free port.")
     advertise: str | None = setting(None, "Inbox address as other hosts reach it.")
     worker_token: str | None = worker_token_setting()
+    ctx_size: int = ctx_size_setting()
     ready_timeout: float = setting(30.0, "Seconds to wait for the router's handshake.")
     metrics_port: int = metrics_port_setting()
     log_level: str = log_level_setting()
@@ -79,3 +98,147 @@ def default(cls: type, name: str) -> Any:
     """The default of one field of a config class."""
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+# ---- the context size and what it costs
+
+MIB = 2 ** 20
+log = logging.getLogger("fermium.config")
+
+
+def size_text(n: int) -> str:
+    """Bytes as GiB (two decimals), or MiB below 1 GiB."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / MIB:.1f} MiB"
+
+
+class ContextSizeError(UserError, ValueError):
+    """A --ctx-size beyond the model's context length, or one the machine cannot hold."""
+
+
+def context_size(requested: int, cfg: "ModelConfig") -> int:
+    """The context length in tokens that --ctx-size `requested` gives this model (0: the model's)."""
+    limit = cfg.context_length
+    if isinstance(requested, bool) or not isinstance(requested, int) or not 0 <= requested <= limit:
+        raise ContextSizeError(f"--ctx-size {requested} is beyond this model's context_length of {limit} tokens; "
+                               f"give at most {limit} (0 is the model's)")
+    return requested or limit
+
+
+@dataclass(frozen=True)
+class SequenceMemory:
+    """What one sequence's state (common.state.SequenceState) holds at `tokens` positions."""
+
+    tokens: int
+    kv_bytes: int                # the full-attention layers' K and V up to `tokens`
+    recurrent_bytes: int         # the linear layers' conv tails and DeltaNet matrices: fixed
+
+    @property
+    def total_bytes(self) -> int:
+        return self.kv_bytes + self.recurrent_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_bytes // self.tokens if self.tokens else 0
+
+    def describe(self, batch: int) -> str:
+        return (f"context {self.tokens} tokens: up to {self.total_bytes / MIB:.1f} MiB per sequence "
+                f"(KV {self.kv_bytes / MIB:.1f} MiB + recurrent state {self.recurrent_bytes / MIB:.1f} MiB); "
+                f"batch of {batch}: {batch * self.total_bytes / 2**30:.2f} GiB")
+
+
+def sequence_memory(cfg: "ModelConfig", tokens: int) -> SequenceMemory:
+    """The bytes of a SequenceState of this model at position `tokens` (its arrays' nbytes)."""
+    import numpy as np
+
+    from common.state import STATE_DTYPE, state_shapes
+    itemsize = np.dtype(STATE_DTYPE).itemsize
+    kv = rec = 0
+    for name, shape in state_shapes(tokens, cfg):
+        n = int(np.prod(shape)) * itemsize
+        if name.startswith(("k[", "v[")):
+            kv += n
+        else:
+            rec += n
+    return SequenceMemory(tokens, kv, rec)
+
+
+def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
+    """/proc/meminfo in bytes, by key (MemTotal, MemAvailable, ...); {} where it cannot be read."""
+    out = {}
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, rest = line.partition(":")
+            fields = rest.split()
+            if fields and fields[0].isdigit():
+                out[key] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+    except OSError:
+        pass
+    return out
+
+
+def cgroup_memory_limit(path: str = "/sys/fs/cgroup/memory.max") -> int | None:
+    """This process's cgroup v2 memory limit in bytes; None where there is none."""
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def machine_ram() -> tuple[int, int | None]:
+    """(RAM this process may use, RAM available now): MemTotal, or a smaller cgroup limit; and
+    MemAvailable (None where unknown)."""
+    info = meminfo()
+    total = info.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = cgroup_memory_limit()
+    return (min(total, limit) if limit else total), info.get("MemAvailable")
+
+
+def model_file_bytes(model: Any) -> int:
+    """The size of the model's file (0 for a model with no file, as the in-process stack's)."""
+    try:
+        return os.path.getsize(model.path)
+    except (OSError, TypeError, AttributeError):
+        return 0
+
+
+def check_memory(role: str, mem: SequenceMemory, sequences: int, model_bytes: int, *,
+                 batch_option: str | None = "--max-batch") -> int:
+    """Raise ContextSizeError, naming the sizes, when one state at the context size and the model
+    file do not fit this machine's RAM. KV grows with each sequence's length, so `sequences` at the
+    full context (`batch_option` sets their number) is a worst case: past the RAM it is a warning,
+    naming what fits. Returns the bytes that worst case needs."""
+    ram, available = machine_ram()
+    room = ram - model_bytes
+    if mem.total_bytes > room:
+        per_token = mem.kv_bytes_per_token
+        fit_ctx = (room - mem.recurrent_bytes) // per_token if per_token else 0
+        raise ContextSizeError(
+            f"{role}: a context of {mem.tokens} tokens needs up to {size_text(mem.total_bytes)} per sequence "
+            f"(KV {size_text(mem.kv_bytes)} + recurrent state {size_text(mem.recurrent_bytes)}); with the model "
+            f"file's {size_text(model_bytes)} that is {size_text(mem.total_bytes + model_bytes)}, more than this "
+            f"machine's {size_text(ram)} of RAM; lower --ctx-size"
+            + (f" (--ctx-size {fit_ctx} fits)" if fit_ctx > 0 else ""))
+    need = sequences * mem.total_bytes + model_bytes
+    if need > ram:
+        fit = f"; {batch_option} {room // mem.total_bytes} would" if batch_option else ""
+        log.warning("%s: %d sequences at the full context of %d tokens (%s each) and the model file take %s, "
+                    "more than this machine's %s of RAM: long contexts at once may not fit%s",
+                    role, sequences, mem.tokens, size_text(mem.total_bytes), size_text(need), size_text(ram), fit)
+    elif available is not None and need > available:
+        log.warning("%s: %s for %d sequences and the model file is more than the %s of RAM available now",
+                    role, size_text(need), sequences, size_text(available))
+    return need
+
+
+class ContextModel:
+    """A model whose config says `context_length` = the context size: what a worker checks
+    requests and states against (common.protocol.checks, common.state.check_state) and sizes
+    its wire limits by. Everything else is the model's."""
+
+    def __init__(self, model: Any, ctx_size: int):
+        self._model = model
+        self.config = dataclasses.replace(model.config, context_length=ctx_size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)

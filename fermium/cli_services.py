@@ -112,7 +112,8 @@ UP_CHANGES = {"metrics_port": {"help": "First of three /metrics ports (router, p
               "log_level": {"default": "warning"}}
 
 
-@command(options(RouterConfig, "model", "port"), options(DecodeConfig, "runner"), options(PrefillConfig, "backend"),
+@command(options(RouterConfig, "model", "port", "ctx_size"), options(DecodeConfig, "runner", "max_batch"),
+         options(PrefillConfig, "backend"),
          options(RouterConfig, "metrics_port", **UP_CHANGES), "chat", "ready_timeout",
          options(RouterConfig, "drain_timeout", "log_level", **UP_CHANGES))
 def up_command(
@@ -132,6 +133,9 @@ def up_command(
     roles, first = ("router", "prefill", "decode"), settings["metrics_port"]
     ports = {name: first + i for i, name in enumerate(roles)} if first else {}
     quiet = {name: ["--log-level", settings["log_level"]] for name in roles}
+    for name in roles:                          # one context size for all three (each refuses what it cannot hold)
+        quiet[name] += ["--ctx-size", str(settings["ctx_size"])]
+    quiet["decode"] += ["--max-batch", str(settings["max_batch"])]
     path = _model(settings["model"])
 
     def note(text):     # progress; stdout carries the answer

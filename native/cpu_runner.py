@@ -22,7 +22,7 @@ from native import cpu_lib
 from native.cpu_lib import ffi, lib
 from native.cpu_repack import REPACK_LAYOUTS, open_cache, source_ranges
 
-KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1)
+KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1) (without max_context)
 # prompt tokens per native prefill chunk. Each weight is read once per chunk; at 8 experts a token,
 # a chunk of 256 reaches nearly every expert of a 256-expert layer once, where chunks of 64 read
 # most of them four times over (a real-width layer: 0.45 GB of experts).
@@ -75,6 +75,9 @@ class CpuRunner:
             raise MemoryError("could not allocate the CPU runner's scratch buffers")
         self._engine = ffi.gc(engine, lib.fm_engine_free)
         self.last_bytes = 0.0           # weight bytes read by the last decode step
+        # positions a KV buffer is made with (the decode and prefill servers set their context size):
+        # it is then never copied to grow; 0: buffers double as they fill
+        self.max_context = 0
         self.last_seconds = (0.0, 0.0)  # last decode step: (whole call, the C step inside it)
 
     # ---- model description
@@ -146,7 +149,11 @@ class CpuRunner:
                 and base.shape[0] >= pos + rows and base.dtype == np.float32 and base.flags.c_contiguous
                 and base.flags.writeable and base.ctypes.data == a.ctypes.data):
             return base
-        buf = np.empty((pos + max(KV_GROW, pos, rows), *a.shape[1:]), np.float32)
+        if self.max_context >= pos + rows:
+            grown = self.max_context    # the whole context at once: its pages are touched only as rows are written
+        else:                           # doubling: amortised O(1), but each growth copies the cache
+            grown = pos + max(KV_GROW, pos, rows)
+        buf = np.empty((grown, *a.shape[1:]), np.float32)
         buf[:pos] = a
         return buf
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from common.errors import UserError
 from common.model.config import ModelConfig
 from common.model.layers import head_name
 
@@ -28,6 +29,12 @@ DEFAULT_BUDGET = 6 << 30
 RESERVE_BYTES = 96 << 20          # kernel images, tiny per-call tables, allocator rounding
 HEAD_ROWS_BYTES = 64 << 20        # logits rows computed per LM-head launch
 F32 = 4
+
+
+
+class VramBudgetError(UserError, ValueError):
+    """A VRAM budget that cannot hold the plan's fixed part (weights, activations, state + KV)."""
+
 
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([kmgt]?)(i?)b?\s*$", re.I)
 
@@ -175,11 +182,14 @@ def make_plan(cfg: ModelConfig, tensor_bytes: dict[str, int], *, budget: int = D
 
     fixed = dense + ws + st + RESERVE_BYTES
     if fixed + regions * expert > budget:
-        raise ValueError(
+        room = budget - (fixed - st) - regions * expert        # what the state and KV could have
+        fits = (room - state_bytes(cfg, 0)) // (state_bytes(cfg, 1) - state_bytes(cfg, 0)) if room > 0 else 0
+        raise VramBudgetError(
             f"a VRAM budget of {gib(budget)} is too small: dense weights {gib(dense)}, activations for "
-            f"{pass_tokens} tokens {gib(ws)}, state for {max_context} tokens {gib(st)} and a minimal "
+            f"{pass_tokens} tokens {gib(ws)}, state + KV for {max_context} tokens {gib(st)} and a minimal "
             f"expert slot {gib(regions * expert)} need {gib(fixed + regions * expert)}; "
-            f"raise --vram-budget or lower pass_tokens / max_context")
+            f"raise --vram-budget or lower --ctx-size"
+            + (f" (at most {fits} tokens fit this budget)" if fits > 0 else ""))
     head_resident = fixed + head + regions * expert <= budget
     avail = budget - fixed - (head if head_resident else 0)
     # with a slot for a whole layer's streamed experts: avail = pinned * all_experts + (E - pinned) * expert

@@ -13,7 +13,10 @@ class PrefillConfig(WorkerConfig):
     vram_budget: int | None = setting(None, "GiB of GPU memory to use (cuda backend).", unit=GIB)   # bytes
     backend_options: dict = field(default_factory=dict)      # more keyword arguments of the backend
 
-    def backend_kwargs(self) -> dict:
-        """backend_options, with device and a set vram_budget for the cuda backend."""
-        cuda = {"device": self.device, **({"vram_budget": self.vram_budget} if self.vram_budget else {})}
+    def backend_kwargs(self, ctx_size: int | None = None) -> dict:
+        """backend_options, with device, a set vram_budget and, when --ctx-size was given, the
+        context size (`ctx_size`: the state and KV it plans room for on the device) for the cuda
+        backend; without it the backend keeps its own, which a 6 GiB card holds."""
+        cuda = {"device": self.device, **({"vram_budget": self.vram_budget} if self.vram_budget else {}),
+                **({"max_context": ctx_size} if ctx_size and self.ctx_size else {})}
         return {**(cuda if self.backend == "cuda" else {}), **self.backend_options}

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from common.config import (
     GIB,
     ROUTER_WORKERS,
+    ctx_size_setting,
     log_level_setting,
     metrics_port_setting,
     model_setting,
@@ -23,7 +24,7 @@ class RouterConfig:
     port: int = setting(8000, "HTTP port of the router.")
     workers: str = setting(ROUTER_WORKERS, "ZeroMQ address workers register at (bind).")
     served_model_name: str = setting("fermium", "The `model` clients ask for.")   # the file stem works too
-    max_model_len: int = setting(0, "Context limit; 0 is the model's.")
+    ctx_size: int = ctx_size_setting()         # prompt + max_tokens beyond it: 400 context_length_exceeded
     max_running: int = setting(64, "Requests at the workers at once.")
     max_queue: int = setting(256, "Requests waiting for a slot; beyond, 429.")
     heartbeat_timeout: float = setting(2.5, "Seconds before a silent worker is dead.")

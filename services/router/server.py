@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
+from common.config import context_size
 from common.metrics import RouterMetrics
 from common.model.chat_template import render_chat
 from common.model.gguf_file import GGUFModel
@@ -45,14 +47,14 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     model = GGUFModel(cfg.model)
     tokenizer = Tokenizer.from_gguf(model)
     template = model.get("tokenizer.chat_template") if model.has("tokenizer.chat_template") else None
-    context = min(cfg.max_model_len or model.config.context_length, model.config.context_length)
+    context = context_size(cfg.ctx_size, model.config)      # beyond the model's: refused at start
     metrics = RouterMetrics()
     if cache is None:
         cache = build_snapshot_cache(model.config, metrics, cfg.snapshot_budget, cfg.snapshot_dir,
                                      cfg.snapshot_every, model.fingerprint)
     dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache,
                             token=cfg.worker_token, max_workers=cfg.max_workers,
-                            limits=wire_limits(model.config))
+                            limits=wire_limits(dataclasses.replace(model.config, context_length=context)))
     generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics,
                             cfg.request_timeout)
 
