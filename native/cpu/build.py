@@ -13,7 +13,9 @@ The dot kernels are named <weights>_<shape>_<isa>.c, the generic sibling as *_ge
            interleaved rows . up to FM_DOTN_MAX (quants.h). A file holds its weights' narrower
            kernels for its ISA too (q6_Kp_batch_avx2.c has the row kernel).
 The references of the repacked layouts are in repack.c, and the other per-ISA files hold an op
-family (gdn_*.c: the DeltaNet head and conv updates, whose generic sibling is in ops.c).
+family (gdn_*.c: the DeltaNet head and conv updates, whose generic sibling is in ops.c;
+attn_tiled_*.c: the causal attention of prefill chunks and decode steps, beside
+attn_tiled_generic.c).
 """
 from __future__ import annotations
 

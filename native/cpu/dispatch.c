@@ -17,17 +17,18 @@ typedef struct {
     fm_vec_dot_r_fn dotr[KIND_COUNT];  // several rows of a row layout at once; NULL: row by row
     fm_gdn_fn gdn;                     // the Gated DeltaNet head update
     fm_conv_fn conv;                   // its conv update
+    fm_attn_fn attn;                   // the causal attention of a prefill chunk or decode step
 } isa_row;
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C); pisa: the Q4_0p and
 // Q4_Kp dots (SSSE3's layouts); gisa: the kernels of the repacked group layouts; disa: the fp32
-// DeltaNet and conv update
-#define ROW(name, isa, fisa, hisa, pisa, gisa, disa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, \
+// DeltaNet and conv update; aisa: the prefill attention
+#define ROW(name, isa, fisa, hisa, pisa, gisa, disa, aisa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, \
     fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, \
     fm_dot_f16_##hisa, fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##isa, \
     [KIND_Q4_0P] = fm_dot_q4_0p_a8_##pisa, [KIND_Q4_KP] = fm_dot_q4_Kp_a8_##pisa }, batched, \
     { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, rows, fm_gdn_head_##disa, \
-    fm_conv_update_##disa }
+    fm_conv_update_##disa, fm_attn_tiled_##aisa }
 #define NO_DOTN { 0 }
 #define NO_DOTR { 0 }
 #define DOTN_FLOAT_AVX2 [KIND_F32] = fm_dotn_f32_avx2, [KIND_F16] = fm_dotn_f16_avx2, [KIND_BF16] = fm_dotn_bf16_avx2
@@ -37,10 +38,11 @@ typedef struct {
                       [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx512, DOTN_FLOAT_AVX2 }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
-    ROW("generic", generic, generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
-    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, ssse3, NO_DOTN, NO_DOTR),
-    ROW("avx2", avx2, avx2, avx2, generic, avx2, avx2, DOTN_AVX2, NO_DOTR),
-    ROW("avx512", avx512, avx2, avx2, generic, avx512, avx2, DOTN_AVX512, { [KIND_Q6_KP] = fm_dotr_q6_Kp_a8_avx512 }),
+    ROW("generic", generic, generic, generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
+    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, ssse3, generic, NO_DOTN, NO_DOTR),
+    ROW("avx2", avx2, avx2, avx2, generic, avx2, avx2, avx2, DOTN_AVX2, NO_DOTR),
+    ROW("avx512", avx512, avx2, avx2, generic, avx512, avx2, avx512, DOTN_AVX512,
+        { [KIND_Q6_KP] = fm_dotr_q6_Kp_a8_avx512 }),
 };
 
 // GGML type -> traits; activation kind decides how x is quantized before the dot
@@ -141,6 +143,17 @@ void fm_gdn_head(FM_GDN_ARGS) {
 void fm_conv_update(FM_CONV_ARGS) {
     if (!active) fm_isa_active();
     active->conv(state, w, x, out, C, K);
+}
+
+void fm_attn_tiled(FM_ATTN_ARGS) {
+    if (!active) fm_isa_active();
+    active->attn(q, q_tok, q_head, k, v, kv_tok, o, o_tok, o_head, nq, pos0, group, hd, scale, work);
+}
+
+int fm_attn_tiled_isa(int isa, FM_ATTN_ARGS) {
+    if (!fm_isa_supported(isa)) return -1;
+    ISA_ROWS[isa].attn(q, q_tok, q_head, k, v, kv_tok, o, o_tok, o_head, nq, pos0, group, hd, scale, work);
+    return 0;
 }
 
 int fm_conv_update_isa(int isa, float *state, const float *w, const float *x, float *out, int C, int K) {

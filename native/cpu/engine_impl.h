@@ -38,7 +38,7 @@ struct fm_engine {
     float *router, *probs, *rope;
     int *ids;
     float *wts, *sg, *g, *u, *down;   // g, u: (cap*(K+1), maxF); down: (cap*(K+1), H)
-    float *scores;                // attention scores, one row of scores_cap / threads per pool thread
+    float *scores;                // attention work (fm_attn_tiled_work), scores_cap / threads per pool thread
     size_t scores_cap;
     uint8_t *arena;               // activations and pointer lists of the current phase
     size_t arena_size, arena_used;

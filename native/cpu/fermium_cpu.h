@@ -55,6 +55,14 @@ int fm_gdn_head_isa(int isa, float *S, const float *q, const float *k, const flo
 // the conv update of C channels (kernel K) through ISA `isa`'s sibling: out = SiLU of the taps
 // over [state | x], and state (C, K-1) shifts in x. -1 where the ISA is not on this CPU
 int fm_conv_update_isa(int isa, float *state, const float *w, const float *x, float *out, int C, int K);
+// causal prefill attention of one KV group's query heads through ISA `isa`'s kernel (ops.h:
+// fm_attn_tiled); -1 where the ISA is not on this CPU. fm_attn_block_tokens: the query tokens of
+// one block for `group` heads (the engine's task size); fm_attn_tiled_work: the floats of work
+int fm_attn_tiled_isa(int isa, const float *q, size_t q_tok, size_t q_head, const float *k, const float *v,
+                      size_t kv_tok, float *o, size_t o_tok, size_t o_head, int nq, int pos0, int group, int hd,
+                      float scale, float *work);
+int fm_attn_block_tokens(int group);
+size_t fm_attn_tiled_work(int group, int hd);
 // a 64-bit checksum of `bytes` bytes, at about memory speed
 uint64_t fm_checksum(const void *data, size_t bytes);
 

@@ -129,18 +129,39 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
 
 // ---- gated full attention layer
 
-static void attn_task(void *arg, int task, int thread) {
-    const layer_ctx *c = arg;
+// the tiled attention of query heads [h0, h0 + group) for tokens i0..i0+ni-1 of the chunk (or
+// of sequence b's one token), then the output gate; one kernel for decode and prefill, so that a
+// prompt prefilled in chunks attends exactly as the same tokens decoded one by one
+static void attn_group(const layer_ctx *c, int b, int kvh, int i0, int ni, int thread) {
     fm_engine *e = c->e;
     const fm_model *m = e->m;
-    const int nh = m->n_heads, hd = m->head_dim, nkv = m->n_kv_heads;
-    const int b = task / nh, h = task % nh, kvh = h / (nh / nkv), T = c->seqs[b].pos + 1;
-    const float *qg = e->p_qkv + (size_t)b * 2 * nh * hd + (size_t)h * 2 * hd;   // query then gate
-    float *o = e->core + (size_t)b * nh * hd + (size_t)h * hd;
-    const size_t stride = (size_t)nkv * hd;
-    fm_attend(qg, c->seqs[b].k[c->li] + (size_t)kvh * hd, c->seqs[b].v[c->li] + (size_t)kvh * hd, T,
-              (int)stride, hd, 1.0f / sqrtf((float)hd), e->scores + (size_t)thread * (e->scores_cap / fm_pool_threads(e->pool)), o);
-    fm_mul_sigmoid(o, qg + hd, hd);
+    const int nh = m->n_heads, hd = m->head_dim, nkv = m->n_kv_heads, group = nh / nkv;
+    const size_t q_tok = 2 * (size_t)nh * hd, o_tok = (size_t)nh * hd, h0 = (size_t)kvh * group;
+    const float *qg = e->p_qkv + (size_t)(b + i0) * q_tok + h0 * 2 * hd;   // per head: query then gate
+    float *o = e->core + (size_t)(b + i0) * o_tok + h0 * hd;
+    float *work = e->scores + (size_t)thread * (e->scores_cap / fm_pool_threads(e->pool));
+    fm_attn_tiled(qg, q_tok, 2 * (size_t)hd, c->seqs[b].k[c->li] + (size_t)kvh * hd,
+                  c->seqs[b].v[c->li] + (size_t)kvh * hd, (size_t)nkv * hd, o, o_tok, hd, ni, c->seqs[b].pos + i0,
+                  group, hd, 1.0f / sqrtf((float)hd), work);
+    for (int i = 0; i < ni; i++)
+        for (int g = 0; g < group; g++)
+            fm_mul_sigmoid(o + (size_t)i * o_tok + (size_t)g * hd, qg + (size_t)i * q_tok + (size_t)(2 * g + 1) * hd,
+                           hd);
+}
+
+static void attn_task(void *arg, int task, int thread) {   // decode: (sequence, KV head)
+    const layer_ctx *c = arg;
+    const int nkv = c->e->m->n_kv_heads;
+    attn_group(c, task / nkv, task % nkv, 0, 1, thread);
+}
+
+// prefill: (KV head, block of query tokens), the blocks nearest the chunk's end (the most keys)
+// first, so that the pool's last tasks are short
+static void attn_chain_task(void *arg, int task, int thread) {
+    const layer_ctx *c = arg;
+    const int nkv = c->e->m->n_kv_heads, bq = fm_attn_block_tokens(c->e->m->n_heads / nkv);
+    const int i0 = ((c->n + bq - 1) / bq - 1 - task / nkv) * bq;
+    attn_group(c, 0, task % nkv, i0, c->n - i0 < bq ? c->n - i0 : bq, thread);
 }
 
 static void rope_table(fm_engine *e, int pos) {
@@ -160,7 +181,6 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
         return -1;
     eng_run_jobs(e, PH_MIX_IN);
     const double t0 = eng_seconds();
-    int max_t = 0;
     for (int b = 0; b < n; b++) {
         rope_table(e, seqs[b].pos);
         for (int h = 0; h < nh; h++) {
@@ -174,10 +194,9 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
             fm_rope_neox(kc + (size_t)h * hd, m->rope_dim, e->rope);
         }
         memcpy(vc, e->p_v + (size_t)b * nkv * hd, sizeof(float) * (size_t)nkv * hd);
-        max_t = MAX(max_t, seqs[b].pos + 1);
     }
-    const size_t threads = (size_t)fm_pool_threads(e->pool);   // one row of scores per pool thread
-    const size_t need = threads * (size_t)max_t;
+    const size_t threads = (size_t)fm_pool_threads(e->pool);   // one kernel's work per pool thread
+    const size_t need = threads * fm_attn_tiled_work(nh / nkv, hd);
     if (need > e->scores_cap) {
         free(e->scores);
         e->scores_cap = MAX(need, 2 * e->scores_cap);
@@ -186,9 +205,15 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
     }
     eng_phase_since(e, PH_MIX_PREP, t0);
     layer_ctx c = { e, L, seqs, fi, n };
-    double kv_bytes = 0.0;   // the keys and values each sequence attends over
-    for (int b = 0; b < n; b++) kv_bytes += 2.0 * sizeof(float) * (seqs[b].pos + 1) * nkv * hd;
-    run_heads(e, attn_task, &c, n * nh, kv_bytes);
+    const int bq = e->chain ? fm_attn_block_tokens(nh / nkv) : 1;
+    double kv_bytes = 0.0;   // the keys and values read: once per sequence, or per block of the chunk
+    for (int b = 0; b < n; b += bq)
+        kv_bytes += 2.0 * sizeof(float) * (seqs[(b + bq < n ? b + bq : n) - 1].pos + 1) * nkv * hd;
+    if (e->chain) {
+        run_heads(e, attn_chain_task, &c, nkv * ((n + bq - 1) / bq), kv_bytes);
+    } else {
+        run_heads(e, attn_task, &c, n * nkv, kv_bytes);
+    }
     if (eng_dense(e, &L->o, e->core, n, e->attn_out)) return -1;
     eng_run_jobs(e, PH_MIX_OUT);
     eng_add_rows(e->x, e->attn_out, n, m->hidden);

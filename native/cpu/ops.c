@@ -15,15 +15,6 @@ static float sum_sq(const float *x, int n) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-static float dot(const float *a, const float *b, int n) {
-    float s[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
-    for (; i < n; i++) s[0] += a[i] * b[i];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
 void fm_rmsnorm(const float *x, const float *w, float *y, int n, float eps) {
     const float r = 1.0f / sqrtf(sum_sq(x, n) / (float)n + eps);
     for (int i = 0; i < n; i++) y[i] = x[i] * r * w[i];
@@ -79,26 +70,6 @@ void fm_rope_neox(float *x, int rope_dim, const float *cs) {
         const float x0 = x[i], x1 = x[i + half];
         x[i] = x0 * c[i] - x1 * s[i];
         x[i + half] = x1 * c[i] + x0 * s[i];
-    }
-}
-
-void fm_attend(const float *q, const float *K, const float *V, int T, int stride, int hd, float scale,
-               float *scores, float *o) {
-    float mx = -INFINITY;
-    for (int t = 0; t < T; t++) {
-        scores[t] = dot(q, K + (size_t)t * stride, hd) * scale;
-        mx = scores[t] > mx ? scores[t] : mx;
-    }
-    float sum = 0.0f;
-    for (int t = 0; t < T; t++) {
-        scores[t] = expf(scores[t] - mx);
-        sum += scores[t];
-    }
-    memset(o, 0, sizeof(float) * (size_t)hd);
-    for (int t = 0; t < T; t++) {
-        const float p = scores[t] / sum;
-        const float *vt = V + (size_t)t * stride;
-        for (int j = 0; j < hd; j++) o[j] += p * vt[j];
     }
 }
 

@@ -54,9 +54,23 @@ void fm_gdn_head_avx2(FM_GDN_ARGS);
 typedef void (*fm_gdn_fn)(FM_GDN_ARGS);
 // NeoX rotate-half on the first rope_dim dims; cs: (rope_dim/2) cos then (rope_dim/2) sin
 void fm_rope_neox(float *x, int rope_dim, const float *cs);
-// o = softmax(K q * scale) V over T cached positions; rows `stride` floats apart
-void fm_attend(const float *q, const float *K, const float *V, int T, int stride, int hd, float scale,
-               float *scores, float *o);
+// causal attention of the query heads of one KV group over a prefill chunk (or a decode step's
+// one token): tokens i < nq at positions pos0 + i, heads g < group, q[i * q_tok + g * q_head + d];
+// keys and values k[t * kv_tok + d] for t <= pos0 + i;
+// o[i * o_tok + g * o_head + d] = softmax_t(scale q.k_t) v_t.
+// Blocks of FM_ATTN_ROWS (token, head) rows times FM_ATTN_KEYS keys with an online softmax, so
+// each block of K and V is read once for all the group's heads. Through the active ISA's
+// sibling; work: fm_attn_tiled_work(group, hd) floats
+#define FM_ATTN_ROWS 64
+#define FM_ATTN_KEYS 64
+#define FM_ATTN_ARGS const float *q, size_t q_tok, size_t q_head, const float *k, const float *v, size_t kv_tok, \
+                     float *o, size_t o_tok, size_t o_head, int nq, int pos0, int group, int hd, float scale, \
+                     float *work
+void fm_attn_tiled(FM_ATTN_ARGS);
+void fm_attn_tiled_generic(FM_ATTN_ARGS);
+void fm_attn_tiled_avx2(FM_ATTN_ARGS);
+void fm_attn_tiled_avx512(FM_ATTN_ARGS);
+typedef void (*fm_attn_fn)(FM_ATTN_ARGS);
 // softmax over E logits, top-k, renormalise the k kept weights
 void fm_route(const float *logits, int E, int k, float *probs, int *ids, float *w);
 
