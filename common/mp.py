@@ -25,6 +25,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import security
+from .log_limit import LogLimiter
 from .protocol import Message, ProtocolError, decode_frames, encode_message
 from .protocol.codec import WireLimits
 
@@ -45,32 +46,6 @@ def _context() -> zmq.Context:
 def normalize_address(address: str) -> str:
     """Accept `tcp://host:0` for "any free port" (ZeroMQ spells it `*`)."""
     return address[:-2] + ":*" if address.startswith("tcp://") and address.endswith(":0") else address
-
-
-class LogLimiter:
-    """Logs the first `burst` complaints of each `interval` seconds, then one line saying how
-    many more there were, so that a flood of bad messages cannot fill the disk."""
-
-    def __init__(self, logger: logging.Logger, what: str, burst: int = 10, interval: float = 10.0):
-        self.logger, self.what, self.burst, self.interval = logger, what, burst, interval
-        self._start, self._logged, self._suppressed = time.monotonic(), 0, 0
-
-    def __call__(self, fmt: str, *args, exc_info: bool = False) -> None:
-        self.flush()
-        if self._logged < self.burst:
-            self._logged += 1
-            self.logger.error(fmt, *args, exc_info=exc_info)
-        else:
-            self._suppressed += 1
-
-    def flush(self) -> None:
-        """Start a new interval when the current one is over, with the summary of the last."""
-        if time.monotonic() - self._start < self.interval:
-            return
-        if self._suppressed:
-            self.logger.error("%s: %d more not logged in the last %.0f s", self.what, self._suppressed,
-                              time.monotonic() - self._start)
-        self._start, self._logged, self._suppressed = time.monotonic(), 0, 0
 
 
 def _new_socket(kind: int, max_msg_bytes: int) -> zmq.Socket:
@@ -113,27 +88,20 @@ def open_socket(kind: int, address: str, *, bind: bool, max_msg_bytes: int = -1)
     return _attach(sock, address, bind=bind)
 
 
-class PullQueue(Generic[T]):
-    """A bound PULL inbox. `address` is the real endpoint (a `:0` port is resolved).
+class Inbox(Generic[T]):
+    """What every inbox shares, ZeroMQ's or the in-process one (common.mp_local): the callbacks,
+    and one received message's decoding and handling, where nothing that goes wrong escapes.
     `limits` bounds what is accepted; `errors(reason)` counts each message rejected."""
 
-    def __init__(self, address: str, *, name: str,
-                 on_message: Callable[[T], None] | None = None,
-                 on_error: Callable[[ProtocolError], None] | None = None,
-                 limits: WireLimits | None = None,
-                 errors: Callable[[str], None] | None = None):
+    def __init__(self, *, name: str, on_message: Callable[[T], None] | None,
+                 on_error: Callable[[ProtocolError], None] | None, limits: WireLimits | None,
+                 errors: Callable[[str], None] | None):
         self._limits = limits
-        self._sock = open_socket(zmq.PULL, address, bind=True,
-                                 max_msg_bytes=limits.frame_bytes if limits else -1)
-        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._queue: queue.Queue[T] = queue.Queue()
         self._on_message = on_message or self._queue.put
         self._on_error = on_error or (lambda e: None)
         self._count = errors or (lambda reason: None)
         self._complain = LogLimiter(log, f"{name}: rejected messages")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"pull-{name}", daemon=True)
-        self._thread.start()
 
     def _reject(self, reason: str, fmt: str, *args, exc_info: bool = False) -> None:
         try:
@@ -141,6 +109,48 @@ class PullQueue(Generic[T]):
         except Exception:
             log.exception("counting a rejected message failed")
         self._complain(fmt, *args, exc_info=exc_info)
+
+    def _refuse(self, e: ProtocolError) -> None:
+        self._reject(e.reason, "rejected a message: %s", e)
+        try:
+            self._on_error(e)
+        except Exception:
+            self._reject("handler", "the error handler failed on %s", e, exc_info=True)
+
+    def _handle(self, frames: list) -> None:
+        try:
+            msg = decode_frames(frames, self._limits)
+        except ProtocolError as e:
+            self._refuse(e)
+            return
+        try:
+            self._on_message(msg)  # type: ignore[arg-type]
+        except Exception:
+            self._reject("handler", "handler failed on %s (rid %.40s)", type(msg).__name__, msg.rid, exc_info=True)
+
+    def get(self, timeout: float | None = None) -> T | None:
+        """Next message, or None after `timeout` seconds (only when no callback was given)."""
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+class PullQueue(Inbox[T]):
+    """A bound PULL inbox. `address` is the real endpoint (a `:0` port is resolved)."""
+
+    def __init__(self, address: str, *, name: str,
+                 on_message: Callable[[T], None] | None = None,
+                 on_error: Callable[[ProtocolError], None] | None = None,
+                 limits: WireLimits | None = None,
+                 errors: Callable[[str], None] | None = None):
+        super().__init__(name=name, on_message=on_message, on_error=on_error, limits=limits, errors=errors)
+        self._sock = open_socket(zmq.PULL, address, bind=True,
+                                 max_msg_bytes=limits.frame_bytes if limits else -1)
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"pull-{name}", daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -163,26 +173,7 @@ class PullQueue(Generic[T]):
         except zmq.ZMQError as e:
             self._reject("recv", "cannot receive: %s", e)
             return
-        try:
-            msg = decode_frames(frames, self._limits)
-        except ProtocolError as e:
-            self._reject(e.reason, "rejected a message: %s", e)
-            try:
-                self._on_error(e)
-            except Exception:
-                self._reject("handler", "the error handler failed on %s", e, exc_info=True)
-            return
-        try:
-            self._on_message(msg)  # type: ignore[arg-type]
-        except Exception:
-            self._reject("handler", "handler failed on %s (rid %.40s)", type(msg).__name__, msg.rid, exc_info=True)
-
-    def get(self, timeout: float | None = None) -> T | None:
-        """Next message, or None after `timeout` seconds (only when no callback was given)."""
-        try:
-            return self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        self._handle(frames)
 
     def close(self, wait: float = 0.0) -> None:
         """Stop the thread, which closes the socket; `wait` seconds for it (tests, shutdown)."""

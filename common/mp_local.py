@@ -16,8 +16,9 @@ import queue
 import threading
 from typing import Callable, Generic
 
-from .mp import LogLimiter, PullQueue, PushQueue, T
-from .protocol import ProtocolError, decode_frames, encode_message
+from .log_limit import LogLimiter
+from .mp import Inbox, PullQueue, PushQueue, T
+from .protocol import ProtocolError, encode_message
 from .protocol.codec import WireLimits
 
 SCHEME = "local://"
@@ -31,7 +32,7 @@ def is_local(address: str) -> bool:
     return address.startswith(SCHEME)
 
 
-class LocalPullQueue(Generic[T]):
+class LocalPullQueue(Inbox[T]):
     """A bound in-process inbox; binding a NAME that is bound already raises OSError."""
 
     def __init__(self, address: str, *, name: str,
@@ -39,13 +40,9 @@ class LocalPullQueue(Generic[T]):
                  on_error: Callable[[ProtocolError], None] | None = None,
                  limits: WireLimits | None = None,
                  errors: Callable[[str], None] | None = None):
-        self.address, self._limits = address, limits
+        super().__init__(name=name, on_message=on_message, on_error=on_error, limits=limits, errors=errors)
+        self.address = address
         self._frames: queue.Queue[list | None] = queue.Queue()
-        self._queue: queue.Queue[T] = queue.Queue()
-        self._on_message = on_message or self._queue.put
-        self._on_error = on_error or (lambda e: None)
-        self._count = errors or (lambda reason: None)
-        self._complain = LogLimiter(log, f"{name}: rejected messages")
         self._watchers: list[Callable[[], None]] = []
         with _lock:
             if address in _inboxes:
@@ -61,41 +58,17 @@ class LocalPullQueue(Generic[T]):
             except Exception:       # the last resort, as PullQueue's
                 self._reject("handler", "inbox %s: unexpected failure", self._thread.name, exc_info=True)
 
-    def _reject(self, reason: str, fmt: str, *args, exc_info: bool = False) -> None:
-        try:
-            self._count(reason)
-        except Exception:
-            log.exception("counting a rejected message failed")
-        self._complain(fmt, *args, exc_info=exc_info)
-
     def _one(self, frames: list) -> None:
-        try:
-            if self._limits and any(len(f) > self._limits.frame_bytes for f in frames):
-                raise ProtocolError(f"a frame over {self._limits.frame_bytes} bytes", reason="too_large")
-            msg = decode_frames(frames, self._limits)
-        except ProtocolError as e:
-            self._reject(e.reason, "rejected a message: %s", e)
-            try:
-                self._on_error(e)
-            except Exception:
-                self._reject("handler", "the error handler failed on %s", e, exc_info=True)
+        if self._limits and any(len(f) > self._limits.frame_bytes for f in frames):   # as MAXMSGSIZE drops it
+            self._refuse(ProtocolError(f"a frame over {self._limits.frame_bytes} bytes", reason="too_large"))
             return
-        try:
-            self._on_message(msg)  # type: ignore[arg-type]
-        except Exception:
-            self._reject("handler", "handler failed on %s (rid %.40s)", type(msg).__name__, msg.rid, exc_info=True)
+        self._handle(frames)
 
     def _deliver(self, frames: list) -> None:
         self._frames.put(frames)
 
     def _watch(self, lost: Callable[[], None]) -> None:
         self._watchers.append(lost)
-
-    def get(self, timeout: float | None = None) -> T | None:
-        try:
-            return self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
 
     def close(self, wait: float = 0.0) -> None:
         with _lock:

@@ -28,8 +28,9 @@ from typing import Protocol
 
 import numpy as np
 
+from common.log_limit import LogLimiter
 from common.metrics import RouterMetrics
-from common.mp import LogLimiter, PullQueue, PushQueue
+from common.mp import PullQueue, PushQueue
 from common.mp_local import pull_queue, push_queue
 from common.protocol import Message, ProtocolError
 from common.protocol.codec import WireLimits
