@@ -13,6 +13,7 @@ SIGTERM and Ctrl-C.
 """
 from __future__ import annotations
 
+import abc
 import logging
 import queue
 import signal
@@ -24,7 +25,8 @@ from collections import OrderedDict
 from typing import Any, Callable, ClassVar
 
 from .config import WorkerConfig
-from .mp import LogLimiter, PullQueue, PushQueue
+from .log_limit import LogLimiter
+from .mp import PullQueue, PushQueue
 from .mp_local import pull_queue, push_queue
 from .protocol import Message, ProtocolError
 from .protocol.codec import WireLimits
@@ -147,7 +149,7 @@ class WorkerLink:
         self.router.close(wait=1.0)            # shutdown: what is queued for the router goes first
 
 
-class WorkerServer:
+class WorkerServer(abc.ABC):
     """A worker's life: __init__ binds its inbox, `start` serves metrics and waits for the router's
     ready handshake, `serve_forever` runs `step` until `stop`, `close` lets go of the sockets.
 
@@ -168,17 +170,20 @@ class WorkerServer:
                                model=model.path.name, load=self.load, limits=wire_limits(model.config),
                                errors=metrics.protocol_error)
 
+    @abc.abstractmethod
     def load(self) -> tuple[int, int]:
-        raise NotImplementedError
+        """(running, waiting): the load its heartbeats report."""
 
+    @abc.abstractmethod
     def receive(self, request: Message) -> None:
-        raise NotImplementedError
+        """Take one request of REQUEST's type."""
 
     def cancel(self, rid: str) -> None:
         self.cancelled.add(rid)
 
+    @abc.abstractmethod
     def step(self, timeout: float) -> None:
-        raise NotImplementedError
+        """One turn of the compute loop, waiting at most `timeout` s for messages."""
 
     def start(self) -> None:
         self.metrics.serve(self.cfg.metrics_port)

@@ -74,9 +74,9 @@ def parse_body(raw: bytes) -> dict:
 
 def _check_tree(body: dict) -> None:
     """Depth, strings, floats and integers of the whole body, without recursion."""
-    todo: list[tuple[Any, tuple, int]] = [(body, (), 0)]
-    while todo:
-        value, path, depth = todo.pop()
+    pending: list[tuple[Any, tuple, int]] = [(body, (), 0)]
+    while pending:
+        value, path, depth = pending.pop()
         if isinstance(value, str):
             if not value.isascii() and _SURROGATE.search(value):
                 raise bad_request(f"'{_name(path)}' holds a lone UTF-16 surrogate, which is not text", _name(path))
@@ -94,9 +94,9 @@ def _check_tree(body: dict) -> None:
             for k, v in value.items():
                 if not k.isascii() and _SURROGATE.search(k):
                     raise bad_request(f"a key in '{_name(path)}' holds a lone UTF-16 surrogate", _name(path))
-                todo.append((v, (*path, k), depth + 1))
+                pending.append((v, (*path, k), depth + 1))
         else:
-            todo.extend((v, (*path, i), depth + 1) for i, v in enumerate(value))
+            pending.extend((v, (*path, i), depth + 1) for i, v in enumerate(value))
 
 
 def _name(path: tuple) -> str:
