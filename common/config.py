@@ -231,6 +231,21 @@ def check_memory(role: str, mem: SequenceMemory, sequences: int, model_bytes: in
     return need
 
 
+def plan_context(role: str, model: Any, requested: int, sequences: int,
+                 batch_option: str | None = "--max-batch") -> SequenceMemory:
+    """What a worker serves: the context `requested` (--ctx-size) resolves to for `model`, and
+    one sequence's memory there, checked against the RAM (check_memory) before a runner loads."""
+    mem = sequence_memory(model.config, context_size(requested, model.config))
+    check_memory(role, mem, sequences, model_file_bytes(model), batch_option=batch_option)
+    return mem
+
+
+def reserve_context(runner: Any, tokens: int) -> None:
+    """A runner that can (CpuRunner) makes each KV buffer once, for `tokens` positions."""
+    if hasattr(runner, "max_context"):
+        runner.max_context = tokens
+
+
 class ContextModel:
     """A model whose config says `context_length` = the context size: what a worker checks
     requests and states against (common.protocol.checks, common.state.check_state) and sizes

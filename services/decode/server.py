@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from common.config import ContextModel, check_memory, context_size, model_file_bytes, sequence_memory
+from common.config import ContextModel, plan_context, reserve_context
 from common.generation import GenerationPolicy
 from common.metrics import DecodeMetrics
 from common.model.gguf_file import GGUFModel
@@ -40,13 +40,11 @@ class DecodeServer(WorkerServer):
         """`model` (anything with GGUFModel's .config and .path) and `runner`, when given, are
         used instead of loading cfg.model and cfg.runner: the in-process stack hands in its own."""
         model = model if model is not None else GGUFModel(cfg.model)
-        self.ctx_size = context_size(cfg.ctx_size, model.config)
-        self.memory = sequence_memory(model.config, self.ctx_size)
-        check_memory("decode", self.memory, cfg.max_batch, model_file_bytes(model))   # before the runner maps it
+        self.memory = plan_context("decode", model, cfg.ctx_size, cfg.max_batch)   # before the runner maps it
+        self.ctx_size = self.memory.tokens
         self.runner_name, self.runner = (("given", runner) if runner is not None
                                          else load_runner(cfg.runner, model))
-        if hasattr(self.runner, "max_context"):
-            self.runner.max_context = self.ctx_size      # each KV buffer made once, for the whole context
+        reserve_context(self.runner, self.ctx_size)
         log.info("decode: %s", self.memory.describe(cfg.max_batch))       # once nothing has refused to start
         self.sched = BatchScheduler(cfg.max_batch)
         super().__init__(cfg, ContextModel(model, self.ctx_size), DecodeMetrics(), capacity=cfg.capacity)

@@ -13,7 +13,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 
-from common.config import ContextModel, check_memory, context_size, model_file_bytes, sequence_memory
+from common.config import ContextModel, plan_context, reserve_context
 from common.metrics import PrefillMetrics
 from common.model.gguf_file import GGUFModel
 from common.mp import PushQueue
@@ -41,15 +41,11 @@ class PrefillServer(WorkerServer):
         """`model` (anything with GGUFModel's .config and .path) and `backend`, when given, are
         used instead of loading cfg.model and cfg.backend: the in-process stack hands in its own."""
         model = model if model is not None else GGUFModel(cfg.model)
-        self.ctx_size = context_size(cfg.ctx_size, model.config)
-        self.memory = sequence_memory(model.config, self.ctx_size)
-        # the state it fills and the copy of it that a snapshot takes to the router meanwhile
-        check_memory("prefill", self.memory, PREFILL_STATES, model_file_bytes(model), batch_option=None)
+        self.memory = plan_context("prefill", model, cfg.ctx_size, PREFILL_STATES, batch_option=None)
+        self.ctx_size = self.memory.tokens
         self.backend = backend if backend is not None else create_backend(cfg.backend, model,
                                                                            **cfg.backend_kwargs(self.ctx_size))
-        runner = getattr(self.backend, "runner", None)
-        if hasattr(runner, "max_context"):
-            runner.max_context = self.ctx_size         # each KV buffer made once, for the whole context
+        reserve_context(getattr(self.backend, "runner", None), self.ctx_size)
         log.info("prefill: %s", self.memory.describe(PREFILL_STATES))     # once nothing has refused to start
         self.queue: deque[PrefillRequest] = deque()
         self.decoders: OrderedDict[str, tuple[PushQueue, float]] = OrderedDict()   # address -> (queue, last use)
