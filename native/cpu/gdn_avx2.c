@@ -4,16 +4,7 @@
 #include <stddef.h>
 #include <string.h>
 #include "quants.h"
-
-#define V __m256
-#define VW 8
-#define VLOAD _mm256_loadu_ps
-#define VSTORE _mm256_storeu_ps
-#define VSET1 _mm256_set1_ps
-#define VZERO _mm256_setzero_ps()
-#define VSUB _mm256_sub_ps
-#define VMUL _mm256_mul_ps
-#define VFMA _mm256_fmadd_ps
+#include "vec_avx2.h"
 #include "gdn_body.h"
 #include "conv_body.h"
 

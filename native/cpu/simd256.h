@@ -11,6 +11,12 @@ static inline __attribute__((always_inline)) float hsum256_ps(__m256 v) {
     return hsum128_ps(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
 
+static inline __attribute__((always_inline)) float hmax256_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
 // the f16 scales of weight blocks b..b+7 (first two bytes of blocks `stride` bytes apart)
 static inline __attribute__((always_inline)) __m256 scales8(const uint8_t *first, size_t stride) {
 #define AT(k) (*(const uint16_t *)(first + (k) * stride))
