@@ -146,15 +146,15 @@ class SequenceMemory:
                 f"batch of {batch}: {batch * self.total_bytes / 2**30:.2f} GiB")
 
 
-def sequence_memory(cfg: "ModelConfig", tokens: int) -> SequenceMemory:
-    """The bytes of a SequenceState of this model at position `tokens` (its arrays' nbytes)."""
+def sequence_memory(cfg: "ModelConfig", tokens: int, kv_type: str = "f32") -> SequenceMemory:
+    """The bytes of a SequenceState of this model at position `tokens` with KV in `kv_type` (its
+    arrays' nbytes)."""
     import numpy as np
 
-    from common.state import STATE_DTYPE, state_shapes
-    itemsize = np.dtype(STATE_DTYPE).itemsize
+    from common.state import state_specs
     kv = rec = 0
-    for name, shape in state_shapes(tokens, cfg):
-        n = int(np.prod(shape)) * itemsize
+    for name, dtype, shape in state_specs(tokens, cfg, kv_type):
+        n = int(np.prod(shape)) * dtype.itemsize
         if name.startswith(("k[", "v[")):
             kv += n
         else:

@@ -1,7 +1,7 @@
 """The state of one sequence: what prefill hands to decode, and what a snapshot stores.
 
 Per linear-attention layer: the conv tail and the Gated DeltaNet matrix.
-Per full-attention layer: the K and V caches up to `pos`.
+Per full-attention layer: the K and V caches up to `pos`, in the cache's type (common.kv_cache).
 `check_state` holds arrays from the wire to the model's shapes before any native code reads
 them; `wire_limits` is the largest message that can legitimately carry a state.
 """
@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .kv_cache import check_kv_type, kv_dtype, kv_shape
 from .model.config import ModelConfig
 from .protocol.codec import WireLimits
 
-STATE_DTYPE = np.float32           # what prefill and decode ship (SequenceState.empty)
+STATE_DTYPE = np.float32           # the recurrent state and the logits; KV is in the cache's type
 HEADER_SLACK = 1 << 20             # bytes of a header beyond its token lists: ids, sampling, addresses
 MSGPACK_INT = 9                    # the most bytes msgpack spends on one int
 
@@ -24,66 +25,72 @@ class SequenceState:
     pos: int                                  # tokens consumed so far
     conv: list[np.ndarray]                    # per linear layer: (conv_channels, conv_kernel - 1) f32
     ssm: list[np.ndarray]                     # per linear layer: (n_v_heads, head_k_dim, head_v_dim) f32
-    k: list[np.ndarray] = field(default_factory=list)   # per full layer: (pos, n_kv_heads, head_dim) f32
-    v: list[np.ndarray] = field(default_factory=list)   # per full layer: (pos, n_kv_heads, head_dim) f32
+    k: list[np.ndarray] = field(default_factory=list)   # per full layer: kv_shape(pos, ...) in kv_type
+    v: list[np.ndarray] = field(default_factory=list)   # per full layer: kv_shape(pos, ...) in kv_type
+    kv_type: str = "f32"                      # common.kv_cache.KV_TYPES
 
     @classmethod
-    def empty(cls, cfg: ModelConfig) -> "SequenceState":
+    def empty(cls, cfg: ModelConfig, kv_type: str = "f32") -> "SequenceState":
         n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
+        kv = kv_shape(0, cfg.n_kv_heads, cfg.head_dim, check_kv_type(kv_type, cfg.head_dim))
         return cls(
             pos=0,
             conv=[np.zeros((cfg.conv_channels, cfg.conv_kernel - 1), np.float32) for _ in range(n_lin)],
             ssm=[np.zeros((cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim), np.float32) for _ in range(n_lin)],
-            k=[np.zeros((0, cfg.n_kv_heads, cfg.head_dim), np.float32) for _ in range(n_full)],
-            v=[np.zeros((0, cfg.n_kv_heads, cfg.head_dim), np.float32) for _ in range(n_full)],
+            k=[np.zeros(kv, kv_dtype(kv_type)) for _ in range(n_full)],
+            v=[np.zeros(kv, kv_dtype(kv_type)) for _ in range(n_full)],
+            kv_type=kv_type,
         )
 
     def copy(self) -> "SequenceState":
         return SequenceState(self.pos, [a.copy() for a in self.conv], [a.copy() for a in self.ssm],
-                             [a.copy() for a in self.k], [a.copy() for a in self.v])
+                             [a.copy() for a in self.k], [a.copy() for a in self.v], self.kv_type)
 
     def arrays(self) -> list[np.ndarray]:
         """All arrays in a fixed order: conv..., ssm..., k..., v... (the wire and disk order)."""
         return [*self.conv, *self.ssm, *self.k, *self.v]
 
     @classmethod
-    def from_arrays(cls, pos: int, arrays: list[np.ndarray], cfg: ModelConfig) -> "SequenceState":
+    def from_arrays(cls, pos: int, arrays: list[np.ndarray], cfg: ModelConfig,
+                    kv_type: str = "f32") -> "SequenceState":
         """Arrays in arrays() order at position `pos`, checked by check_state (ValueError)."""
-        check_state(pos, arrays, cfg)
+        check_state(pos, arrays, cfg, kv_type)
         n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
         a = list(arrays)
         return cls(pos, a[:n_lin], a[n_lin:2 * n_lin], a[2 * n_lin:2 * n_lin + n_full],
-                   a[2 * n_lin + n_full:])
+                   a[2 * n_lin + n_full:], kv_type)
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())
 
 
-def state_shapes(pos: int, cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of every array of a state at `pos`, in arrays() order."""
+def state_specs(pos: int, cfg: ModelConfig, kv_type: str = "f32") -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """(name, dtype, shape) of every array of a state at `pos` with KV in `kv_type`, in arrays() order."""
     n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
-    kv = (pos, cfg.n_kv_heads, cfg.head_dim)
-    return ([(f"conv[{i}]", (cfg.conv_channels, cfg.conv_kernel - 1)) for i in range(n_lin)]
-            + [(f"ssm[{i}]", (cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim)) for i in range(n_lin)]
-            + [(f"k[{i}]", kv) for i in range(n_full)] + [(f"v[{i}]", kv) for i in range(n_full)])
+    f4, kt = np.dtype(STATE_DTYPE), kv_dtype(kv_type)
+    kv = kv_shape(pos, cfg.n_kv_heads, cfg.head_dim, kv_type)
+    return ([(f"conv[{i}]", f4, (cfg.conv_channels, cfg.conv_kernel - 1)) for i in range(n_lin)]
+            + [(f"ssm[{i}]", f4, (cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim)) for i in range(n_lin)]
+            + [(f"k[{i}]", kt, kv) for i in range(n_full)] + [(f"v[{i}]", kt, kv) for i in range(n_full)])
 
 
-def check_state(pos: int, arrays, cfg: ModelConfig) -> None:
-    """Raise ValueError, naming the array, unless `arrays` is a state of this model at `pos`."""
+def check_state(pos: int, arrays, cfg: ModelConfig, kv_type: str = "f32") -> None:
+    """Raise ValueError, naming the array, unless `arrays` is a state of this model at `pos` with
+    KV in `kv_type`."""
     if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or not 0 <= pos <= cfg.context_length:
         raise ValueError(f"state position {pos!r} is outside [0, {cfg.context_length}]")
     if not isinstance(arrays, (list, tuple)):
         raise ValueError(f"state must be a list of arrays, got {type(arrays).__name__}")
-    want = state_shapes(pos, cfg)
+    want = state_specs(pos, cfg, check_kv_type(kv_type, cfg.head_dim))
     if len(arrays) != len(want):
         raise ValueError(f"state needs {len(want)} arrays, got {len(arrays)}")
-    for (name, shape), a in zip(want, arrays):
+    for (name, dtype, shape), a in zip(want, arrays):
         if not isinstance(a, np.ndarray):
             raise ValueError(f"state {name} is a {type(a).__name__}, not an array")
-        if a.dtype != STATE_DTYPE or a.shape != shape:
+        if a.dtype != dtype or a.shape != shape:
             raise ValueError(f"state {name} is {a.dtype}{list(a.shape)}, the model needs "
-                             f"{np.dtype(STATE_DTYPE)}{list(shape)}")
+                             f"{dtype}{list(shape)}" + (f" (KV cache type {kv_type})" if name[0] in "kv" else ""))
 
 
 def check_logits(logits, cfg: ModelConfig) -> None:
@@ -97,10 +104,11 @@ def check_logits(logits, cfg: ModelConfig) -> None:
 def wire_limits(cfg: ModelConfig) -> WireLimits:
     """The largest message a service of this model can legitimately receive: a whole state at the
     context length plus logits (a Snapshot, Finished or DecodeRequest), and a header holding two
-    token lists of that length (a PrefillRequest's tokens and history)."""
-    itemsize = np.dtype(STATE_DTYPE).itemsize
-    shapes = [s for _, s in state_shapes(cfg.context_length, cfg)] + [(cfg.vocab_size,)]
-    sizes = [int(np.prod(s)) * itemsize for s in shapes]
+    token lists of that length (a PrefillRequest's tokens and history). f32, the widest KV type,
+    bounds every type."""
+    specs = [(d, s) for _, d, s in state_specs(cfg.context_length, cfg)] + [(np.dtype(STATE_DTYPE), (cfg.vocab_size,))]
+    shapes = [s for _, s in specs]
+    sizes = [int(np.prod(s)) * d.itemsize for d, s in specs]
     header = 2 * cfg.context_length * MSGPACK_INT + HEADER_SLACK
     return WireLimits(frame_bytes=max(*sizes, header), message_bytes=sum(sizes) + header,
                       frames=1 + len(shapes))

@@ -101,8 +101,8 @@ def test_the_worker_checks_states_against_its_context(model):
 def sequence_state_arrays(model, pos):
     import numpy as np
 
-    from common.state import state_shapes
-    return [np.zeros(shape, np.float32) for _, shape in state_shapes(pos, model.config)]
+    from common.state import state_specs
+    return [np.zeros(shape, dtype) for _, dtype, shape in state_specs(pos, model.config)]
 
 
 def test_a_context_beyond_the_ram_is_refused_naming_the_sizes(model, tiny, monkeypatch, caplog):

@@ -2,15 +2,26 @@
 # Fetch a llama.cpp source tree (with convert_hf_to_gguf.py and its gguf-py) for the opt-in
 # interop tests, from the llama-cpp-python sdist on PyPI, which vendors llama.cpp.
 #
-#   tools/fetch_llama_cpp.sh [DEST]        (default DEST: .cache/llama-cpp)
+#   tools/fetch_llama_cpp.sh [DEST] [--build cpu|cuda]     (default DEST: .cache/llama-cpp)
 #   export FERMIUM_LLAMA_CPP_DIR=$(tools/fetch_llama_cpp.sh)
 #
+# --build also compiles llama-bench and llama-batched-bench into DEST's tree, under build-cpu/bin
+# (-DGGML_NATIVE=ON: this CPU's ISA) or build-cuda/bin (-DGGML_CUDA=ON for the GPU that is here,
+# CMAKE_CUDA_ARCHITECTURES=native unless LLAMA_CPP_CUDA_ARCH says otherwise).
 # Prints the llama.cpp directory on stdout; everything else goes to stderr.
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-DEST="${1:-$ROOT/.cache/llama-cpp}"
+DEST="$ROOT/.cache/llama-cpp"
+BUILD=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --build) BUILD="${2:?--build needs cpu or cuda}"; shift 2 ;;
+        *) DEST="$1"; shift ;;
+    esac
+done
+[[ -z "$BUILD" || "$BUILD" == cpu || "$BUILD" == cuda ]] || { echo "--build takes cpu or cuda, not $BUILD" >&2; exit 2; }
 PIP="${PIP:-$ROOT/.venv/bin/pip}"
 TREE="$DEST/llama_cpp_python-$VERSION/vendor/llama.cpp"
 
@@ -20,4 +31,12 @@ if [[ ! -f "$TREE/convert_hf_to_gguf.py" ]]; then
     tar -xzf "$DEST/llama_cpp_python-$VERSION.tar.gz" -C "$DEST"
 fi
 [[ -f "$TREE/convert_hf_to_gguf.py" ]] || { echo "no convert_hf_to_gguf.py under $TREE" >&2; exit 1; }
+if [[ -n "$BUILD" ]]; then
+    flags=(-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release)
+    [[ "$BUILD" == cuda ]] && flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${LLAMA_CPP_CUDA_ARCH:-native}")
+    if [[ ! -x "$TREE/build-$BUILD/bin/llama-bench" ]]; then
+        cmake -S "$TREE" -B "$TREE/build-$BUILD" "${flags[@]}" >&2
+        cmake --build "$TREE/build-$BUILD" --target llama-bench llama-batched-bench -j "$(nproc)" >&2
+    fi
+fi
 echo "$TREE"

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..model.config import ModelConfig
-from ..state import STATE_DTYPE, SequenceState, state_shapes
+from ..state import STATE_DTYPE, SequenceState, state_specs
 from . import disk
 from .keys import ROOT, chain, tail_key
 
@@ -215,9 +215,9 @@ class SnapshotStore:
         pos, base, blocks = header["pos"], header["meta"]["base"], header["meta"]["blocks"]
         if base != (blocks[-1] if blocks else ROOT.hex()) or not 0 <= pos - len(blocks) * self.block < self.block:
             raise disk.CorruptSnapshot(f"{path}: position {pos}, base and {len(blocks)} blocks disagree")
-        f4 = np.dtype(STATE_DTYPE)
-        names, shapes = zip(*state_shapes(pos, self.cfg), ("logits", (self.cfg.vocab_size,)))
-        got, want = header["specs"], [(f4, s) for s in shapes]
+        specs = [*state_specs(pos, self.cfg), ("logits", np.dtype(STATE_DTYPE), (self.cfg.vocab_size,))]
+        names = [name for name, _, _ in specs]
+        got, want = header["specs"], [(d, s) for _, d, s in specs]
         if got != want:
             i = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
             raise disk.CorruptSnapshot(f"{path}: {names[i] if i < len(names) else f'array {i}'} is "
