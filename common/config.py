@@ -12,7 +12,8 @@ default and help. A plain field is not an option. Metadata keys (all optional):
 
 The context size (`--ctx-size`) is one setting of every service: `context_size` resolves it
 against the model, `sequence_memory` is what one sequence holds at that many tokens, and
-`check_memory` refuses at start a context that the machine cannot hold.
+`check_memory` refuses at start a context that the machine cannot hold. So is the KV cache
+type (`--kv-type`, common.kv_cache), which sequence_memory counts in.
 """
 from __future__ import annotations
 
@@ -74,6 +75,11 @@ def ctx_size_setting() -> Any:
                    aliases=("max_model_len",), min=0)
 
 
+def kv_type_setting() -> Any:
+    from common.kv_cache import DEFAULT_KV_TYPE, KV_TYPES
+    return setting(DEFAULT_KV_TYPE, f"KV cache type: {', '.join(KV_TYPES)}. The same on router, prefill and decode.")
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     """What prefill and decode workers share: the model, the router link and the ready handshake."""
@@ -84,6 +90,7 @@ class WorkerConfig:
     advertise: str | None = setting(None, "Inbox address as other hosts reach it.")
     worker_token: str | None = worker_token_setting()
     ctx_size: int = ctx_size_setting()
+    kv_type: str = kv_type_setting()
     ready_timeout: float = setting(30.0, "Seconds to wait for the router's handshake.")
     metrics_port: int = metrics_port_setting()
     log_level: str = log_level_setting()
@@ -131,6 +138,7 @@ class SequenceMemory:
     tokens: int
     kv_bytes: int                # the full-attention layers' K and V up to `tokens`
     recurrent_bytes: int         # the linear layers' conv tails and DeltaNet matrices: fixed
+    kv_type: str = "f32"         # common.kv_cache.KV_TYPES
 
     @property
     def total_bytes(self) -> int:
@@ -141,9 +149,9 @@ class SequenceMemory:
         return self.kv_bytes // self.tokens if self.tokens else 0
 
     def describe(self, batch: int) -> str:
-        return (f"context {self.tokens} tokens: up to {self.total_bytes / MIB:.1f} MiB per sequence "
-                f"(KV {self.kv_bytes / MIB:.1f} MiB + recurrent state {self.recurrent_bytes / MIB:.1f} MiB); "
-                f"batch of {batch}: {batch * self.total_bytes / 2**30:.2f} GiB")
+        return (f"context {self.tokens} tokens: up to {self.total_bytes / MIB:.1f} MiB per sequence (KV "
+                f"{self.kv_type} {self.kv_bytes / MIB:.1f} MiB + recurrent state {self.recurrent_bytes / MIB:.1f} MiB)"
+                f"; batch of {batch}: {batch * self.total_bytes / 2**30:.2f} GiB")
 
 
 def sequence_memory(cfg: "ModelConfig", tokens: int, kv_type: str = "f32") -> SequenceMemory:
@@ -159,7 +167,7 @@ def sequence_memory(cfg: "ModelConfig", tokens: int, kv_type: str = "f32") -> Se
             kv += n
         else:
             rec += n
-    return SequenceMemory(tokens, kv, rec)
+    return SequenceMemory(tokens, kv, rec, kv_type)
 
 
 def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
@@ -214,9 +222,9 @@ def check_memory(role: str, mem: SequenceMemory, sequences: int, model_bytes: in
         per_token = mem.kv_bytes_per_token
         fit_ctx = (room - mem.recurrent_bytes) // per_token if per_token else 0
         raise ContextSizeError(
-            f"{role}: a context of {mem.tokens} tokens needs up to {size_text(mem.total_bytes)} per sequence "
-            f"(KV {size_text(mem.kv_bytes)} + recurrent state {size_text(mem.recurrent_bytes)}); with the model "
-            f"file's {size_text(model_bytes)} that is {size_text(mem.total_bytes + model_bytes)}, more than this "
+            f"{role}: a context of {mem.tokens} tokens needs up to {size_text(mem.total_bytes)} per sequence (KV "
+            f"{mem.kv_type} {size_text(mem.kv_bytes)} + recurrent state {size_text(mem.recurrent_bytes)}); with the "
+            f"model file's {size_text(model_bytes)} that is {size_text(mem.total_bytes + model_bytes)}, more than this "
             f"machine's {size_text(ram)} of RAM; lower --ctx-size"
             + (f" (--ctx-size {fit_ctx} fits)" if fit_ctx > 0 else ""))
     need = sequences * mem.total_bytes + model_bytes
@@ -232,10 +240,13 @@ def check_memory(role: str, mem: SequenceMemory, sequences: int, model_bytes: in
 
 
 def plan_context(role: str, model: Any, requested: int, sequences: int,
-                 batch_option: str | None = "--max-batch") -> SequenceMemory:
+                 batch_option: str | None = "--max-batch", kv_type: str = "f32") -> SequenceMemory:
     """What a worker serves: the context `requested` (--ctx-size) resolves to for `model`, and
-    one sequence's memory there, checked against the RAM (check_memory) before a runner loads."""
-    mem = sequence_memory(model.config, context_size(requested, model.config))
+    one sequence's memory there with KV in `kv_type`, checked against the RAM (check_memory)
+    before a runner loads."""
+    from common.kv_cache import check_kv_type
+    kv_type = check_kv_type(kv_type, model.config.head_dim)
+    mem = sequence_memory(model.config, context_size(requested, model.config), kv_type)
     check_memory(role, mem, sequences, model_file_bytes(model), batch_option=batch_option)
     return mem
 

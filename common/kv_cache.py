@@ -25,13 +25,21 @@ class KvTypeError(UserError, ValueError):
     """A --kv-type that is not one of KV_TYPES, or that this model's head size cannot use."""
 
 
-def check_kv_type(kv_type: str, head_dim: int) -> str:
+def check_kv_type(kv_type: str, head_dim: int | None = None) -> str:
+    """`kv_type`, or KvTypeError; without `head_dim` (no model read yet) only the name is checked."""
     if kv_type not in KV_TYPES:
         raise KvTypeError(f"--kv-type {kv_type!r} is not one of {', '.join(KV_TYPES)}")
-    if kv_type == "q8_0" and head_dim % Q8_BLOCK:
+    if kv_type == "q8_0" and head_dim is not None and head_dim % Q8_BLOCK:
         raise KvTypeError(f"--kv-type q8_0 needs a head size that is a multiple of {Q8_BLOCK}; "
                           f"this model's is {head_dim}: use f16")
     return kv_type
+
+
+def check_same_kv_type(got: object, own: str, what: str, here: str) -> None:
+    """ValueError unless `what` (a state, a worker) keeps its KV cache in `own`, the type of `here`."""
+    if got != own:
+        raise ValueError(f"{what} keeps its KV cache in {got!r:.20}, {here} in {own!r} (--kv-type): "
+                         f"start the router, prefill and decode with the same --kv-type")
 
 
 def kv_dtype(kv_type: str) -> np.dtype:

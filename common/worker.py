@@ -3,9 +3,10 @@
 A worker binds its inbox, says Hello to the router until a HelloAck comes back (the ready
 handshake), then sends a Heartbeat with its load every `heartbeat_s` from a thread of its own,
 so a long prefill never makes it look dead. Both carry the worker token (`common.worker_token`):
-a worker without the router's token is ignored, and its handshake times out. Frames that do
-not decode are logged and, when their request id could be read, answered with Failed so the
-request ends instead of hanging.
+a worker without the router's token is ignored, and its handshake times out. They also carry
+its KV cache type: the router refuses one of a type not its own, saying why in the HelloAck.
+Frames that do not decode are logged and, when their request id could be read, answered with
+Failed so the request ends instead of hanging.
 
 `WorkerServer` is the base of the prefill and decode servers: the link, metrics, the handshake
 at `start`, the message intake and the loop until `stop`, and `run`, which is all of it under
@@ -25,6 +26,7 @@ from collections import OrderedDict
 from typing import Any, Callable, ClassVar
 
 from .config import WorkerConfig
+from .kv_cache import DEFAULT_KV_TYPE
 from .log_limit import LogLimiter
 from .mp import PullQueue, PushQueue
 from .mp_local import pull_queue, push_queue
@@ -67,9 +69,9 @@ class CancelledIds:
 class WorkerLink:
     def __init__(self, role: str, *, router_address: str, inbox_address: str, advertise: str | None,
                  capacity: int, model: str, load: Callable[[], tuple[int, int]],
-                 heartbeat_s: float = HEARTBEAT_S, token: str | None = None,
+                 heartbeat_s: float = HEARTBEAT_S, token: str | None = None, kv_type: str = DEFAULT_KV_TYPE,
                  limits: WireLimits | None = None, errors: Callable[[str], None] | None = None):
-        self.role, self.capacity, self.model = role, capacity, model
+        self.role, self.capacity, self.model, self.kv_type = role, capacity, model, kv_type
         self.token = resolve_token(token)
         self.worker_id = f"{role}-{uuid.uuid4().hex[:8]}"
         self._load = load
@@ -120,7 +122,7 @@ class WorkerLink:
     def start(self, timeout: float) -> None:
         """Ready handshake: Hello until HelloAck; then heartbeats. Raises with a hint on timeout."""
         hello = Hello(uuid.uuid4().hex, self.worker_id, self.role, self.address, self.capacity, self.model,
-                      self.token)
+                      self.token, self.kv_type)
         deadline = time.monotonic() + timeout
         while not self._acked.is_set():
             if time.monotonic() > deadline:
@@ -141,7 +143,7 @@ class WorkerLink:
         while not self._stop.wait(self._heartbeat_s):
             running, waiting = self._load()
             self.router.put(Heartbeat(uuid.uuid4().hex, self.worker_id, self.role, self.address,
-                                      self.capacity, self.model, running, waiting, self.token))
+                                      self.capacity, self.model, running, waiting, self.token, self.kv_type))
 
     def close(self) -> None:
         self._stop.set()
@@ -166,7 +168,7 @@ class WorkerServer(abc.ABC):
         self._complain = LogLimiter(self.log, f"{self.ROLE}: failed requests")
         self._running = True
         self.link = WorkerLink(self.ROLE, router_address=cfg.router, inbox_address=cfg.listen,
-                               token=cfg.worker_token, advertise=cfg.advertise, capacity=capacity,
+                               token=cfg.worker_token, kv_type=cfg.kv_type, advertise=cfg.advertise, capacity=capacity,
                                model=model.path.name, load=self.load, limits=wire_limits(model.config),
                                errors=metrics.protocol_error)
 

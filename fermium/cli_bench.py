@@ -17,8 +17,14 @@ from typing import Optional
 
 import typer
 
+from common.kv_cache import DEFAULT_KV_TYPE, KV_TYPES, check_kv_type
+
 WARMUP_STEPS = 2   # decode steps before timing, the last of the context (the page cache and the pool warm)
 bench_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks.")
+
+
+def kv_type_option() -> typer.models.OptionInfo:
+    return typer.Option(DEFAULT_KV_TYPE, envvar="FERMIUM_KV_TYPE", help=f"KV cache type: {', '.join(KV_TYPES)}.")
 
 
 def command_line() -> str:
@@ -31,6 +37,7 @@ def native_runner(model: Path, threads: Optional[int], isa: Optional[str], **opt
     from common.model.gguf_file import GGUFModel
     from native import cpu_lib
     from native.runners import load_runner
+    check_kv_type(options.get("kv_type", DEFAULT_KV_TYPE))     # a bad name fails before the model loads
     try:
         return load_runner("native", GGUFModel(model), threads=threads, isa=isa, **options)[1]
     except cpu_lib.IsaError as exc:
@@ -145,6 +152,7 @@ def decode_command(
                                               "measurement; with --batch, a round's steps alternate with "
                                               "those of one sequence."),
     context: int = typer.Option(16, min=0, help="Tokens of context each sequence holds before timing."),
+    kv_type: str = kv_type_option(),
     bw_mib: Optional[int] = typer.Option(None, min=64, help="Buffer for the bandwidth measurement after each "
                                                            "step, MiB (default: 4 x the last-level cache, at "
                                                            "least 256)."),
@@ -158,7 +166,7 @@ def decode_command(
     from native import cpu_lib
 
     command = command_line()
-    runner = native_runner(model, threads, isa, prefault=prefault, repack=repack)
+    runner = native_runner(model, threads, isa, prefault=prefault, repack=repack, kv_type=kv_type)
     # KV buffers made for the whole run, as the decode server makes them for its context size: no
     # timed step copies a cache to grow it (at 32,768 tokens one such copy cost more than 10 steps)
     runner.max_context = max(context, WARMUP_STEPS) + rounds * tokens
@@ -197,7 +205,7 @@ def decode_command(
         "threads": runner.threads, "batch": batch, "membw_stream": "prefetched" if prefetch else "plain",
         "huge_page_share": huge, "bw_buffer_mib": bw_mib,
         "last_level_cache_mib": llc / 2**20 if llc else None, "cache_note": cache_note,
-        "context": context, "context_fill_s": fill_s, "rounds": results, "best": best,
+        "context": context, "kv_type": kv_type, "context_fill_s": fill_s, "rounds": results, "best": best,
         "median_bw_ratio": statistics.median(x["bw_ratio"] for x in results),
         "median_tok_s": statistics.median(x["tok_s"] for x in results),
     }
@@ -208,7 +216,7 @@ def decode_command(
         return
     typer.echo(f"$ {command}")
     if fill_s:
-        typer.echo(f"context: {context} tokens, prefilled in {fill_s:.1f} s")
+        typer.echo(f"context: {context} tokens (KV {kv_type}), prefilled in {fill_s:.1f} s")
     typer.echo(f"model {model.name}  isa {runner.isa}{' (repacked)' if runner.repacked else ''}  "
                f"threads {runner.threads}  batch {batch}  "
                f"bandwidth: a {report['membw_stream']} stream of {bw_mib} MiB after each step")

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from fermium.cli_bench import bench_app, command_line, native_runner
+from fermium.cli_bench import bench_app, command_line, kv_type_option, native_runner
 
 
 def _prompt(vocab: int, n: int) -> list[int]:
@@ -25,6 +25,7 @@ def cpu_prefill_command(
                                                           "as the cpu backend runs it)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Threads (default: one per physical core)."),
     isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2 or avx512 (default: the best)."),
+    kv_type: str = kv_type_option(),
     rounds: int = typer.Option(3, min=1, help="Timed prefills."),
     baseline_tokens: int = typer.Option(16, min=0, help="Tokens decoded one at a time for the baseline (0: none)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -33,7 +34,7 @@ def cpu_prefill_command(
     from native.cpu_runner import NATIVE_CHUNK
 
     command = command_line()
-    runner = native_runner(model, threads, isa)
+    runner = native_runner(model, threads, isa, kv_type=kv_type)
     chunk = chunk or NATIVE_CHUNK
     ids = _prompt(runner.cfg.vocab_size, prompt)
     runner.prefill(ids[:min(prompt, chunk)], runner.new_state(), chunk=chunk)   # warms pages and pool
@@ -44,7 +45,8 @@ def cpu_prefill_command(
         runner.prefill(ids, state, chunk=chunk)
         rates.append(prompt / (time.perf_counter() - t0))
     report = {"command": command, "model": str(model), "isa": runner.isa, "threads": runner.threads,
-              "prompt": prompt, "chunk": chunk, "prompt_tok_s": rates, "median_prompt_tok_s": statistics.median(rates),
+              "prompt": prompt, "chunk": chunk, "kv_type": kv_type,
+              "prompt_tok_s": rates, "median_prompt_tok_s": statistics.median(rates),
               "weights_gb_per_chunk": runner.last_bytes / 1e9 / -(-prompt // chunk)}
     if baseline_tokens:
         state = runner.new_state()
@@ -57,7 +59,8 @@ def cpu_prefill_command(
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"$ {command}")
-    typer.echo(f"model {model.name}  isa {runner.isa}  threads {runner.threads}  prompt {prompt}  chunk {chunk}")
+    typer.echo(f"model {model.name}  isa {runner.isa}  threads {runner.threads}  prompt {prompt}  chunk {chunk}  "
+               f"KV {kv_type}")
     typer.echo("prompt tok/s by round: " + " ".join(f"{r:.1f}" for r in rates)
                + f"; median {report['median_prompt_tok_s']:.1f}"
                f"; {report['weights_gb_per_chunk']:.3f} GB of weights per chunk")

@@ -16,7 +16,7 @@ RUNNER = {"default": "reference", "help": "native, reference, or auto (native wh
 
 
 @command("model", "prompt", "chat", "max_tokens", options(SamplingParams, env=False), "think",
-         options(DecodeConfig, "runner", env=False, runner=RUNNER))
+         options(DecodeConfig, "runner", env=False, runner=RUNNER), options(DecodeConfig, "kv_type"))
 def generate_command(
     model: Optional[Path] = typer.Option(None, help="GGUF model file (default: the bundled demo model)."),
     prompt: Optional[str] = typer.Option(None, help="Raw text to continue."),
@@ -28,6 +28,7 @@ def generate_command(
     **settings,
 ):
     """Generate text from a prompt or a chat message, in this process."""
+    from common.kv_cache import check_kv_type
     from common.model.chat_template import render_chat
     from common.model.gguf_file import GGUFModel
     from common.model.tokenizer import Tokenizer
@@ -36,6 +37,7 @@ def generate_command(
 
     if (prompt is None) == (chat is None):
         raise typer.BadParameter("give exactly one of --prompt or --chat")
+    check_kv_type(settings["kv_type"])
     if model is None:
         from common.model.default import default_model_path
         model = default_model_path()
@@ -52,7 +54,7 @@ def generate_command(
         params = config(SamplingParams, settings)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    _, runner = load_runner(settings["runner"], gguf_model, threads=threads)
+    _, runner = load_runner(settings["runner"], gguf_model, threads=threads, kv_type=settings["kv_type"])
     stop = tokenizer.eos_ids
     tokens, stream = [], tokenizer.stream()
     for token in generate(runner, prompt_ids, params, max_tokens, stop):

@@ -56,7 +56,9 @@ def _token(given: Optional[str]) -> str:
 
 def _service(cls: type, settings: dict, curve_dir: Optional[Path], insecure: bool):
     """The service's config from its options; logging and ZeroMQ security set up for this process."""
+    from common.kv_cache import check_kv_type
     from common.security import configure
+    check_kv_type(settings["kv_type"])          # a bad name fails before the model loads
     _logging(settings["log_level"])
     try:
         configure(curve_dir, insecure)
@@ -112,7 +114,7 @@ UP_CHANGES = {"metrics_port": {"help": "First of three /metrics ports (router, p
               "log_level": {"default": "warning"}}
 
 
-@command(options(RouterConfig, "model", "port", "ctx_size"), options(DecodeConfig, "runner", "max_batch"),
+@command(options(RouterConfig, "model", "port", "ctx_size", "kv_type"), options(DecodeConfig, "runner", "max_batch"),
          options(PrefillConfig, "backend"),
          options(RouterConfig, "metrics_port", **UP_CHANGES), "chat", "ready_timeout",
          options(RouterConfig, "drain_timeout", "log_level", **UP_CHANGES))
@@ -123,8 +125,10 @@ def up_command(
     **settings,
 ):
     """Start router, prefill and decode on loopback, restarting any that dies; Ctrl-C stops them all."""
+    from common.kv_cache import check_kv_type
     from fermium.stack import Stack, stream_chat
     from fermium.supervisor import Supervisor
+    check_kv_type(settings["kv_type"])
     signal.signal(signal.SIGTERM, _interrupt)   # while starting: the same clean stop as Ctrl-C
     # Ctrl-C stops it even when started from a shell that ignores SIGINT (a background job
     # inherits it ignored, and Python then installs no handler of its own)
@@ -133,8 +137,8 @@ def up_command(
     roles, first = ("router", "prefill", "decode"), settings["metrics_port"]
     ports = {name: first + i for i, name in enumerate(roles)} if first else {}
     quiet = {name: ["--log-level", settings["log_level"]] for name in roles}
-    for name in roles:                          # one context size for all three (each refuses what it cannot hold)
-        quiet[name] += ["--ctx-size", str(settings["ctx_size"])]
+    for name in roles:                          # one context size and KV type for all three (each checks them)
+        quiet[name] += ["--ctx-size", str(settings["ctx_size"]), "--kv-type", settings["kv_type"]]
     quiet["decode"] += ["--max-batch", str(settings["max_batch"])]
     path = _model(settings["model"])
 

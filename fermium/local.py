@@ -8,7 +8,8 @@ messages). `start()`, on the event loop the API runs on (the app's lifespan), st
 workers and waits for their handshake; `close()` stops them. The runner is handed in, so
 nothing is loaded here: anything with the reference model's prefill / decode and a `.cfg`
 ModelConfig (the state shapes the servers check). Prefill and decode each call theirs from
-their own thread: `prefill_runner` gives prefill another one.
+their own thread: `prefill_runner` gives prefill another one. The runners' `kv_type` (f32 where
+they have none) is the --kv-type of the router and both workers.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.kv_cache import check_same_kv_type
 from common.metrics import RouterMetrics
 from common.model.config import ModelConfig
 from common.state import wire_limits
@@ -43,6 +45,10 @@ class LoadedModel:
     path: Path
 
 
+def runner_kv_type(runner) -> str:
+    return getattr(runner, "kv_type", "f32")
+
+
 class RunnerBackend:
     """A prefill backend over a handed-in runner."""
 
@@ -50,6 +56,7 @@ class RunnerBackend:
 
     def __init__(self, runner):
         self.runner = runner
+        self.kv_type = runner_kv_type(runner)
 
     def prefill(self, tokens, state, *, all_logits: bool = False):
         if all_logits:
@@ -66,16 +73,18 @@ class LocalDispatcher(Dispatcher):
         n = next(_ids)
         self.model = LoadedModel(cfg if cfg is not None else runner.cfg, Path(name))
         self.runners = (prefill_runner if prefill_runner is not None else runner, runner)
+        kv_type = runner_kv_type(runner)
+        check_same_kv_type(runner_kv_type(self.runners[0]), kv_type, "the prefill runner", "the decode runner")
         self._names = (f"local://{name}-prefill-{n}", f"local://{name}-decode-{n}")
         super().__init__(f"local://{name}-router-{n}", heartbeat_timeout=HEARTBEAT_TIMEOUT_S,
                          metrics=metrics or RouterMetrics(), cache=cache, token=new_token(),
-                         limits=wire_limits(self.model.config))
+                         limits=wire_limits(self.model.config), kv_type=kv_type)
         self.servers: list = []
         self._threads: list[threading.Thread] = []
 
     async def start(self) -> None:
         await super().start()
-        link = dict(router=self.address, worker_token=self.token)
+        link = dict(router=self.address, worker_token=self.token, kv_type=self.kv_type)
         prefill_runner, decode_runner = self.runners
         self.servers = [
             PrefillServer(PrefillConfig(model=str(self.model.path), listen=self._names[0], **link),

@@ -1,6 +1,7 @@
 """Runners by name: each loader takes a GGUFModel and options and returns an object with the
 reference model's `new_state()`, `prefill(tokens, state, *, all_logits=False) -> logits` and
-`decode(tokens, states) -> logits (B, vocab)`. Decode, the `cpu` prefill backend, `fermium
+`decode(tokens, states) -> logits (B, vocab)`, and a `kv_type` (the option of that name, the
+KV cache type of every state it makes and takes). Decode, the `cpu` prefill backend, `fermium
 generate` and the benchmarks load theirs here."""
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _native(model: Any, **options: Any) -> Any:
 @register_runner("reference")
 def _reference(model: Any, **options: Any) -> Any:
     from common.reference.model import ReferenceModel
-    return ReferenceModel(model)   # the CPU options (threads, isa, ...) do not apply
+    return ReferenceModel(model, kv_type=options.get("kv_type", "f32"))   # the CPU options (threads, ...) do not apply
 
 
 def runner_names() -> tuple[str, ...]:

@@ -107,25 +107,28 @@ def sequence_state_arrays(model, pos):
 
 def test_a_context_beyond_the_ram_is_refused_naming_the_sizes(model, tiny, monkeypatch, caplog):
     """One sequence at the whole context must fit with the model file: else the start is refused.
-    A batch of them is a worst case (KV grows with each sequence), so past the RAM it is a warning."""
-    mem = sequence_memory(model.config, CONTEXT)
+    A batch of them is a worst case (KV grows with each sequence), so past the RAM it is a warning.
+    The sizes are those of the KV cache type, f16 by default: half the KV bytes of f32."""
+    mem = sequence_memory(model.config, CONTEXT, "f16")
+    assert 2 * mem.kv_bytes == sequence_memory(model.config, CONTEXT, "f32").kv_bytes
     file_bytes = tiny.stat().st_size
-    ram = file_bytes + 4 * mem.total_bytes + MIB // 8              # room for 4 sequences of the whole context
+    ram = file_bytes + 4 * mem.total_bytes + mem.total_bytes // 2  # room for 4 sequences of the whole context
     monkeypatch.setattr(config_module, "machine_ram", lambda: (ram, None))
     assert check_memory("decode", mem, 4, file_bytes) == file_bytes + 4 * mem.total_bytes
     with caplog.at_level("WARNING", logger="fermium.config"):
         server = DecodeServer(DecodeConfig(model=str(tiny), max_batch=16, worker_token="t",
-                                           listen="tcp://127.0.0.1:0"), model=model, runner=ReferenceModel(model))
+                                           listen="tcp://127.0.0.1:0"), model=model,
+                              runner=ReferenceModel(model, kv_type="f16"))
         server.close()
     assert "16 sequences at the full context of 512 tokens" in caplog.text and "--max-batch 4 would" in caplog.text
     small = file_bytes + mem.total_bytes // 2                       # not even one sequence of the context
     monkeypatch.setattr(config_module, "machine_ram", lambda: (small, None))
     with pytest.raises(ContextSizeError) as err:
         DecodeServer(DecodeConfig(model=str(tiny), max_batch=16, worker_token="t"), model=model,
-                     runner=ReferenceModel(model))
+                     runner=ReferenceModel(model, kv_type="f16"))
     text = str(err.value)
     assert text.startswith(f"decode: a context of {CONTEXT} tokens needs up to "
-                           f"{mem.total_bytes / MIB:.1f} MiB per sequence (KV {mem.kv_bytes / MIB:.1f} MiB + "
+                           f"{mem.total_bytes / MIB:.1f} MiB per sequence (KV f16 {mem.kv_bytes / MIB:.1f} MiB + "
                            f"recurrent state {mem.recurrent_bytes / MIB:.1f} MiB)")
     assert f"model file's {file_bytes / MIB:.1f} MiB" in text
     assert f"more than this machine's {small / MIB:.1f} MiB of RAM; lower --ctx-size" in text
@@ -133,7 +136,8 @@ def test_a_context_beyond_the_ram_is_refused_naming_the_sizes(model, tiny, monke
     assert fit * mem.kv_bytes_per_token + mem.recurrent_bytes + file_bytes <= small
     # what it suggests starts
     server = DecodeServer(DecodeConfig(model=str(tiny), max_batch=16, ctx_size=fit, worker_token="t",
-                                       listen="tcp://127.0.0.1:0"), model=model, runner=ReferenceModel(model))
+                                       listen="tcp://127.0.0.1:0"), model=model,
+                          runner=ReferenceModel(model, kv_type="f16"))
     try:
         assert server.model.config.context_length == fit
     finally:

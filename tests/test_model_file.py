@@ -112,4 +112,4 @@ def test_the_fingerprint_names_the_weights_not_the_path(tmp_path):
     assert fa == fc and fa != fb
     model = GGUFModel(a)
     build_snapshot_cache(model.config, RouterMetrics(), 1 << 20, str(tmp_path / "snaps"), 64, fa)
-    assert (tmp_path / "snaps" / fa).is_dir()
+    assert (tmp_path / "snaps" / f"{fa}-kv-f32").is_dir()          # and one per KV cache type

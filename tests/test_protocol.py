@@ -32,21 +32,22 @@ def state(seed: int = 0) -> list[np.ndarray]:
 
 
 SAMPLES = [
-    Hello("h1", "decode-1", "decode", "tcp://127.0.0.1:1", 8, "m.gguf"),
-    Heartbeat("h2", "decode-1", "decode", "tcp://127.0.0.1:1", 8, "m.gguf", 3, 1),
+    Hello("h1", "decode-1", "decode", "tcp://127.0.0.1:1", 8, "m.gguf", "t", "f16"),
+    Heartbeat("h2", "decode-1", "decode", "tcp://127.0.0.1:1", 8, "m.gguf", 3, 1, "t", "q8_0"),
     PrefillDone("r1", "prefill-1", 17, 0.25),
     Tokens("r1", "decode-1", [5, 6, 7]),
-    Finished("r1", "decode-1", "length", 9, 26, None, None),
-    Finished("r1", "decode-1", "stop", 9, 26, state(1), np.ones(11, np.float32)),
+    Finished("r1", "decode-1", "length", 9, 26, None, None, "f16"),
+    Finished("r1", "decode-1", "stop", 9, 26, state(1), np.ones(11, np.float32), "f16"),
     Failed("r1", "prefill-1", "boom"),
     HelloAck("h1", "decode-1", True, ""),
     Cancel("r1", "client disconnected"),
     PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", SamplingParams(top_p=0.5, seed=7), 16, [3],
-                   False, None, 0),
-    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", SamplingParams(), 16, [], True, state(2), 64),
-    Snapshot("r2", "prefill-1", 2, state(2), np.ones(11, np.float32)),
+                   False, None, 0, "f32"),
+    PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", SamplingParams(), 16, [], True, state(2), 64,
+                   "f16"),
+    Snapshot("r2", "prefill-1", 2, state(2), np.ones(11, np.float32), "f16"),
     DecodeRequest("r3", 3, [1, 2, 3], SamplingParams(top_k=4), 5, [0], False, state(3),
-                  np.arange(11, dtype=np.float32)),
+                  np.arange(11, dtype=np.float32), "f16"),
 ]
 
 
@@ -141,6 +142,17 @@ def _readable(header: bytes) -> bool:
         return False
 
 
+def test_every_message_with_a_state_names_its_kv_type():
+    """VERSION 3: a state's KV cache type travels with it; a header without it is refused."""
+    assert VERSION == 3
+    for cls in (DecodeRequest, PrefillRequest, Finished, Snapshot, Hello, Heartbeat):
+        assert "kv_type" in {f.name for f in dataclasses.fields(cls)}, cls.__name__
+    f = {k: v for k, v in _header(GOOD)["f"].items() if k != "kv_type"}
+    with pytest.raises(ProtocolError, match=r"DecodeRequest: missing fields \['kv_type'\]"):
+        decode_frames([bytes(x) for x in _with_header(GOOD, f=f)])
+    assert decode_frames([bytes(x) for x in GOOD]).kv_type == "f16"
+
+
 def test_sampling_travels_as_its_dataclass():
     back = decode_frames([bytes(f) for f in GOOD])
     assert type(back.sampling) is SamplingParams and back.sampling == SamplingParams(top_k=4)
@@ -151,7 +163,7 @@ def test_sampling_travels_as_its_dataclass():
 
 def test_encode_refuses_object_arrays():
     with pytest.raises(ProtocolError, match="cannot go on the wire"):
-        encode_message(Finished("r", "w", "stop", 1, 1, [np.array([object()])], None))
+        encode_message(Finished("r", "w", "stop", 1, 1, [np.array([object()])], None, "f32"))
 
 
 def test_inbox_survives_garbage_and_keeps_serving():
@@ -234,8 +246,8 @@ def test_any_undecodable_input_is_a_protocol_error(frames):
 
 
 def test_encode_refuses_integers_beyond_int64():
-    for msg in (DecodeRequest("r", 0, [2 ** 63], SamplingParams(), 1, [], False, [], None),
-                DecodeRequest("r", 0, [], SamplingParams(top_k=2 ** 64), 1, [], False, [], None),
+    for msg in (DecodeRequest("r", 0, [2 ** 63], SamplingParams(), 1, [], False, [], None, "f16"),
+                DecodeRequest("r", 0, [], SamplingParams(top_k=2 ** 64), 1, [], False, [], None, "f16"),
                 Tokens("r", "w", [1, 2 ** 70])):
         with pytest.raises(ProtocolError, match="int64"):
             encode_message(msg)

@@ -14,6 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.kv_cache import DEFAULT_KV_TYPE
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
 from common.reference.generate import generate
@@ -42,9 +43,9 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local(stack):
-    """In-process generation on the same file: the expected answers."""
+    """In-process generation on the same file, with the stack's KV cache type: the expected answers."""
     model = GGUFModel(stack.model)
-    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
+    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model, kv_type=DEFAULT_KV_TYPE)
 
     def expect(prompt_ids: list[int], max_tokens: int = MAX_TOKENS) -> str:
         out = list(generate(reference, prompt_ids, SamplingParams(), max_tokens, tok.eos_ids))
@@ -239,7 +240,8 @@ class DictCache:
                 return n, [a.copy() for a in arrays], (logits if n == len(ids) else None)
         return 0, None, None
 
-    def store_state(self, ids, pos, arrays, logits, source):
+    def store_state(self, ids, pos, arrays, logits, source, kv_type):
+        assert kv_type == DEFAULT_KV_TYPE and arrays[-1].dtype == np.float16     # the workers' cache type
         self.entries[tuple(ids[:pos])] = ([np.array(a) for a in arrays], np.array(logits))
 
 
@@ -261,7 +263,7 @@ def test_snapshot_seam_in_one_process(tmp_path):
 
     path = str(write_tiny_gguf(tmp_path / "tiny.gguf"))
     model = GGUFModel(path)
-    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
+    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model, kv_type=DEFAULT_KV_TYPE)
     cache = DictCache()
     greedy = SamplingParams(temperature=0.0)
 

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.kv_cache import DEFAULT_KV_TYPE
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
 from common.reference.generate import generate
@@ -34,6 +35,7 @@ from common.sampling import Sampler, SamplingParams
 from common.snapshots import SnapshotStore, disk
 from common.snapshots.keys import chain, tail_key
 from fermium.stack import Stack, free_port
+from services.router.prefix_cache import model_folder
 from tests.snapshot_damage import DAMAGES, HEADER_DAMAGES
 from tests.stack_helpers import write_tiny_gguf
 
@@ -258,9 +260,9 @@ def test_a_router_killed_in_mid_write_restarts_on_whole_files(tmp_path):
     them are the cold ones."""
     model_path = write_tiny_gguf(tmp_path / "tiny.gguf", context=1024)
     model = GGUFModel(model_path)
-    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
+    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model, kv_type=DEFAULT_KV_TYPE)   # the stack's
     snap_root, rng = tmp_path / "snapshots", random.Random(1)
-    snap_dir = snap_root / model.fingerprint                # the router keeps each model's own folder
+    snap_dir = model_folder(snap_root, model.fingerprint, DEFAULT_KV_TYPE)   # each model's and type's own folder
     ports = {"router": free_port()}
     words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far", "away", "home"]
     prompts = [" ".join(rng.choice(words) for _ in range(60)) for _ in range(4 * MAX_ROUTER_KILLS)]

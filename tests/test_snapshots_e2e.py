@@ -9,6 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.kv_cache import DEFAULT_KV_TYPE
 from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
@@ -17,6 +18,7 @@ from common.reference.model import ReferenceModel
 from common.sampling import SamplingParams
 from common.snapshots import disk
 from fermium.stack import Stack, free_port
+from services.router.prefix_cache import model_folder
 from tests.snapshot_damage import DAMAGES
 
 READY_TIMEOUT_S = 60
@@ -29,7 +31,7 @@ PREFILLED = "fermium_prefill_tokens_total"
 @pytest.fixture(scope="module")
 def demo():
     model = GGUFModel(default_model_path())
-    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model)
+    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model, kv_type=DEFAULT_KV_TYPE)   # the stack's
 
     def cold(ids: list[int], n: int = MAX_TOKENS) -> list[int]:
         return list(generate(reference, ids, SamplingParams(), n, tok.eos_ids))
@@ -117,7 +119,7 @@ def test_disk_tier_survives_restart_and_rejects_corruption(tmp_path, demo):
     _, _, corpus = demo
     prompt = corpus[500:600]
     snap_root = tmp_path / "snapshots"
-    snap_dir = snap_root / GGUFModel(default_model_path()).fingerprint      # the model's own folder
+    snap_dir = model_folder(snap_root, GGUFModel(default_model_path()).fingerprint, DEFAULT_KV_TYPE)
     with start(tmp_path, ["--snapshot-dir", str(snap_root)]) as stack:
         stack.wait_ready(READY_TIMEOUT_S)
         first, _, _ = counted(stack, prompt)

@@ -13,6 +13,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from common.kv_cache import DEFAULT_KV_TYPE
 from common.model.gguf_file import GGUFModel
 from common.mp import PushQueue
 from common.protocol import ProtocolError, decode_frames, encode_message
@@ -21,8 +22,10 @@ from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.worker import Cancel
 from common.sampling import SamplingParams
-from common.state import SequenceState, check_state, wire_limits
+from common.state import SequenceState, check_state, state_specs, wire_limits
 from tests.stack_helpers import write_tiny_gguf
+
+KV = DEFAULT_KV_TYPE         # what the workers keep, unless a test says otherwise
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +33,12 @@ def cfg(tmp_path_factory):
     return GGUFModel(str(write_tiny_gguf(tmp_path_factory.mktemp("checks") / "tiny.gguf"))).config
 
 
-def state_at(cfg, pos: int) -> list[np.ndarray]:
-    s = SequenceState.empty(cfg)
-    s.k = [np.zeros((pos, cfg.n_kv_heads, cfg.head_dim), np.float32) for _ in s.k]
-    s.v = [np.zeros((pos, cfg.n_kv_heads, cfg.head_dim), np.float32) for _ in s.v]
-    return s.arrays()
+def state_at(cfg, pos: int, kv_type: str = DEFAULT_KV_TYPE) -> list[np.ndarray]:
+    return [np.zeros(shape, dtype) for _, dtype, shape in state_specs(pos, cfg, kv_type)]
 
 
 def test_a_good_state_passes_and_each_bad_array_is_named(cfg):
-    good = state_at(cfg, 3)
+    good = state_at(cfg, 3, "f32")
     check_state(3, good, cfg)
     n_lin = len(cfg.linear_layers)
     cases = {0: (np.zeros((1, 1), np.float32), "conv[0]"),
@@ -67,25 +67,25 @@ def test_wire_limits_fit_the_largest_legitimate_frame(cfg):
 def decode_request(cfg, **changes) -> DecodeRequest:
     fields = dict(rid="r", pos=2, history=[5, 6], sampling=SamplingParams(temperature=0.5, seed=1), max_tokens=4,
                   stop_ids=[0], return_state=False, state=state_at(cfg, 2),
-                  logits=np.zeros(cfg.vocab_size, np.float32))
+                  logits=np.zeros(cfg.vocab_size, np.float32), kv_type=DEFAULT_KV_TYPE)
     return DecodeRequest(**{**fields, **changes})
 
 
 def prefill_request(cfg, **changes) -> PrefillRequest:
     fields = dict(rid="r", tokens=[7, 8], history=[5, 6, 7, 8], start_pos=2, decode_address="tcp://127.0.0.1:5",
                   sampling=SamplingParams(), max_tokens=4, stop_ids=[], return_state=False,
-                  start_state=state_at(cfg, 2), snapshot_every=0)
+                  start_state=state_at(cfg, 2), snapshot_every=0, kv_type=DEFAULT_KV_TYPE)
     return PrefillRequest(**{**fields, **changes})
 
 
 def test_decode_request_checks(cfg):
-    state, params = check_decode(decode_request(cfg), cfg)
+    state, params = check_decode(decode_request(cfg), cfg, KV)
     assert state.pos == 2 and params.temperature == 0.5
     bad = {"history": [5, cfg.vocab_size], "stop_ids": [-1], "max_tokens": 0, "pos": 3,
            "sampling": {"temperature": -1.0}, "logits": np.zeros(3, np.float32), "state": None}
     for name, value in bad.items():
         with pytest.raises(ValueError):
-            check_decode(decode_request(cfg, **{name: value}), cfg)
+            check_decode(decode_request(cfg, **{name: value}), cfg, KV)
     frames = [bytes(f) for f in encode_message(decode_request(cfg))]
     header = msgpack.unpackb(frames[0])
     good = header["f"]["sampling"]
@@ -96,19 +96,48 @@ def test_decode_request_checks(cfg):
 
 
 def test_prefill_request_checks(cfg):
-    assert check_prefill(prefill_request(cfg), cfg).pos == 2
-    assert check_prefill(prefill_request(cfg, start_pos=0, start_state=None, tokens=[5, 6, 7, 8]), cfg).pos == 0
+    assert check_prefill(prefill_request(cfg), cfg, KV).pos == 2
+    assert check_prefill(prefill_request(cfg, start_pos=0, start_state=None, tokens=[5, 6, 7, 8]), cfg, KV).pos == 0
     bad = {"tokens": [], "start_pos": 1, "history": [5, 6, 7], "decode_address": "tcp://x",
            "start_state": [np.zeros(1, np.float32)], "snapshot_every": -1, "max_tokens": -5}
     for name, value in bad.items():
         with pytest.raises(ValueError):
-            check_prefill(prefill_request(cfg, **{name: value}), cfg)
+            check_prefill(prefill_request(cfg, **{name: value}), cfg, KV)
     with pytest.raises(ValueError, match="no start_state"):
-        check_prefill(prefill_request(cfg, start_state=None), cfg)
+        check_prefill(prefill_request(cfg, start_state=None), cfg, KV)
     long = list(range(cfg.context_length + 1))
     with pytest.raises(ValueError, match="context"):
         check_prefill(prefill_request(cfg, tokens=[t % 200 for t in long], history=[t % 200 for t in long],
-                                      start_pos=0, start_state=None), cfg)
+                                      start_pos=0, start_state=None), cfg, KV)
+
+
+def test_a_state_of_another_kv_type_is_refused_naming_both(cfg):
+    f32 = state_at(cfg, 2, "f32")
+    same_words = r"start the router, prefill and decode with the same --kv-type"
+    with pytest.raises(ValueError, match=rf"keeps its KV cache in 'f32', this decode worker in 'f16' .*{same_words}"):
+        check_decode(decode_request(cfg, state=f32, kv_type="f32"), cfg, "f16")
+    with pytest.raises(ValueError, match=r"in 'q8_0', this prefill worker in 'f16'"):
+        check_prefill(prefill_request(cfg, kv_type="q8_0"), cfg, "f16")
+    # a state that says f16 but whose arrays are f32: the first K array is named, with the type
+    with pytest.raises(ValueError, match=r"state k\[0\] is float32\[2, .*float16.*\(KV cache type f16\)"):
+        check_decode(decode_request(cfg, state=f32, kv_type="f16"), cfg, "f16")
+    with pytest.raises(ValueError, match=r"state k\[0\] is float16"):
+        check_prefill(prefill_request(cfg, kv_type="f32", start_state=state_at(cfg, 2, "f16")), cfg, "f32")
+    state = check_prefill(prefill_request(cfg, kv_type="f32", start_state=f32), cfg, "f32")
+    assert state.kv_type == "f32" and state.k[0].dtype == np.float32
+
+
+def test_decode_fails_a_request_of_another_kv_type_alone(cfg, decode_server):
+    server, replies = decode_server
+    assert server.kv_type == "f16" and server.runner.new_state().k[0].dtype == np.float16
+    server.link._queue.put(decode_request(cfg, rid="f32", state=state_at(cfg, 2, "f32"), kv_type="f32"))
+    server.link._queue.put(decode_request(cfg, rid="ok", max_tokens=2))
+    for _ in range(3):
+        server.step()
+    assert [rid for rid, _ in replies.failed] == ["f32"]
+    assert "in 'f32', this decode worker in 'f16'" in replies.failed[0][1]
+    finished = [m for m in replies.sent if type(m).__name__ == "Finished"]
+    assert [(m.rid, m.kv_type) for m in finished] == [("ok", "f16")]
 
 
 @pytest.mark.parametrize("address, ok", [

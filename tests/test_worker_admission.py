@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from common.kv_cache import DEFAULT_KV_TYPE
 from common.metrics import RouterMetrics
 from common.mp import PullQueue, PushQueue
 from common.protocol.router import Failed, Heartbeat, Hello, Tokens
@@ -145,8 +146,9 @@ class Router:
         return m.registry.get_sample_value("fermium_protocol_errors_total", {"service": "router", "reason": reason})
 
 
-def hello(worker_id: str, address: str, token: str = TOKEN, role: str = "decode") -> Hello:
-    return Hello(uuid.uuid4().hex, worker_id, role, address, 4, "m", token)
+def hello(worker_id: str, address: str, token: str = TOKEN, role: str = "decode",
+          kv_type: str = DEFAULT_KV_TYPE) -> Hello:
+    return Hello(uuid.uuid4().hex, worker_id, role, address, 4, "m", token, kv_type)
 
 
 async def until(condition, timeout: float = SETTLE_S) -> None:
@@ -213,6 +215,36 @@ def test_a_worker_is_dropped_when_its_connection_closes_and_orphans_are_cancelle
             assert not r.dispatcher.registry.workers and r.dispatcher.registry.lost["decode"].worker_id == "d1"
             push.close()
     asyncio.run(main())
+
+
+def test_a_worker_of_another_kv_type_is_refused_with_the_reason(caplog):
+    async def main():
+        async with Router(kv_type="f16") as r:
+            inbox = PullQueue("tcp://127.0.0.1:0", name="fake-decode")
+            push = r.push()
+            push.put(hello("d32", inbox.address, kv_type="f32"))
+            ack = await asyncio.to_thread(inbox.get, SETTLE_S)
+            assert isinstance(ack, HelloAck) and not ack.accepted
+            assert "keeps its KV cache in 'f32', the router in 'f16'" in ack.reason
+            assert "prefill and decode with the same --kv-type" in ack.reason
+            push.put(Heartbeat(uuid.uuid4().hex, "d32", "decode", inbox.address, 4, "m", 0, 0, TOKEN, "f32"))
+            await until(lambda: r.refused("invalid") == 2)
+            assert not r.dispatcher.registry.workers
+            link = WorkerLink("prefill", router_address=r.dispatcher.inbox.address, inbox_address="tcp://127.0.0.1:0",
+                              advertise=None, capacity=1, model="m", load=lambda: (0, 0), token=TOKEN, kv_type="q8_0")
+            try:                               # a real worker's start fails, saying why
+                with pytest.raises(RuntimeError, match=r"refused this prefill worker: .*'q8_0', the router in 'f16'"):
+                    await asyncio.to_thread(link.start, SETTLE_S)
+            finally:
+                link.close()
+            push.put(hello("d16", inbox.address))
+            ack = await asyncio.to_thread(inbox.get, SETTLE_S)
+            assert ack.accepted and list(r.dispatcher.registry.workers) == ["d16"]
+            push.close()
+            inbox.close()
+    with caplog.at_level("ERROR", logger="fermium.router"):
+        asyncio.run(main())
+    assert "refused a Hello of 'decode' worker 'd32'" in caplog.text and "'f32'" in caplog.text
 
 
 def test_worker_link_shows_its_token():

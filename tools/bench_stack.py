@@ -137,7 +137,7 @@ def ship_state(kv_tokens: int, repeats: int) -> dict:
     try:
         for i in range(repeats + 1):
             t0 = time.perf_counter()
-            out.put(DecodeRequest(f"r{i}", kv_tokens, [], {}, 1, [], False, arrays, logits))
+            out.put(DecodeRequest(f"r{i}", kv_tokens, [], {}, 1, [], False, arrays, logits, "f32"))
             got = inbox.get(timeout=30)
             times.append(time.perf_counter() - t0)
             assert got is not None and np.array_equal(got.state[0], arrays[0])

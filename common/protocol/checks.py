@@ -2,9 +2,9 @@
 
 The codec guarantees types (int64 integers, finite floats, dicts of scalars, a SamplingParams
 that passed its own checks). These add what only the model knows: token ids inside the
-vocabulary, positions inside the context, the state's shapes and dtypes
-(common.state.check_state), and a decode address that can be connected to. Each raises
-ValueError naming the field.
+vocabulary, positions inside the context, the state's KV cache type (the worker's own) and its
+shapes and dtypes (common.state.check_state), and a decode address that can be connected to.
+Each raises ValueError naming the field.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 
+from common.kv_cache import check_same_kv_type
 from common.model.config import ModelConfig
 from common.sampling import SamplingParams
 from common.state import SequenceState, check_logits, check_state
@@ -48,20 +49,24 @@ def _common(req: DecodeRequest | PrefillRequest, cfg: ModelConfig) -> SamplingPa
     return req.sampling
 
 
-def check_decode(req: DecodeRequest, cfg: ModelConfig) -> tuple[SequenceState, SamplingParams]:
-    """The state to decode from and the sampling parameters, or ValueError."""
+def check_decode(req: DecodeRequest, cfg: ModelConfig, kv_type: str) -> tuple[SequenceState, SamplingParams]:
+    """The state to decode from, its KV in `kv_type` (decode's --kv-type), and the sampling
+    parameters, or ValueError."""
     params = _common(req, cfg)
     if len(req.history) != req.pos:
         raise ValueError(f"history has {len(req.history)} tokens, the state is at position {req.pos}")
     if req.state is None:
         raise ValueError("state is missing")
     check_logits(req.logits, cfg)
-    return SequenceState.from_arrays(req.pos, list(req.state), cfg), params
+    check_same_kv_type(req.kv_type, kv_type, "the state sent to decode", "this decode worker")
+    return SequenceState.from_arrays(req.pos, list(req.state), cfg, kv_type), params
 
 
-def check_prefill(req: PrefillRequest, cfg: ModelConfig) -> SequenceState:
-    """The (copied, writable) state to prefill on top of, or ValueError."""
+def check_prefill(req: PrefillRequest, cfg: ModelConfig, kv_type: str) -> SequenceState:
+    """The (copied, writable) state to prefill on top of, its KV in `kv_type` (prefill's
+    --kv-type), or ValueError."""
     _common(req, cfg)
+    check_same_kv_type(req.kv_type, kv_type, "the request", "this prefill worker")
     if not req.tokens:
         raise ValueError("nothing to prefill: the request has no tokens")
     token_ids("tokens", req.tokens, cfg.vocab_size)
@@ -78,6 +83,6 @@ def check_prefill(req: PrefillRequest, cfg: ModelConfig) -> SequenceState:
     if req.start_state is None:
         if req.start_pos:
             raise ValueError(f"start_pos is {req.start_pos} but no start_state was given")
-        return SequenceState.empty(cfg)
-    check_state(req.start_pos, req.start_state, cfg)
-    return SequenceState.from_arrays(req.start_pos, [a.copy() for a in req.start_state], cfg)
+        return SequenceState.empty(cfg, kv_type)
+    check_state(req.start_pos, req.start_state, cfg, kv_type)
+    return SequenceState.from_arrays(req.start_pos, [a.copy() for a in req.start_state], cfg, kv_type)

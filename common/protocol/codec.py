@@ -16,7 +16,8 @@ map), a field of the wrong type or that its dataclass refuses, an unreferenced f
 whose size disagrees with its dtype and shape raises ProtocolError, which carries the request id
 when the header was readable; so does any other undecodable input, and a message over its
 receiver's WireLimits. VERSION changes with the layout and with any message's fields (held
-exactly): 2 made `sampling` a whole SamplingParams, where 1 sent a dict of some of its fields.
+exactly): 2 made `sampling` a whole SamplingParams, where 1 sent a dict of some of its fields;
+3 added `kv_type` (common.kv_cache) to every message that carries a state, and to Hello and Heartbeat.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any, ClassVar, get_type_hints
 import msgpack
 import numpy as np
 
-VERSION = 2
+VERSION = 3
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}
@@ -161,7 +162,6 @@ def _scalar_problem(value: Any, field: _Field) -> str | None:
 
 
 # ---- encode -------------------------------------------------------------------------------
-
 def encode(msg: Message) -> list[Any]:
     """Message -> multipart frames: [header, *array buffers] (arrays are not copied)."""
     fields, arrays, frames = {}, {}, []
@@ -196,7 +196,6 @@ def encode(msg: Message) -> list[Any]:
 
 
 # ---- decode -------------------------------------------------------------------------------
-
 def _buffer(frame: Any) -> memoryview:
     try:
         return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)

@@ -1,11 +1,12 @@
 """Messages a decode worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 2).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 3).
 
     0x30 DecodeRequest  prefill -> decode: the prefilled state and the first token's logits
 
 `state` is SequenceState.arrays() at position `pos` (conv..., ssm..., k..., v...), one frame
-per array; `logits` is (vocab,) float32. Decode samples the first token from `logits`.
+per array, its K and V in `kv_type`; `logits` is (vocab,) float32. Decode samples the first
+token from `logits`.
 """
 from __future__ import annotations
 
@@ -24,4 +25,5 @@ class DecodeRequest(Message):
     return_state: bool
     state: list
     logits: object
+    kv_type: str                 # the type of the state's K and V arrays (common.kv_cache)
     ARRAYS = ("state", "logits")

@@ -1,6 +1,6 @@
 """Messages a prefill worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 2).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 3).
 
     0x20 PrefillRequest  router -> prefill: tokens to run, where to ship the result
 
@@ -30,4 +30,5 @@ class PrefillRequest(Message):
     return_state: bool
     start_state: list | None
     snapshot_every: int          # send the router a Snapshot every this many tokens and at the end; 0: never
+    kv_type: str                 # the type of start_state's K and V arrays, and of the state to ship
     ARRAYS = ("start_state",)

@@ -1,6 +1,6 @@
 """Messages the router receives, on its PULL inbox (workers PUSH to it).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 2).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 3).
 
     0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
     0x11 Heartbeat    worker -> router: alive, with its load; also re-registers after a router restart
@@ -11,7 +11,9 @@ Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n array
     0x16 Snapshot     prefill -> router: the state after the first `pos` prompt tokens, and its logits
 
 Hello and Heartbeat carry the deployment's worker token (`common.worker_token`): the router
-admits no worker without it, and never connects to the address of one that lacks it.
+admits no worker without it, and never connects to the address of one that lacks it. They also
+carry the worker's KV cache type, and Finished and Snapshot their state's: the router refuses a
+worker or a state of another type than its own --kv-type.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class Hello(Message):
     capacity: int        # sequences it is willing to hold at once
     model: str
     token: str = ""      # the worker token; "" is refused
+    kv_type: str = ""    # the worker's --kv-type; one other than the router's is refused
 
 
 @message(0x11)
@@ -38,6 +41,7 @@ class Heartbeat(Message):
     running: int
     waiting: int
     token: str = ""
+    kv_type: str = ""
 
 
 @message(0x12)
@@ -64,6 +68,7 @@ class Finished(Message):
     pos: int
     state: list | None
     logits: object
+    kv_type: str         # the type of the state's K and V arrays (common.kv_cache)
     ARRAYS = ("state", "logits")
 
 
@@ -81,4 +86,5 @@ class Snapshot(Message):
     pos: int
     state: list
     logits: object
+    kv_type: str
     ARRAYS = ("state", "logits")

@@ -3,7 +3,8 @@
 A snapshot at position p holds the recurrent state (conv + Gated DeltaNet per linear layer) and
 the logits of token p-1, and refers to the KV blocks of the full-attention layers up to p:
 `block` tokens per block, keyed by the hash chain (keys.py), shared by every snapshot with that
-prefix. The tokens past the last full block (the tail) keep their KV inside the snapshot.
+prefix. The tokens past the last full block (the tail) keep their KV inside the snapshot. KV
+stays in the store's cache type (--kv-type, common.kv_cache) in RAM and on disk.
 
 Lookup walks the query's chain: at each known block it tries the tail lengths stored under that
 block, so a hit can end at any position, not only at block boundaries.
@@ -19,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..kv_cache import check_kv_type, check_same_kv_type
 from ..model.config import ModelConfig
 from ..state import STATE_DTYPE, SequenceState, state_specs
 from . import disk
@@ -34,7 +36,7 @@ class Snapshot:
     blocks: list[bytes]                  # chain keys of the full blocks, in order
     recurrent: list[np.ndarray] | None   # conv..., ssm... (None while only on disk)
     logits: np.ndarray | None            # [vocab] logits of the last token
-    tail_k: list[np.ndarray] = field(default_factory=list)   # per full layer: [tail, n_kv, hd]
+    tail_k: list[np.ndarray] = field(default_factory=list)   # per full layer: kv_shape(tail, ...) in kv_type
     tail_v: list[np.ndarray] = field(default_factory=list)
 
     @property
@@ -62,10 +64,13 @@ KV_BLOCK = 64   # tokens per shared KV block, the unit of the key chain (keys.py
 
 
 class SnapshotStore:
-    """Thread-safe. `budget_bytes` bounds RAM (snapshots plus KV blocks); least recently used goes first."""
+    """Thread-safe. `budget_bytes` bounds RAM (snapshots plus KV blocks); least recently used goes first.
+    It holds states with KV in `kv_type` only: a file of another type is corrupt to it."""
 
-    def __init__(self, cfg: ModelConfig, budget_bytes: int, block: int = KV_BLOCK, disk_dir: str | Path | None = None):
+    def __init__(self, cfg: ModelConfig, budget_bytes: int, block: int = KV_BLOCK, disk_dir: str | Path | None = None,
+                 kv_type: str = "f32"):
         self.cfg, self.budget, self.block = cfg, budget_bytes, block
+        self.kv_type = check_kv_type(kv_type, cfg.head_dim)
         self.snaps: OrderedDict[bytes, Snapshot] = OrderedDict()       # key -> snapshot, LRU order
         self.tails: dict[bytes, set[int]] = {}                         # base -> tail lengths stored
         self.kv_blocks: dict[bytes, tuple[list[np.ndarray], list[np.ndarray]]] = {}
@@ -100,6 +105,7 @@ class SnapshotStore:
         """Store the state after `tokens` (state.pos == len(tokens)). Returns the snapshot key."""
         if state.pos != len(tokens):
             raise ValueError(f"state is at {state.pos}, tokens are {len(tokens)}")
+        check_same_kv_type(state.kv_type, self.kv_type, "the state", "this snapshot store")
         B = self.block
         blocks = list(chain(tokens, B))
         base = blocks[-1] if blocks else ROOT
@@ -178,7 +184,7 @@ class SnapshotStore:
         vs = [np.concatenate([*(self.kv_blocks[b][1][i] for b in snap.blocks), snap.tail_v[i]])
               for i in range(len(snap.tail_v))]
         state = SequenceState(snap.pos, [a.copy() for a in snap.recurrent[:n_lin]],
-                              [a.copy() for a in snap.recurrent[n_lin:]], ks, vs)
+                              [a.copy() for a in snap.recurrent[n_lin:]], ks, vs, self.kv_type)
         return state, snap.logits.copy()
 
     # ---- eviction
@@ -215,7 +221,7 @@ class SnapshotStore:
         pos, base, blocks = header["pos"], header["meta"]["base"], header["meta"]["blocks"]
         if base != (blocks[-1] if blocks else ROOT.hex()) or not 0 <= pos - len(blocks) * self.block < self.block:
             raise disk.CorruptSnapshot(f"{path}: position {pos}, base and {len(blocks)} blocks disagree")
-        specs = [*state_specs(pos, self.cfg), ("logits", np.dtype(STATE_DTYPE), (self.cfg.vocab_size,))]
+        specs = [*state_specs(pos, self.cfg, self.kv_type), ("logits", np.dtype(STATE_DTYPE), (self.cfg.vocab_size,))]
         names = [name for name, _, _ in specs]
         got, want = header["specs"], [(d, s) for _, d, s in specs]
         if got != want:
@@ -248,7 +254,7 @@ class SnapshotStore:
         if (header["pos"], meta["base"], meta["blocks"]) != (snap.pos, snap.base.hex(), [b.hex() for b in snap.blocks]):
             raise disk.CorruptSnapshot(f"{path}: not the snapshot that was indexed under its name")
         try:
-            return SequenceState.from_arrays(snap.pos, arrays[:-1], self.cfg), arrays[-1]
+            return SequenceState.from_arrays(snap.pos, arrays[:-1], self.cfg, self.kv_type), arrays[-1]
         except ValueError as exc:
             raise disk.CorruptSnapshot(f"{path}: {exc}") from exc
 

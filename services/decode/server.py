@@ -18,6 +18,7 @@ import numpy as np
 
 from common.config import ContextModel, plan_context, reserve_context
 from common.generation import GenerationPolicy
+from common.kv_cache import check_same_kv_type
 from common.metrics import DecodeMetrics
 from common.model.gguf_file import GGUFModel
 from common.protocol.checks import check_decode
@@ -40,10 +41,12 @@ class DecodeServer(WorkerServer):
         """`model` (anything with GGUFModel's .config and .path) and `runner`, when given, are
         used instead of loading cfg.model and cfg.runner: the in-process stack hands in its own."""
         model = model if model is not None else GGUFModel(cfg.model)
-        self.memory = plan_context("decode", model, cfg.ctx_size, cfg.max_batch)   # before the runner maps it
-        self.ctx_size = self.memory.tokens
+        # before the runner maps it
+        self.memory = plan_context("decode", model, cfg.ctx_size, cfg.max_batch, kv_type=cfg.kv_type)
+        self.ctx_size, self.kv_type = self.memory.tokens, self.memory.kv_type
         self.runner_name, self.runner = (("given", runner) if runner is not None
-                                         else load_runner(cfg.runner, model))
+                                         else load_runner(cfg.runner, model, kv_type=self.kv_type))
+        check_same_kv_type(getattr(self.runner, "kv_type", "f32"), self.kv_type, "the runner", "decode")
         reserve_context(self.runner, self.ctx_size)
         log.info("decode: %s", self.memory.describe(cfg.max_batch))       # once nothing has refused to start
         self.sched = BatchScheduler(cfg.max_batch)
@@ -54,7 +57,7 @@ class DecodeServer(WorkerServer):
 
     def start(self) -> None:
         super().start()
-        log.info("decode runner: %s, max batch %d", self.runner_name, self.cfg.max_batch)
+        log.info("decode runner: %s, max batch %d, KV cache %s", self.runner_name, self.cfg.max_batch, self.kv_type)
 
     # ---- messages
     def _take(self, timeout: float) -> None:
@@ -85,7 +88,7 @@ class DecodeServer(WorkerServer):
             self._finish(seq, "cancelled", retire=False)
 
     def _admit(self, req: DecodeRequest) -> None:
-        state, params = check_decode(req, self.model.config)
+        state, params = check_decode(req, self.model.config, self.kv_type)
         seq = Sequence(req.rid, state, Sampler(params), list(req.history),
                        GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state)
         seq.logits = np.asarray(req.logits)
@@ -113,7 +116,7 @@ class DecodeServer(WorkerServer):
         keep = seq.return_state and reason != "cancelled"
         state, logits = (seq.state.arrays(), np.asarray(seq.logits, np.float32)) if keep else (None, None)
         self.link.send(Finished(seq.rid, self.link.worker_id, reason, seq.policy.generated, seq.state.pos,
-                                state, logits))
+                                state, logits, self.kv_type))
 
     def step(self, timeout: float = 0.05) -> None:
         self._take(timeout if not len(self.sched) else 0)

@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict, deque
 
 from common.config import ContextModel, plan_context, reserve_context
+from common.kv_cache import check_same_kv_type
 from common.metrics import PrefillMetrics
 from common.model.gguf_file import GGUFModel
 from common.mp import PushQueue
@@ -41,10 +42,12 @@ class PrefillServer(WorkerServer):
         """`model` (anything with GGUFModel's .config and .path) and `backend`, when given, are
         used instead of loading cfg.model and cfg.backend: the in-process stack hands in its own."""
         model = model if model is not None else GGUFModel(cfg.model)
-        self.memory = plan_context("prefill", model, cfg.ctx_size, PREFILL_STATES, batch_option=None)
-        self.ctx_size = self.memory.tokens
-        self.backend = backend if backend is not None else create_backend(cfg.backend, model,
-                                                                           **cfg.backend_kwargs(self.ctx_size))
+        self.memory = plan_context("prefill", model, cfg.ctx_size, PREFILL_STATES, batch_option=None,
+                                   kv_type=cfg.kv_type)
+        self.ctx_size, self.kv_type = self.memory.tokens, self.memory.kv_type
+        self.backend = backend if backend is not None else create_backend(
+            cfg.backend, model, kv_type=self.kv_type, **cfg.backend_kwargs(self.ctx_size))
+        check_same_kv_type(getattr(self.backend, "kv_type", "f32"), self.kv_type, "the backend", "prefill")
         reserve_context(getattr(self.backend, "runner", None), self.ctx_size)
         log.info("prefill: %s", self.memory.describe(PREFILL_STATES))     # once nothing has refused to start
         self.queue: deque[PrefillRequest] = deque()
@@ -92,7 +95,7 @@ class PrefillServer(WorkerServer):
             self.metrics.running.set(0)
 
     def _run(self, req: PrefillRequest) -> None:
-        state = check_prefill(req, self.model.config)
+        state = check_prefill(req, self.model.config, self.kv_type)
         before = self.backend.stats()
         t0 = time.perf_counter()
         logits = self._prefill_with_snapshots(req, state)
@@ -101,7 +104,7 @@ class PrefillServer(WorkerServer):
         self.metrics.tokens.inc(len(req.tokens))
         self.metrics.time.observe(seconds)
         out = DecodeRequest(req.rid, state.pos, req.history, req.sampling, req.max_tokens, req.stop_ids,
-                            req.return_state, state.arrays(), logits.astype("float32", copy=False))
+                            req.return_state, state.arrays(), logits.astype("float32", copy=False), state.kv_type)
         self._decoder(req.decode_address).put(out)
         self.link.send(PrefillDone(req.rid, self.link.worker_id, len(req.tokens), seconds))
 
@@ -118,7 +121,7 @@ class PrefillServer(WorkerServer):
             done = cut
             # copies: the frames leave on the IO thread while the backend may reuse its arrays
             self.link.send(Snapshot(req.rid, self.link.worker_id, cut, [a.copy() for a in state.arrays()],
-                                    logits.astype("float32", copy=True)))
+                                    logits.astype("float32", copy=True), state.kv_type))
         return logits
 
     def _export_stats(self, before: dict) -> None:

@@ -7,6 +7,7 @@ from common.config import (
     GIB,
     ROUTER_WORKERS,
     ctx_size_setting,
+    kv_type_setting,
     log_level_setting,
     metrics_port_setting,
     model_setting,
@@ -25,6 +26,7 @@ class RouterConfig:
     workers: str = setting(ROUTER_WORKERS, "ZeroMQ address workers register at (bind).")
     served_model_name: str = setting("fermium", "The `model` clients ask for.")   # the file stem works too
     ctx_size: int = ctx_size_setting()         # prompt + max_tokens beyond it: 400 context_length_exceeded
+    kv_type: str = kv_type_setting()           # snapshots keep KV in it; workers of another type are refused
     max_running: int = setting(64, "Requests at the workers at once.")
     max_queue: int = setting(256, "Requests waiting for a slot; beyond, 429.")
     heartbeat_timeout: float = setting(2.5, "Seconds before a silent worker is dead.")

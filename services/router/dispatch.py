@@ -3,8 +3,10 @@ waiting HTTP handlers, and ends the requests of a worker that dies.
 
 Workers are admitted by the worker token in their Hello and Heartbeats: a message without it
 is counted and logged (rate-limited) and goes no further, so in particular the router never
-connects to the address it names. A worker's requests end the moment its connection drops
-(the link's disconnect callback) or, when a host vanishes silently, after the heartbeat timeout.
+connects to the address it names. A worker with the token but another KV cache type than the
+router's --kv-type is refused with a HelloAck that says why. A worker's requests end the moment
+its connection drops (the link's disconnect callback) or, when a host vanishes silently, after
+the heartbeat timeout.
 Tokens of a request the router no longer holds (it restarted, or the request ended) are
 answered once with Cancel, so a worker does not decode for nobody.
 
@@ -28,6 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
+from common.kv_cache import DEFAULT_KV_TYPE, check_same_kv_type
 from common.log_limit import LogLimiter
 from common.metrics import RouterMetrics
 from common.mp import PullQueue, PushQueue
@@ -48,6 +51,7 @@ from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry
 log = logging.getLogger("fermium.router")
 
 REAP_INTERVAL_S = 0.25
+REFUSAL_LINGER_S = 6.0       # a refused worker's link stays this long: past mp's send timeout, so the ack goes out
 
 
 class PrefixCache(Protocol):
@@ -56,7 +60,7 @@ class PrefixCache(Protocol):
 
     def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]: ...
     def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
-                    source: str) -> None: ...
+                    source: str, kv_type: str) -> None: ...
 
 
 class NoPrefixCache:
@@ -69,7 +73,7 @@ class NoPrefixCache:
         return 0, None, None
 
     def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
-                    source: str) -> None:
+                    source: str, kv_type: str) -> None:
         return None
 
 
@@ -90,8 +94,8 @@ class Track:
 class Dispatcher:
     def __init__(self, address: str, *, heartbeat_timeout: float, metrics: RouterMetrics,
                  cache: PrefixCache | None = None, token: str | None = None, max_workers: int = MAX_PER_ROLE,
-                 limits: WireLimits | None = None):
-        self.address = address
+                 limits: WireLimits | None = None, kv_type: str = DEFAULT_KV_TYPE):
+        self.address, self.kv_type = address, kv_type
         self.limits = limits
         self.metrics = metrics
         self.cache = cache or NoPrefixCache()
@@ -145,12 +149,13 @@ class Dispatcher:
         if start == len(job.prompt_ids):                 # cached whole: straight to decode
             track = Track(rid, job.prompt_ids, "", decode.worker_id)
             decode.link.put(DecodeRequest(rid, start, history, job.sampling, job.max_tokens, stops, keep,
-                                          state, logits))
+                                          state, logits, self.kv_type))
         else:
             track = Track(rid, job.prompt_ids, prefill.worker_id, decode.worker_id)
             prefill.inflight.add(rid)
             prefill.link.put(PrefillRequest(rid, history[start:], history, start, decode.address, job.sampling,
-                                            job.max_tokens, stops, keep, state, self.cache.snapshot_every))
+                                            job.max_tokens, stops, keep, state, self.cache.snapshot_every,
+                                            self.kv_type))
         self.tracks[rid] = track
         decode.inflight.add(rid)
         return track
@@ -184,7 +189,7 @@ class Dispatcher:
                 self._cancel_orphan(msg)
             return
         if isinstance(msg, Snapshot):
-            self.cache.store_state(track.prompt, msg.pos, msg.state, msg.logits, "prefill")
+            self.cache.store_state(track.prompt, msg.pos, msg.state, msg.logits, "prefill", msg.kv_type)
             return
         if isinstance(msg, PrefillDone):
             w = self.registry.workers.get(track.prefill)
@@ -195,7 +200,7 @@ class Dispatcher:
         elif isinstance(msg, Finished):
             if msg.state is not None and msg.logits is not None:
                 self.cache.store_state(track.prompt + tuple(track.generated), msg.pos, msg.state, msg.logits,
-                                       "decode")
+                                       "decode", msg.kv_type)
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return
@@ -217,6 +222,13 @@ class Dispatcher:
         if not matches(msg.token, self.token):
             self._refuse(msg, "unauthorized", "wrong or missing worker token (--worker-token, FERMIUM_WORKER_TOKEN)")
             return
+        try:
+            check_same_kv_type(msg.kv_type, self.kv_type, f"this {msg.role:.20} worker", "the router")
+        except ValueError as e:
+            self._refuse(msg, "invalid", str(e))
+            if isinstance(msg, Hello):         # it has the token: tell it why, so its start fails saying so
+                self._refusal_ack(msg, str(e))
+            return
         if isinstance(msg, Heartbeat) and self.registry.heartbeat(msg.worker_id, msg.running, msg.waiting):
             return
         if msg.worker_id in self.registry.workers:    # a repeated Hello: the ack may have crossed it
@@ -234,6 +246,14 @@ class Dispatcher:
             w.link.put(HelloAck(msg.rid, msg.worker_id, True, ""))
         log.info("%s worker %s attached at %s", msg.role, msg.worker_id, msg.address)
         self._gauges()
+
+    def _refusal_ack(self, msg: Hello, why: str) -> None:
+        try:
+            link = push_queue(msg.address, name=f"router->{msg.address} (refused)")
+        except OSError:                        # an in-process address that nothing holds
+            return
+        link.put(HelloAck(msg.rid, msg.worker_id, False, why))
+        self._loop.call_later(REFUSAL_LINGER_S, link.close)
 
     def _rejected(self, err: ProtocolError) -> None:
         if err.rid in self.tracks:             # the inbox has logged it, at a bounded rate

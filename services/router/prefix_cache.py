@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from common.kv_cache import check_same_kv_type
 from common.metrics import RouterMetrics
 from common.model.config import ModelConfig
 from common.reference.deltanet import PREFILL_CHUNK
@@ -50,10 +51,12 @@ class SnapshotCache:
         return state.pos, state.arrays(), logits
 
     def store_state(self, ids: Sequence[int], pos: int, arrays: list[np.ndarray],
-                    logits: np.ndarray, source: str) -> None:
-        """Keep the state after ids[:pos]; `logits` are those of token pos-1."""
+                    logits: np.ndarray, source: str, kv_type: str) -> None:
+        """Keep the state after ids[:pos], its KV in `kv_type` (the store's own, else refused);
+        `logits` are those of token pos-1."""
         try:
-            state = SequenceState.from_arrays(pos, list(arrays), self.cfg)
+            check_same_kv_type(kv_type, self.store.kv_type, f"the state from {source}", "the router")
+            state = SequenceState.from_arrays(pos, list(arrays), self.cfg, self.store.kv_type)
             self.store.put(list(ids[:pos]), state, logits)
         except (ValueError, OSError) as exc:
             log.error("snapshot at position %d not stored: %s", pos, exc)
@@ -63,20 +66,26 @@ class SnapshotCache:
         self.metrics.snapshot_evictions.inc(evicted)
 
 
-def build_snapshot_cache(cfg: ModelConfig, metrics: RouterMetrics, budget: int,
-                         disk_dir: str | None, every: int, model_id: str = "") -> SnapshotCache | None:
-    """`model_id` (GGUFModel.fingerprint) names the disk tier's folder inside `disk_dir`, so
-    models that share a --snapshot-dir never read each other's states, even at equal shapes."""
+def model_folder(disk_dir: str | Path, model_id: str, kv_type: str) -> Path:
+    """The disk tier of one model (GGUFModel.fingerprint) with KV in one type, inside --snapshot-dir."""
+    return Path(disk_dir) / f"{model_id}-kv-{kv_type}"
+
+
+def build_snapshot_cache(cfg: ModelConfig, metrics: RouterMetrics, budget: int, disk_dir: str | None, every: int,
+                         model_id: str = "", kv_type: str = "f32") -> SnapshotCache | None:
+    """`model_id` (GGUFModel.fingerprint) and `kv_type` name the disk tier's folder inside
+    `disk_dir`, so models that share a --snapshot-dir never read each other's states, even at
+    equal shapes, and a restart with another --kv-type does not see the other type's files."""
     if budget <= 0:
         return None
     if every < 0 or every % PREFILL_CHUNK:
         raise ValueError(f"snapshot interval {every} must be a multiple of the prefill chunk, {PREFILL_CHUNK} (0: only "
                          f"at prompt and generation ends)")
     if disk_dir and model_id:
-        disk_dir = str(Path(disk_dir) / model_id)
-    store = SnapshotStore(cfg, budget, block=KV_BLOCK, disk_dir=disk_dir)
+        disk_dir = str(model_folder(disk_dir, model_id, kv_type))
+    store = SnapshotStore(cfg, budget, block=KV_BLOCK, disk_dir=disk_dir, kv_type=kv_type)
     if store.stats.disk_rejected:
         log.error("%d corrupt snapshot files in %s were dropped", store.stats.disk_rejected, disk_dir)
-    log.info("snapshots: %.1f GiB in RAM%s, checkpoint every %s tokens", budget / 2 ** 30,
+    log.info("snapshots: %.1f GiB in RAM, KV in %s%s, checkpoint every %s tokens", budget / 2 ** 30, kv_type,
              f", disk tier {disk_dir} ({len(store.snaps)} indexed)" if disk_dir else "", every or "-")
     return SnapshotCache(cfg, store, metrics, every)

@@ -17,6 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from common.config import context_size
+from common.kv_cache import check_kv_type
 from common.metrics import RouterMetrics
 from common.model.chat_template import render_chat
 from common.model.gguf_file import GGUFModel
@@ -48,12 +49,13 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     tokenizer = Tokenizer.from_gguf(model)
     template = model.get("tokenizer.chat_template") if model.has("tokenizer.chat_template") else None
     context = context_size(cfg.ctx_size, model.config)      # beyond the model's: refused at start
+    kv_type = check_kv_type(cfg.kv_type, model.config.head_dim)
     metrics = RouterMetrics()
     if cache is None:
         cache = build_snapshot_cache(model.config, metrics, cfg.snapshot_budget, cfg.snapshot_dir,
-                                     cfg.snapshot_every, model.fingerprint)
+                                     cfg.snapshot_every, model.fingerprint, kv_type)
     dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache,
-                            token=cfg.worker_token, max_workers=cfg.max_workers,
+                            token=cfg.worker_token, max_workers=cfg.max_workers, kv_type=kv_type,
                             limits=wire_limits(dataclasses.replace(model.config, context_length=context)))
     generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics,
                             cfg.request_timeout)

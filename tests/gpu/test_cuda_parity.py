@@ -135,3 +135,30 @@ def test_demo_model_greedy(path):
         seq_a.append(a)
         seq_b.append(b)
     assert seq_a == seq_b
+
+
+# the device attends over a call's own rows in f32, the reference over them rounded to the type
+KV_TYPE_LOGITS_REL = {"f16": LOGITS_REL, "q8_0": 2e-2}
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_a_state_in_another_kv_type_round_trips(model, kv_type):
+    """A state with KV in f16 or q8_0 goes up decoded and comes back in its type, so decode
+    can continue from it."""
+    tokens = [int(t) for t in np.random.default_rng(6).integers(0, model.config.vocab_size, 150)]
+    eng = ReferenceModel(model, kv_type=kv_type)
+    ref_state = eng.new_state()
+    want = [eng.prefill(tokens[:100], ref_state), eng.prefill(tokens[100:], ref_state)]
+    backend = CUDABackend(model, vram_budget="1GiB", pass_tokens=256, max_context=512, kv_type=kv_type)
+    try:
+        state = eng.new_state()
+        got = [backend.prefill(tokens[:100], state), backend.prefill(tokens[100:], state)]
+    finally:
+        backend.close()
+    for g, w in zip(got, want):
+        assert rel_err(g, w) < KV_TYPE_LOGITS_REL[kv_type]
+    assert state.kv_type == kv_type and state.pos == ref_state.pos
+    for g, w in zip(state.k + state.v, ref_state.k + ref_state.v):
+        assert g.dtype == w.dtype and g.shape == w.shape
+    eng.decode([int(np.argmax(got[1]))], [state])             # the runner of that type takes it
+    assert state.pos == ref_state.pos + 1

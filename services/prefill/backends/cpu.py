@@ -19,8 +19,9 @@ from . import register_backend
 class CPUBackend:
     name = "cpu"
 
-    def __init__(self, model: GGUFModel, *, chunk: int | None = None, runner: str = "auto"):
-        self.runner_name, self.runner = load_runner(runner, model)
+    def __init__(self, model: GGUFModel, *, chunk: int | None = None, runner: str = "auto", kv_type: str = "f32"):
+        self.runner_name, self.runner = load_runner(runner, model, kv_type=kv_type)
+        self.kv_type = kv_type
         self.chunk = chunk
         # every call reads each trunk weight once (embedding rows and MTP blocks aside)
         trunk = tuple(f"blk.{i}." for i in range(model.config.n_layers))

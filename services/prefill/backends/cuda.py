@@ -5,7 +5,8 @@ A prompt runs layer by layer over all of its tokens, so every streamed weight cr
 once per prompt (once per pass of `pass_tokens` for longer ones). Per layer, the routing is
 counted on the GPU and read back; only the experts some token routes to are copied, in chunks
 on a copy stream that overlap the GEMMs of the chunks already there. See native/cuda/plan.py for what
-is resident, and native/cuda/stream.py for the ring of slot regions.
+is resident, and native/cuda/stream.py for the ring of slot regions. The GPU keeps KV in f32: a
+state's KV goes up kv_decode'd, and the rows it adds come back kv_encode'd into its kv_type.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 
 import numpy as np
 
+from common.kv_cache import check_same_kv_type, kv_decode, kv_encode
 from common.state import SequenceState
 from native.cuda.layers import F32, LayerRunner, StateBlock
 from native.cuda.plan import DEFAULT_BUDGET, head_rows, layout, make_plan, parse_size, workspace_bytes
@@ -64,13 +66,13 @@ class CUDABackend:
         return True, f"{cuda.Device.count()} device(s), first: {cuda.Device(0).name()}"
 
     def __init__(self, model, *, device: int = 0, vram_budget: int | str = DEFAULT_BUDGET,
-                 pass_tokens: int = 4096, max_context: int = 8192, regions: int = 8):
+                 pass_tokens: int = 4096, max_context: int = 8192, regions: int = 8, kv_type: str = "f32"):
         from native.cuda.kernels import Kernels
         from native.cuda.stream import ExpertStreamer
         from native.cuda.weights import DeviceArena, HostExperts, ResidentWeights
 
         self.cuda = cuda = _driver()
-        self.model, self.cfg = model, model.config
+        self.model, self.cfg, self.kv_type = model, model.config, kv_type
         cfg = self.cfg
         self.ctx = cuda.Device(int(device)).make_context()
         try:
@@ -159,7 +161,8 @@ class CUDABackend:
             raise ValueError("prefill needs a non-empty 1-D token sequence")
         if ids.min() < 0 or ids.max() >= cfg.vocab_size:
             raise ValueError(f"token id out of range [0, {cfg.vocab_size})")
-        pos = state.pos
+        check_same_kv_type(state.kv_type, self.kv_type, "the state", "this backend")
+        pos = start = state.pos
         if pos + len(ids) > self.plan.max_context:
             raise ValueError(f"context of {pos + len(ids)} tokens exceeds this backend's max_context "
                              f"{self.plan.max_context}")
@@ -196,8 +199,9 @@ class CUDABackend:
         self.streamer.copy.synchronize()
         t_down = time.perf_counter()
         self.runner.d2h.synchronize()
-        state.pos, state.conv, state.ssm, state.k, state.v = (out_state.pos, out_state.conv, out_state.ssm,
-                                                             out_state.k, out_state.v)
+        k, v = ([np.concatenate([a[:start], kv_encode(b[start:], state.kv_type)]) for a, b in zip(old, new)]
+                for old, new in ((state.k, out_state.k), (state.v, out_state.v)))
+        state.pos, state.conv, state.ssm, state.k, state.v = out_state.pos, out_state.conv, out_state.ssm, k, v
         wall = time.perf_counter() - t0
         st = self._stats
         st["h2d_bytes"] += self.streamer.h2d_bytes - h2d0
@@ -255,17 +259,14 @@ class CUDABackend:
             cuda.memcpy_htod(self.state.ssm[n], np.ascontiguousarray(state.ssm[n], np.float32))
         for n in range(len(self.state.k)):
             if state.pos:
-                cuda.memcpy_htod(self.state.k[n], np.ascontiguousarray(state.k[n][:state.pos], np.float32))
-                cuda.memcpy_htod(self.state.v[n], np.ascontiguousarray(state.v[n][:state.pos], np.float32))
+                for dev, host in ((self.state.k[n], state.k[n]), (self.state.v[n], state.v[n])):
+                    cuda.memcpy_htod(dev, np.ascontiguousarray(kv_decode(host[:state.pos], state.kv_type), np.float32))
 
     def _new_state(self, state: SequenceState, end: int) -> SequenceState:
-        """Host arrays for the state after this call; KV rows before state.pos are kept."""
+        """f32 host arrays for the state after this call; KV rows before state.pos are left
+        unset (the caller keeps the state's own)."""
         cfg = self.cfg
-        kv = []
-        for old in state.k + state.v:
-            a = np.empty((end, cfg.n_kv_heads, cfg.head_dim), np.float32)
-            a[:state.pos] = old[:state.pos]
-            kv.append(a)
+        kv = [np.empty((end, cfg.n_kv_heads, cfg.head_dim), np.float32) for _ in state.k + state.v]
         n = len(state.k)
         return SequenceState(end, [np.empty_like(c, dtype=np.float32) for c in state.conv],
                              [np.empty((cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim), np.float32)
