@@ -23,6 +23,7 @@ router
     fermium_snapshot_evictions_total           counter  snapshots evicted from RAM
     fermium_snapshot_stored_total{source}      counter  source: prefill | decode
     fermium_snapshot_bytes{tier}               gauge    tier: ram | disk
+    fermium_tool_call_parse_failures_total     counter  malformed spots in chat output, returned as content
 prefill
     fermium_prefill_requests_total{outcome}    counter  outcome: ok | cancelled | error
     fermium_prefill_tokens_total               counter
@@ -36,6 +37,7 @@ decode
     fermium_decode_tokens_total                counter
     fermium_decode_step_seconds                histogram  one batched decode step
     fermium_decode_batch_size                  histogram  sequences per step
+    fermium_decode_grammar_mask_seconds        histogram  one step's allowed-token masks (common.grammar)
     fermium_num_requests_running / _waiting    gauge
 every service
     fermium_protocol_errors_total{service,reason}  counter  messages rejected at the inbox or by the
@@ -53,6 +55,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# seconds: from one grammar's mask over a big vocabulary to a big batch's on a busy host
+MASK_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 PROTOCOL_ERROR_REASONS = ("decode", "too_large", "recv", "handler", "invalid", "unexpected", "unauthorized")
 BACKEND_STAT_KEYS = ("h2d_bytes", "copy_seconds", "compute_seconds", "peak_device_bytes",
                      "vram_budget_bytes")  # the dashboard's series
@@ -125,6 +129,8 @@ class RouterMetrics(_Metrics):
                                             ("prefill", "decode"))
         self.snapshot_bytes = self.gauge("fermium_snapshot_bytes", "Bytes held by the snapshot store", ("tier",),
                                          ("ram", "disk"))
+        self.tool_call_parse_failures = self.counter("fermium_tool_call_parse_failures",
+                                                     "Malformed tool calls or reasoning tags in chat output")
         self._load_gauges()
 
 
@@ -155,4 +161,6 @@ class DecodeMetrics(_Metrics):
         self.step_time = self.histogram("fermium_decode_step_seconds", "One batched decode step")
         self.batch_size = self.histogram("fermium_decode_batch_size", "Sequences per decode step",
                                          buckets=BATCH_BUCKETS)
+        self.grammar_mask_time = self.histogram("fermium_decode_grammar_mask_seconds",
+                                                "Allowed-token masks of one decode step", buckets=MASK_BUCKETS)
         self._load_gauges()

@@ -239,3 +239,46 @@ def test_matches_transformers_renderer(messages, tools, thinking):
                                          enable_thinking=thinking)
     theirs = theirs[0][0] if isinstance(theirs, tuple) else theirs
     assert render_chat(messages, tools=tools, enable_thinking=thinking) == theirs
+
+
+AGENT_LOOP = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Oslo and Rome?"},
+    {"role": "assistant", "content": None, "reasoning_content": "Two calls.",
+     "tool_calls": [{"id": c, "type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+                    for c, city in (("a", "Oslo"), ("b", "Rome"))]},
+    {"role": "tool", "tool_call_id": "a", "name": "get_weather", "content": "cold"},
+    {"role": "tool", "tool_call_id": "b", "name": "get_weather", "content": "warm"},
+    {"role": "assistant", "content": "Oslo is cold, Rome warm.", "reasoning_content": "Both back."},
+    {"role": "user", "content": "And Paris?"},
+]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"preserve_thinking": True}, {"enable_thinking": False}])
+def test_agent_loop_matches_transformers(kwargs):
+    utils = pytest.importorskip("transformers.utils.chat_template_utils")
+    theirs = utils.render_jinja_template([AGENT_LOOP], tools=[WEATHER_TOOL], add_generation_prompt=True,
+                                         chat_template=BUNDLED_TEMPLATE.read_text(encoding="utf-8"), **kwargs)
+    theirs = theirs[0][0] if isinstance(theirs, tuple) else theirs
+    extra = dict(kwargs)
+    ours = render_chat(AGENT_LOOP, tools=[WEATHER_TOOL], enable_thinking=extra.pop("enable_thinking", True),
+                       template_kwargs=extra)
+    assert ours == theirs
+    assert ("<think>\nTwo calls.\n</think>" in ours) == bool(kwargs.get("preserve_thinking"))
+
+
+def test_reasoning_folds_into_content_for_a_template_without_the_switch():
+    plain = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+    messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": " R\n"}]
+    assert render_chat(messages, template=plain) == "[user:Q][assistant:A]"
+    assert render_chat(messages, template=plain, template_kwargs={"preserve_thinking": True}) == \
+        "[user:Q][assistant:<think>\nR\n</think>\n\nA]"
+    assert messages[1]["content"] == "A", "caller's messages untouched"
+
+
+def test_a_template_that_adds_a_null_content_is_a_value_error():
+    chatml = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content }}{% endfor %}"
+    calls = [{"role": "user", "content": "x"},
+             {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]
+    with pytest.raises(ValueError, match="the chat template failed"):
+        render_chat(calls, template=chatml)

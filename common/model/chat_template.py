@@ -28,6 +28,7 @@ from common.errors import UserError
 BUNDLED_TEMPLATE = Path(__file__).with_name("templates") / "qwen3_6.jinja"
 GGUF_TEMPLATE_KEY = "tokenizer.chat_template"
 ROLES = ("system", "user", "assistant", "tool")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 class ChatTemplateError(UserError, ValueError):
@@ -68,13 +69,17 @@ def render_chat(messages: Sequence[Mapping[str, Any]], *, add_generation_prompt:
     """The prompt text for `messages` (OpenAI chat format); `template` is Jinja source.
 
     `template_kwargs` are extra template variables, as OpenAI servers take them in
-    `chat_template_kwargs` (e.g. {"preserve_thinking": True}).
+    `chat_template_kwargs` (e.g. {"preserve_thinking": True}). A template without that switch
+    keeps earlier reasoning when it is set all the same: the reasoning goes into the content.
     """
     messages = _checked_messages(messages)
+    source = template if template is not None else default_template()
+    if (template_kwargs or {}).get("preserve_thinking") is True and "preserve_thinking" not in source:
+        messages = [_fold_reasoning(m) for m in messages]
     if tools is not None and (isinstance(tools, (str, Mapping)) or not isinstance(tools, Sequence)
                               or not all(isinstance(t, Mapping) for t in tools)):
         raise ChatTemplateError("tools must be a list of tool definitions (dicts)")
-    compiled = _compile(template if template is not None else default_template())
+    compiled = _compile(source)
     variables = dict(template_kwargs or {})
     variables.update(messages=messages, tools=list(tools) if tools else None,
                      add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
@@ -82,8 +87,20 @@ def render_chat(messages: Sequence[Mapping[str, Any]], *, add_generation_prompt:
         return compiled.render(variables)          # a mapping: a variable named `self` is no keyword clash
     except ChatTemplateError:
         raise
-    except TemplateError as exc:
+    except (TemplateError, TypeError) as exc:          # TypeError: e.g. a template adding a null content
         raise ChatTemplateError(f"the chat template failed: {exc}") from exc
+
+
+def _fold_reasoning(message: dict) -> dict:
+    """An assistant turn's reasoning moved into its content as the model wrote it, for a template
+    that has no `preserve_thinking` switch."""
+    reasoning = message.get("reasoning_content")
+    if message.get("role") != "assistant" or not isinstance(reasoning, str) or not isinstance(
+            message.get("content") or "", str):
+        return message
+    folded = {k: v for k, v in message.items() if k != "reasoning_content"}
+    folded["content"] = f"{THINK_OPEN}\n{reasoning.strip()}\n{THINK_CLOSE}\n\n{message.get('content') or ''}"
+    return folded
 
 
 # ---- the Jinja environment

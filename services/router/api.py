@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API (starlette): routes, response bodies, SSE framing.
+"""The OpenAI-compatible HTTP API (starlette): routes, response bodies, SSE framing. Chat answers
+are split into reasoning, content and tool calls by replies.py; completions stay raw text.
 
 The first Delta of a request is awaited before the response starts, so admission (429),
 missing workers (503) and early worker failures come back as HTTP errors; after that, a
@@ -30,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .config import RouterConfig
 from .errors import APIError, CatchAll, Drained, GenerationError, http_exception, server_error
 from .generation import RETRY_AFTER_S, Delta, Generation
+from .replies import ChatReply, ChatStream, TextStream
 from .schema import Job, parse_body, validate
 
 log = logging.getLogger("fermium.router")
@@ -177,38 +179,31 @@ class API:
         if final.finish_reason is None:
             return Response(status_code=499)
         text = "".join(parts)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                   "finish_reason": final.finish_reason} if job.chat else
-                  {"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason})
+        if job.chat:
+            message, reason = ChatReply(job, self.gen.metrics).message(text, final.finish_reason)
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}
         return JSONResponse({"id": cid, "object": "chat.completion" if job.chat else "text_completion",
                              "created": int(time.time()), "model": job.model, "choices": [choice],
                              "usage": _usage(final)})
 
     async def _stream(self, job: Job, cid: str, head: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
-        created = int(time.time())
-        kind = "chat.completion.chunk" if job.chat else "text_completion"
-
-        def chunk(d: Delta, role: bool = False) -> dict:
-            if job.chat:
-                delta = {"role": "assistant", "content": d.text} if role else {"content": d.text}
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": d.finish_reason}
-            else:
-                choice = {"index": 0, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason}
-            return {"id": cid, "object": kind, "created": created, "model": job.model, "choices": [choice]}
-
+        out = ChatStream(job, cid, self.gen.metrics) if job.chat else TextStream(job, cid)
         final = head
-        yield _sse(chunk(head, role=True))
         try:
+            for body in out.start() + out.piece(head.text, head.finish_reason):
+                yield _sse(body)
             async for d in deltas:
                 final = d
-                yield _sse(chunk(d))
+                for body in out.piece(d.text, d.finish_reason):
+                    yield _sse(body)
         except Exception as e:
             yield _sse(_failure(e).body())
             yield _sse("[DONE]")
             return
         if job.include_usage:
-            yield _sse({"id": cid, "object": kind, "created": created, "model": job.model, "choices": [],
-                        "usage": _usage(final)})
+            yield _sse(out.usage(_usage(final)))
         yield _sse("[DONE]")
 
 

@@ -2,7 +2,8 @@
 
 Fields OpenAI documents are accepted; those Fermium cannot honour are refused when set to a
 value that would change the answer (n > 1, logprobs, penalties). A field OpenAI does not know
-is refused, as OpenAI does, except the sampling extensions vLLM accepts too.
+is refused, as OpenAI does, except the sampling extensions vLLM accepts too. Chat messages are
+checked in messages.py; tools and tool_choice, and the prompt they steer, in tools.py.
 
 The body as a whole is checked before any field is read: valid UTF-8 and JSON, nesting at most
 MAX_DEPTH deep, no lone surrogate in any string, every float finite (Python's json reads `NaN`,
@@ -19,6 +20,8 @@ from typing import Any, Callable
 from common.sampling import SamplingParams
 
 from .errors import APIError, bad_request
+from .messages import chat_messages
+from .tools import ToolPlan, steer, tool_plan
 
 COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
                  "presence_penalty", "seed", "stop", "stream", "stream_options", "temperature",
@@ -29,7 +32,7 @@ CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprob
                                "functions", "verbosity", "safety_identifier", "prompt_cache_key"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix"}
 EXTENSION_FIELDS = {"top_k", "min_p", "repetition_penalty", "chat_template_kwargs"}
-ROLES = {"system", "developer", "user", "assistant", "tool"}
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")    # "none" turns thinking off
 MAX_STOP_STRINGS = 4
 MAX_DEPTH = 64                  # JSON nesting; real requests stay under 10
 INT64 = (-2 ** 63, 2 ** 63)
@@ -53,6 +56,9 @@ class Job:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    tools: ToolPlan = ToolPlan()
+    reasoning: bool = False         # the answer opens inside a think block the prompt left open
+    forced: str = ""                # the start of the answer the prompt already holds
 
 
 def parse_body(raw: bytes) -> dict:
@@ -134,8 +140,9 @@ def _refuse_unsupported(body: dict) -> None:
             raise bad_request(f"'{name}' is not supported; use 'repetition_penalty'", name)
     if body.get("echo") or body.get("suffix"):
         raise bad_request("'echo' and 'suffix' are not supported", "echo" if body.get("echo") else "suffix")
-    if body.get("tools") or body.get("functions"):
-        raise bad_request("tool calls are not supported", "tools")
+    for name in ("functions", "function_call"):
+        if body.get(name) is not None:
+            raise bad_request(f"'{name}' is deprecated and not supported; send 'tools' and 'tool_choice'", name)
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         kind = fmt.get("type") if isinstance(fmt, dict) else fmt
@@ -155,27 +162,6 @@ def _stop(body: dict) -> tuple[str, ...]:
     if len(stops) > MAX_STOP_STRINGS:
         raise bad_request(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
     return tuple(stops)
-
-
-def _messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
-            raise bad_request(f"messages[{i}] needs a 'role', one of {sorted(ROLES)}", f"messages[{i}].role")
-        content = m.get("content")
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise bad_request(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string or a list of text parts",
-                              f"messages[{i}].content")
-        out.append({"role": m["role"], "content": content})
-    return out
 
 
 def _prompt(body: dict, encode: Callable[[str], list[int]], vocab: int) -> list[int]:
@@ -202,6 +188,22 @@ def _template_kwargs(body: dict) -> dict:
         if key in TEMPLATE_FLAGS and not isinstance(value, bool):
             raise bad_request(f"chat_template_kwargs.{key} must be a boolean", f"chat_template_kwargs.{key}")
     return kwargs
+
+
+def _chat_prompt(body: dict, plan: ToolPlan, render: Callable[[list[dict], dict], str]) -> tuple[str, bool]:
+    """The rendered, steered prompt and whether the answer opens in a think block."""
+    variables = dict(_template_kwargs(body))
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad_request(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
+    if effort == "none":                   # an explicit chat_template_kwargs.enable_thinking wins
+        variables.setdefault("enable_thinking", False)
+    variables["tools"] = list(plan.tools) or None    # the request's, never a template kwarg's
+    try:
+        text = render(chat_messages(body), variables)
+    except ValueError as e:                      # the chat template refused the conversation
+        raise bad_request(str(e), "messages") from None
+    return steer(text, plan.forced)
 
 
 def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, vocab: int,
@@ -234,12 +236,11 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
                                 f"in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}]"),
         seed=_num(body, "seed", int, None, lambda v: 0 <= v < 2 ** 63, "in [0, 2^63)"),
     )
+    plan, reasoning = ToolPlan(), False
     if chat:
-        kwargs = _template_kwargs(body)
-        try:
-            prompt_ids = encode(render(_messages(body), kwargs))
-        except ValueError as e:                      # the chat template refused the conversation
-            raise bad_request(str(e), "messages") from None
+        plan = tool_plan(body)
+        text, reasoning = _chat_prompt(body, plan, render)
+        prompt_ids = encode(text)
     else:
         prompt_ids = _prompt(body, encode, vocab)
     if not prompt_ids:
@@ -255,4 +256,4 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
         raise bad_request(f"the prompt ({len(prompt_ids)} tokens) plus {name} ({max_tokens}) exceeds this "
                           f"model's context limit of {context} tokens", name, code="context_length_exceeded")
     return Job(chat, model, tuple(prompt_ids), max_tokens, sampling, _stop(body), stream,
-               bool(options.get("include_usage")))
+               bool(options.get("include_usage")), plan, reasoning, plan.forced)

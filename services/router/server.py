@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
+from typing import Callable
 
 import uvicorn
 from starlette.applications import Starlette
@@ -38,6 +39,19 @@ log = logging.getLogger("fermium.router")
 EXIT_GRACE_S = 1.0          # uvicorn's wait for connections after the drain, which left none busy
 
 
+def chat_renderer(template: str | None, preserve_thinking: bool) -> Callable[[list[dict], dict], str]:
+    """The API's render(messages, variables): `enable_thinking` and `tools` among the variables are
+    render_chat's arguments, the rest template variables; `preserve_thinking` is the router's default."""
+    def render(messages: list[dict], variables: dict) -> str:
+        extra = dict(variables)
+        extra.setdefault("preserve_thinking", preserve_thinking)
+        thinking = bool(extra.pop("enable_thinking", True))
+        tools = extra.pop("tools", None)
+        return render_chat(messages, template=template, enable_thinking=thinking, tools=tools,
+                           template_kwargs=extra)
+    return render
+
+
 def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[Starlette, Dispatcher]:
     """The ASGI app and its dispatcher; the dispatcher starts and stops with the app."""
     app, dispatcher, _ = _build(cfg, cache)
@@ -60,12 +74,6 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics,
                             cfg.request_timeout)
 
-    def render(messages: list[dict], kwargs: dict) -> str:
-        extra = dict(kwargs)
-        extra.setdefault("preserve_thinking", cfg.preserve_thinking)
-        thinking = bool(extra.pop("enable_thinking", True))
-        return render_chat(messages, template=template, enable_thinking=thinking, template_kwargs=extra)
-
     def health() -> dict:
         return {"prefill_workers": dispatcher.registry.count("prefill"),
                 "decode_workers": dispatcher.registry.count("decode"),
@@ -84,7 +92,8 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
 
     served = (cfg.served_model_name, Path(cfg.model).stem)   # the file's stem is accepted too
     api = API(generation, served=served, context=context,
-              vocab=tokenizer.vocab_size, encode=tokenizer.encode, render=render, health=health,
+              vocab=tokenizer.vocab_size, encode=tokenizer.encode,
+              render=chat_renderer(template, cfg.preserve_thinking), health=health,
               max_body=cfg.max_body_bytes)
 
     @contextlib.asynccontextmanager
