@@ -3,10 +3,12 @@
 Any finite parameters in range give a token, never NaN or an exception: a NaN logit is never
 picked, the logits are clipped before the max is taken off and the temperature divides, so a
 tiny temperature or penalty overflows only to -inf, and a distribution with nothing left in it
-falls back to the argmax.
+falls back to the argmax. A grammar's `allowed` mask (common.grammar) keeps the draw, and the
+fallback, to the tokens it allows.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -16,6 +18,7 @@ import numpy as np
 from .config import setting
 
 LOGIT_LIMIT = 1e30              # far beyond any real logit, far from float64's overflow
+MAX_GRAMMAR_CHARS = 1 << 18     # well inside the header slack of a wire message (common.state)
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class SamplingParams:
     min_p: float = setting(0.0, "Drop tokens less likely than min_p times the most likely one.")
     repetition_penalty: float = setting(1.0, "Penalty on the logits of tokens already in the history.")
     seed: int | None = setting(None, "Seed for sampling.")
+    # a grammar spec from common.grammar ("" is none); no help text, so it is not a command-line option
+    grammar: str = dataclasses.field(default="")
 
     def __post_init__(self):
         floats = (self.temperature, self.top_p, self.min_p, self.repetition_penalty)
@@ -39,7 +44,9 @@ class SamplingParams:
                   (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
                   (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
                   (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
-                  (self.seed is None or isinstance(self.seed, int) and self.seed >= 0, "seed must be an integer >= 0")]
+                  (self.seed is None or isinstance(self.seed, int) and self.seed >= 0, "seed must be an integer >= 0"),
+                  (isinstance(self.grammar, str) and len(self.grammar) <= MAX_GRAMMAR_CHARS,
+                   f"grammar must be a string of at most {MAX_GRAMMAR_CHARS} characters")]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -50,9 +57,18 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+    def sample(self, logits: np.ndarray, history: Sequence[int] = (), allowed: np.ndarray | None = None) -> int:
+        """`allowed`: (vocab,) bool, the tokens a grammar lets through, or None for all. Those are
+        sampled among themselves, which costs less than masking the rest of the vocabulary."""
+        if allowed is None:
+            return self._sample(np.asarray(logits, dtype=np.float64).copy(), history)
+        ids = np.flatnonzero(allowed)
+        if not ids.size:                     # nothing is allowed: the grammar refuses whatever comes
+            return int(np.argmax(logits))
+        return int(ids[self._sample(np.asarray(logits, dtype=np.float64)[ids], _within(ids, history))])
+
+    def _sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
         p = self.params
-        logits = np.asarray(logits, dtype=np.float64).copy()
         with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
             logits[np.isnan(logits)] = -np.inf
             if p.repetition_penalty != 1.0 and len(history):
@@ -84,3 +100,10 @@ class Sampler:
         if not (total > 0 and math.isfinite(total)):
             return int(np.argmax(z))
         return int(self.rng.choice(probs.size, p=probs / total))
+
+
+def _within(ids: np.ndarray, history: Sequence[int]) -> np.ndarray:
+    """The places in sorted `ids` of the history's tokens that are among them."""
+    h = np.asarray(history, dtype=np.int64)
+    at = np.minimum(np.searchsorted(ids, h), ids.size - 1)
+    return at[ids[at] == h]

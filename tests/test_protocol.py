@@ -122,7 +122,8 @@ def _sampling(**changes) -> list:
     (_with_header(GOOD, a={**_header(GOOD)["a"], "logits": ["float32", [11], 1]}), "missing or reused"),
     (_sampling(seed=None, top_k=None), "DecodeRequest.sampling: top_k: NoneType is not allowed"),
     (_sampling(temperature=-1.0), "DecodeRequest.sampling: temperature must be >= 0"),
-    (_with_header(GOOD, f={**_header(GOOD)["f"], "sampling": {"top_k": 4}}), "sampling: missing fields ['min_p'"),
+    (_with_header(GOOD, f={**_header(GOOD)["f"], "sampling": {"top_k": 4}}),
+     "sampling: missing fields ['grammar', 'min_p'"),
     (_with_header(GOOD, f={**_header(GOOD)["f"], "sampling": [4]}), "list is not a map of SamplingParams fields"),
     (GOOD[:-1], "frame index"),
     ([*GOOD, b"stray"], "not referenced"),
@@ -143,8 +144,8 @@ def _readable(header: bytes) -> bool:
 
 
 def test_every_message_with_a_state_names_its_kv_type():
-    """VERSION 3: a state's KV cache type travels with it; a header without it is refused."""
-    assert VERSION == 3
+    """VERSION 3 on: a state's KV cache type travels with it; a header without it is refused."""
+    assert VERSION >= 3
     for cls in (DecodeRequest, PrefillRequest, Finished, Snapshot, Hello, Heartbeat):
         assert "kv_type" in {f.name for f in dataclasses.fields(cls)}, cls.__name__
     f = {k: v for k, v in _header(GOOD)["f"].items() if k != "kv_type"}

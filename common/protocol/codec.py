@@ -17,7 +17,8 @@ whose size disagrees with its dtype and shape raises ProtocolError, which carrie
 when the header was readable; so does any other undecodable input, and a message over its
 receiver's WireLimits. VERSION changes with the layout and with any message's fields (held
 exactly): 2 made `sampling` a whole SamplingParams, where 1 sent a dict of some of its fields;
-3 added `kv_type` (common.kv_cache) to every message that carries a state, and to Hello and Heartbeat.
+3 added `kv_type` (common.kv_cache) to every message that carries a state, and to Hello and Heartbeat;
+4 added `grammar` (common.grammar) to SamplingParams.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from typing import Any, ClassVar, get_type_hints
 import msgpack
 import numpy as np
 
-VERSION = 3
+VERSION = 4
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}

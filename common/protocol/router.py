@@ -1,6 +1,6 @@
 """Messages the router receives, on its PULL inbox (workers PUSH to it).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 3).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 4).
 
     0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
     0x11 Heartbeat    worker -> router: alive, with its load; also re-registers after a router restart

@@ -20,6 +20,7 @@ class Sequence:
     return_state: bool
     next_token: int = -1             # sampled, not yet fed to the runner
     logits: Any = None               # (vocab,) what next_token was sampled from
+    matcher: Any = None              # common.grammar.Matcher when the request has a grammar
 
 
 @dataclass

@@ -5,6 +5,9 @@ sampled on arrival (that is the time to first token); then the sequence waits fo
 slot and decodes one token per step with the others. Each token goes to the router
 as a Tokens message; the end goes as Finished, with the final state when it was asked for.
 
+A request with a grammar (SamplingParams.grammar) samples only the tokens it allows, the first
+token too, and ends with "stop" when the grammar is complete (grammar.py).
+
 A request that fails the model's checks (common.protocol.checks), or whose sampler raises,
 fails alone with a Failed reply; a step that raises fails its batch. Nothing a
 request brings stops the loop.
@@ -29,6 +32,7 @@ from common.worker import WorkerServer
 from native.runners import load_runner
 
 from .config import DecodeConfig
+from .grammar import Grammars
 from .scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("fermium.decode")
@@ -37,9 +41,10 @@ log = logging.getLogger("fermium.decode")
 class DecodeServer(WorkerServer):
     ROLE, REQUEST = "decode", DecodeRequest
 
-    def __init__(self, cfg: DecodeConfig, *, model=None, runner=None):
+    def __init__(self, cfg: DecodeConfig, *, model=None, runner=None, tokenizer=None):
         """`model` (anything with GGUFModel's .config and .path) and `runner`, when given, are
-        used instead of loading cfg.model and cfg.runner: the in-process stack hands in its own."""
+        used instead of loading cfg.model and cfg.runner: the in-process stack hands in its own.
+        `tokenizer` is the vocabulary grammars are built on, when not the model file's."""
         model = model if model is not None else GGUFModel(cfg.model)
         # before the runner maps it
         self.memory = plan_context("decode", model, cfg.ctx_size, cfg.max_batch, kv_type=cfg.kv_type)
@@ -51,12 +56,14 @@ class DecodeServer(WorkerServer):
         log.info("decode: %s", self.memory.describe(cfg.max_batch))       # once nothing has refused to start
         self.sched = BatchScheduler(cfg.max_batch)
         super().__init__(cfg, ContextModel(model, self.ctx_size), DecodeMetrics(), capacity=cfg.capacity)
+        self.grammars = Grammars(model, model.config.vocab_size, self.metrics, tokenizer)
 
     def load(self) -> tuple[int, int]:
         return len(self.sched.running), len(self.sched.waiting)
 
     def start(self) -> None:
         super().start()
+        self.grammars.start()
         log.info("decode runner: %s, max batch %d, KV cache %s", self.runner_name, self.cfg.max_batch, self.kv_type)
 
     # ---- messages
@@ -92,7 +99,9 @@ class DecodeServer(WorkerServer):
         seq = Sequence(req.rid, state, Sampler(params), list(req.history),
                        GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state)
         seq.logits = np.asarray(req.logits)
-        if self._accept(seq, seq.sampler.sample(seq.logits, seq.history)):
+        seq.matcher = self.grammars.matcher(params.grammar)
+        allowed = self.grammars.masks([seq])[0]
+        if self._accept(seq, seq.sampler.sample(seq.logits, seq.history, allowed)):
             self.sched.add(seq)
         else:
             self._finish(seq, seq.policy.finish_reason, retire=False)
@@ -104,6 +113,10 @@ class DecodeServer(WorkerServer):
         if seq.policy.accept(token):
             seq.history.append(token)
             self.link.send(Tokens(seq.rid, self.link.worker_id, [token]))
+            if seq.matcher is not None:
+                seq.matcher.consume(token)
+                if seq.matcher.done and not seq.policy.finished:      # nothing but EOS can follow
+                    seq.policy.finish_reason = "stop"
         if seq.policy.finished:
             return False
         seq.next_token = token
@@ -136,10 +149,11 @@ class DecodeServer(WorkerServer):
             return
         self.metrics.step_time.observe(time.perf_counter() - t0)
         self.metrics.batch_size.observe(len(batch))
-        for seq, row in zip(batch, logits):
+        masks = self.grammars.masks(batch)
+        for seq, row, allowed in zip(batch, logits, masks):
             seq.logits = row
             try:
-                more = self._accept(seq, seq.sampler.sample(row, seq.history))
+                more = self._accept(seq, seq.sampler.sample(row, seq.history, allowed))
             except Exception as e:                          # this sequence's sampler: it alone fails
                 self.sched.retire(seq)
                 self._reject(seq.rid, f"sampling failed: {type(e).__name__}: {e}", trace=True)

@@ -1,0 +1,83 @@
+"""Decode's side of structured output: a grammar matcher per sequence, the batch's masks.
+
+A request whose SamplingParams.grammar is set gets a common.grammar.Matcher on admission. Each
+step, before sampling, the masks of every sequence with one are filled together and applied to
+its logits; the sampled token then advances the matcher, and a complete grammar ends the
+sequence with "stop". A sequence without a grammar is not touched.
+
+The tokenizer side (common.grammar.engine_tokenizer) is built once, in a thread at startup, from
+the tokenizer handed in or else the model file's vocabulary; without either, grammars are refused.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from common import grammar
+from common.model.tokenizer import Tokenizer, TokenizerError
+
+log = logging.getLogger("fermium.decode")
+
+
+class Grammars:
+    def __init__(self, model: Any, n_vocab: int, metrics: Any, tokenizer: Any = None):
+        self.n_vocab, self.metrics = n_vocab, metrics
+        self._model, self._given = model, tokenizer
+        self._tokenizer: Any = None
+        self._why_not = ""
+        self._built = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Build the tokenizer side off the compute loop; a first grammar request waits for it."""
+        self._thread = threading.Thread(target=self._build, name="decode-grammar-tokenizer", daemon=True)
+        self._thread.start()
+
+    def _build(self) -> None:
+        try:
+            model = self._model
+            if self._given is None and not (hasattr(model, "has") and model.has("tokenizer.ggml.tokens")):
+                self._why_not = "the model file has no tokenizer, which a grammar needs"
+                return
+            t0 = time.perf_counter()
+            vocab = self._given if self._given is not None else Tokenizer.from_gguf(model)
+            grammar.engine_tokenizer(vocab, self.n_vocab)
+            self._tokenizer = vocab
+            log.info("decode: grammar tokenizer of %d tokens ready in %.2f s", vocab.vocab_size,
+                     time.perf_counter() - t0)
+        except (TokenizerError, ValueError) as e:
+            self._why_not = f"the model's tokenizer cannot take a grammar: {e}"
+        except Exception as e:                  # nothing here may stop the server from serving plain text
+            log.exception("decode: grammar tokenizer failed")
+            self._why_not = f"the grammar tokenizer failed: {type(e).__name__}: {e}"
+        finally:
+            self._built.set()
+
+    def matcher(self, spec: str) -> grammar.Matcher | None:
+        """A matcher for a request's grammar spec, None when it has none; a ValueError when the
+        spec or this model cannot take it (the request's fault)."""
+        if not spec:
+            return None
+        if self._thread is None and not self._built.is_set():     # not started: build it here
+            self._build()
+        self._built.wait()
+        if self._tokenizer is None:
+            raise grammar.GrammarError(f"grammar: {self._why_not}")
+        return grammar.Matcher(spec, grammar.engine_tokenizer(self._tokenizer, self.n_vocab))
+
+    def masks(self, seqs: Sequence[Any]) -> list[np.ndarray | None]:
+        """(vocab,) bool per sequence, the tokens its grammar allows; None where it has none."""
+        held = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        out: list[np.ndarray | None] = [None] * len(seqs)
+        if not held:
+            return out
+        t0 = time.perf_counter()
+        bitmask = grammar.fill_masks([seqs[i].matcher for i in held], self.n_vocab)
+        for row, i in enumerate(held):
+            out[i] = grammar.allowed(bitmask[row], self.n_vocab)
+        self.metrics.grammar_mask_time.observe(time.perf_counter() - t0)
+        return out
