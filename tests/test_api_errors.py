@@ -233,7 +233,8 @@ def test_documented_fields_are_accepted(client):
 def test_completion_length(client):
     r = client.post("/v1/completions", json=completion(prompt="a", max_tokens=3)).json()
     assert r["choices"][0]["text"] == "bcd" and r["choices"][0]["finish_reason"] == "length"
-    assert r["usage"] == {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+    assert r["usage"] == {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4,
+                          "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_completion_eos_and_stop_string(client):

@@ -9,6 +9,10 @@ large body never holds up the event loop.
 
 Draining (on SIGTERM, see server.py): new requests get 503, the ones under way have
 `drain_timeout` seconds to finish, and those left then end with an error.
+
+`begin` and `collect` are that life, shared with the Anthropic Messages API (anthropic_api.py),
+which renders the same Job's deltas in its own shapes. Usage reports the prompt tokens served
+from the prefix cache as `prompt_tokens_details.cached_tokens`.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Callable, Sequence
+from typing import AsyncIterator, Callable, Sequence, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -28,33 +32,20 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .anthropic_api import MessagesAPI
 from .config import RouterConfig
-from .errors import APIError, CatchAll, Drained, GenerationError, http_exception, server_error
-from .generation import RETRY_AFTER_S, Delta, Generation
+from .errors import RETRY_AFTER_S, APIError, CatchAll, failure, http_exception
+from .generation import Delta, Generation
 from .replies import ChatReply, ChatStream, TextStream
-from .schema import Job, parse_body, validate
+from .schema import Job, check_model, parse_body, validate
 
 log = logging.getLogger("fermium.router")
 
 VALIDATE_THREADS = 2            # bodies parsed and tokenized at once, off the event loop
 DRAIN_POLL_S = 0.05
 ABORT_GRACE_S = 1.0             # after the drain time, for the ended requests to send their error
-COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
-
-
-def _error(e: APIError) -> JSONResponse:
-    return e.response()
-
-
-def _failure(e: Exception) -> APIError:
-    """What a run that failed after admission answers with."""
-    if isinstance(e, Drained):
-        return APIError(503, str(e), type="service_unavailable", code="shutting_down",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
-    if isinstance(e, GenerationError):
-        return APIError(500, str(e), type="server_error", code="worker_failed")
-    log.error("router: a request failed", exc_info=e)
-    return server_error("the server failed on this request", e)
+T = TypeVar("T")
+COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
 
 
 def _sse(obj: dict | str) -> bytes:
@@ -69,9 +60,10 @@ async def _until_disconnect(request: Request) -> None:
 class API:
     def __init__(self, generation: Generation, *, served: tuple[str, ...], context: int, vocab: int,
                  encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
-                 health: Callable[[], dict], max_body: int = RouterConfig.max_body_bytes):
+                 health: Callable[[], dict], max_body: int = RouterConfig.max_body_bytes,
+                 decode: Callable[[list[int]], str] | None = None):
         self.gen, self.served, self.context, self.vocab = generation, served, context, vocab
-        self.encode, self.render, self.health_info = encode, render, health
+        self.encode, self.decode, self.render, self.health_info = encode, decode, render, health
         self.max_body = max_body
         self.draining = False
         self.live = 0                   # completion requests under way, counted by _Inflight
@@ -102,13 +94,24 @@ class API:
     def routes(self) -> list[Route]:
         return [Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
+                *MessagesAPI(self).routes(),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                 Route("/health", self.health, methods=["GET"])]
 
+    def _model(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "fermium", "max_model_len": self.context}
+
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.served[0], "object": "model", "created": 0, "owned_by": "fermium",
-             "max_model_len": self.context}]})
+        return JSONResponse({"object": "list", "data": [self._model(self.served[0])]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        try:
+            check_model(name, self.served)
+        except APIError as e:
+            return e.response()
+        return JSONResponse(self._model(name))
 
     async def health(self, request: Request) -> Response:
         info = self.health_info()
@@ -123,20 +126,25 @@ class API:
     async def completions(self, request: Request) -> Response:
         return await self._serve(request, chat=False)
 
-    async def _serve(self, request: Request, *, chat: bool) -> Response:
+    async def parse(self, request: Request, build: Callable[[bytes], T]) -> T:
+        """`build` of the body (refused past max_body bytes), run on the validation pool."""
+        raw = await _read_body(request, self.max_body)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, build, raw)
+
+    async def begin(self, request: Request,
+                    build: Callable[[bytes], Job]) -> tuple[Job, Delta, AsyncIterator[Delta]] | None:
+        """Read the body, build its Job on the pool, admit it and await its first Delta: (job, first
+        Delta, the rest). None when the client left first; an APIError when the request fails."""
         arrived = time.perf_counter()
+        if self.draining:
+            raise APIError(503, "the server is shutting down; send the request to another instance or "
+                           "retry once it is back", type="service_unavailable", code="shutting_down",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
-            if self.draining:
-                raise APIError(503, "the server is shutting down; send the request to another instance or "
-                               "retry once it is back", type="service_unavailable", code="shutting_down",
-                               headers={"Retry-After": str(RETRY_AFTER_S)})
-            raw = await _read_body(request, self.max_body)
-            job = await asyncio.get_running_loop().run_in_executor(self._pool, self._job, raw, chat)
-            await self.gen.admit()
-        except APIError as e:
-            return _error(e)
+            job = await self.parse(request, build)
         except ClientDisconnect:
-            return Response(status_code=499)
+            return None
+        await self.gen.admit()
         deltas = self.gen.run(job, arrived)
         first: list[Delta] = []
 
@@ -145,25 +153,17 @@ class API:
 
         try:
             await _first_of(head(), _until_disconnect(request))
-        except APIError as e:
-            return _error(e)
+        except APIError:
+            raise
         except Exception as e:
-            return _error(_failure(e))
+            raise failure(e) from None
         if not first:  # the client left before the first token
             await deltas.aclose()
-            return Response(status_code=499)
-        cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        if job.stream:
-            return StreamingResponse(self._stream(job, cid, first[0], deltas), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await self._whole(request, job, cid, first[0], deltas)
+            return None
+        return job, first[0], deltas
 
-    def _job(self, raw: bytes, chat: bool) -> Job:
-        return validate(parse_body(raw), chat=chat, served=self.served, context=self.context, vocab=self.vocab,
-                        encode=self.encode, render=self.render)
-
-    async def _whole(self, request: Request, job: Job, cid: str, head: Delta,
-                     deltas: AsyncIterator[Delta]) -> Response:
+    async def collect(self, request: Request, head: Delta, deltas: AsyncIterator[Delta]) -> tuple[str, Delta] | None:
+        """The whole text and the final Delta; None when the client left first."""
         parts, final = [head.text], head
 
         async def rest() -> None:
@@ -175,18 +175,40 @@ class API:
         try:
             await _first_of(rest(), _until_disconnect(request))     # also closes a run that ended at once
         except Exception as e:
-            return _error(_failure(e))
-        if final.finish_reason is None:
+            raise failure(e) from None
+        return ("".join(parts), final) if final.finish_reason is not None else None
+
+    async def _serve(self, request: Request, *, chat: bool) -> Response:
+        try:
+            started = await self.begin(request, lambda raw: self._job(raw, chat))
+        except APIError as e:
+            return e.response()
+        if started is None:
             return Response(status_code=499)
-        text = "".join(parts)
+        job, head, deltas = started
+        cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        if job.stream:
+            return StreamingResponse(self._stream(job, cid, head, deltas), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            whole = await self.collect(request, head, deltas)
+        except APIError as e:
+            return e.response()
+        if whole is None:
+            return Response(status_code=499)
+        text, final = whole
         if job.chat:
             message, reason = ChatReply(job, self.gen.metrics).message(text, final.finish_reason)
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}
+            choice = {"index": 0, "text": job.echo + text, "logprobs": None, "finish_reason": final.finish_reason}
         return JSONResponse({"id": cid, "object": "chat.completion" if job.chat else "text_completion",
                              "created": int(time.time()), "model": job.model, "choices": [choice],
                              "usage": _usage(final)})
+
+    def _job(self, raw: bytes, chat: bool) -> Job:
+        return validate(parse_body(raw), chat=chat, served=self.served, context=self.context, vocab=self.vocab,
+                        encode=self.encode, render=self.render, decode=self.decode)
 
     async def _stream(self, job: Job, cid: str, head: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
         out = ChatStream(job, cid, self.gen.metrics) if job.chat else TextStream(job, cid)
@@ -199,7 +221,7 @@ class API:
                 for body in out.piece(d.text, d.finish_reason):
                     yield _sse(body)
         except Exception as e:
-            yield _sse(_failure(e).body())
+            yield _sse(failure(e).body())
             yield _sse("[DONE]")
             return
         if job.include_usage:
@@ -209,7 +231,8 @@ class API:
 
 def _usage(d: Delta) -> dict:
     return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
-            "total_tokens": d.prompt_tokens + d.completion_tokens}
+            "total_tokens": d.prompt_tokens + d.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": d.cached_tokens}}
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -1,7 +1,9 @@
-"""The HTTP API key: `Authorization: Bearer <key>` on every /v1/ path when a key is set.
+"""The HTTP API key: `Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's clients
+send it, on every /v1/ path when a key is set. A Bearer header, when sent, is the one checked.
 
 /health (and anything outside /v1/) stays open, so probes and load balancers need no key.
-A refused request gets 401 with an OpenAI-style error body and `WWW-Authenticate: Bearer`.
+A refused request gets 401 and `WWW-Authenticate: Bearer`, with an OpenAI-style error body, or
+Anthropic's (authentication_error) on the /v1/messages routes.
 """
 from __future__ import annotations
 
@@ -11,20 +13,27 @@ import json
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import APIError
+from .errors import ANTHROPIC_PREFIX, APIError
 
 PROTECTED_PREFIX = "/v1/"
 MISSING = ("No API key provided. Send it in the Authorization header as Bearer auth: "
-           "`Authorization: Bearer YOUR_KEY` (the key the router was started with, --api-key / FERMIUM_API_KEY).")
+           "`Authorization: Bearer YOUR_KEY`, or as `x-api-key: YOUR_KEY` (the key the router was started with, "
+           "--api-key / FERMIUM_API_KEY).")
 WRONG = "Incorrect API key provided. Use the key the router was started with (--api-key / FERMIUM_API_KEY)."
 
 
-def _bearer(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" else ""
-    return None
+def _key(scope: Scope) -> str | None:
+    """The Bearer token, else the x-api-key header; "" for only another auth scheme, None for no key."""
+    headers = dict(scope.get("headers", ()))
+    found = None
+    if b"authorization" in headers:
+        scheme, _, token = headers[b"authorization"].decode("latin-1").partition(" ")
+        if scheme.lower() == "bearer":
+            return token.strip()
+        found = ""
+    if b"x-api-key" in headers:
+        return headers[b"x-api-key"].decode("latin-1").strip()
+    return found
 
 
 class APIKeyMiddleware:
@@ -37,11 +46,12 @@ class APIKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIX):
             return await self.app(scope, receive, send)
-        token = _bearer(scope)
+        token = _key(scope)
         if token and hmac.compare_digest(token.encode(), self._key):
             return await self.app(scope, receive, send)
         err = APIError(401, MISSING if token is None else WRONG, code="invalid_api_key")
-        body = json.dumps(err.body()).encode()
+        anthropic = scope["path"].startswith(ANTHROPIC_PREFIX)
+        body = json.dumps(err.anthropic_body() if anthropic else err.body()).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()),

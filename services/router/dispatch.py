@@ -89,6 +89,7 @@ class Track:
     decode: str
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     generated: list[int] = field(default_factory=list)
+    cached: int = 0                  # prompt tokens the prefix cache served
 
 
 class Dispatcher:
@@ -156,6 +157,7 @@ class Dispatcher:
             prefill.link.put(PrefillRequest(rid, history[start:], history, start, decode.address, job.sampling,
                                             job.max_tokens, stops, keep, state, self.cache.snapshot_every,
                                             self.kv_type))
+        track.cached = start
         self.tracks[rid] = track
         decode.inflight.add(rid)
         return track

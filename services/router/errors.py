@@ -4,6 +4,7 @@ Starlette's own errors (404 for an unknown path, 405 for a wrong method) go thro
 `http_exception`; an exception that escapes a handler is caught by CatchAll, which answers
 500 itself. Starlette's last-resort handler re-raises after answering, and uvicorn then
 closes the keep-alive connection; CatchAll does not, so the connection stays usable.
+On the Anthropic routes (/v1/messages...) the same errors take Anthropic's shape (`anthropic_body`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ log = logging.getLogger("fermium.router")
 
 TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
          429: "rate_limit_error", 503: "service_unavailable"}
+ANTHROPIC_PREFIX = "/v1/messages"
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                   503: "overloaded_error"}
+RETRY_AFTER_S = 1
 
 
 class APIError(Exception):
@@ -33,6 +39,14 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def anthropic_body(self) -> dict:
+        """Anthropic's error shape: {"type": "error", "error": {"type", "message"}}."""
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def anthropic_response(self) -> JSONResponse:
+        return JSONResponse(self.anthropic_body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -51,11 +65,23 @@ class Drained(GenerationError):
     """A request the router ended because its drain time ran out."""
 
 
+def failure(e: Exception) -> APIError:
+    """What a run that failed after admission answers with."""
+    if isinstance(e, Drained):
+        return APIError(503, str(e), type="service_unavailable", code="shutting_down",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(e, GenerationError):
+        return APIError(500, str(e), type="server_error", code="worker_failed")
+    log.error("router: a request failed", exc_info=e)
+    return server_error("the server failed on this request", e)
+
+
 async def http_exception(request: Request, exc: HTTPException) -> JSONResponse:
     where = f"{request.method} {request.url.path}"
     message = {404: f"Invalid URL ({where})", 405: f"Method not allowed ({where})"}.get(exc.status_code, exc.detail)
     kind = TYPES.get(exc.status_code, "server_error" if exc.status_code >= 500 else "invalid_request_error")
-    return APIError(exc.status_code, message, type=kind, headers=dict(exc.headers or {})).response()
+    err = APIError(exc.status_code, message, type=kind, headers=dict(exc.headers or {}))
+    return err.anthropic_response() if request.url.path.startswith(ANTHROPIC_PREFIX) else err.response()
 
 
 class CatchAll:
@@ -80,7 +106,9 @@ class CatchAll:
             log.exception("router: %s %s failed", scope.get("method"), scope.get("path"))
             if started:         # a body already under way cannot turn into an error
                 raise
-            body = json.dumps(server_error("the server failed on this request", e).body()).encode()
+            err = server_error("the server failed on this request", e)
+            anthropic = str(scope.get("path", "")).startswith(ANTHROPIC_PREFIX)
+            body = json.dumps(err.anthropic_body() if anthropic else err.body()).encode()
             await send({"type": "http.response.start", "status": 500,
                         "headers": [(b"content-type", b"application/json"),
                                     (b"content-length", str(len(body)).encode())]})

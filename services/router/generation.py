@@ -2,6 +2,8 @@
 stop strings, metrics, and cancellation when the client goes away or a stop string matches.
 
 `Generation.run(job)` yields Deltas: text pieces, then one with the finish reason and usage.
+Each carries the prompt tokens served from the prefix cache: the dispatcher's hit, then the
+prompt less what prefill reports it prefilled.
 Whatever goes wrong, the admission slot is given back exactly once, in run's `finally` or at a
 submit that fails.
 """
@@ -20,12 +22,10 @@ from common.protocol.router import Failed, Finished, PrefillDone, Tokens
 from .admission import Admission, QueueFull
 from .config import RouterConfig
 from .dispatch import Dispatcher, NoWorkers, Track
-from .errors import APIError, Drained, GenerationError, server_error
+from .errors import RETRY_AFTER_S, APIError, Drained, GenerationError, server_error
 from .schema import Job
 
 log = logging.getLogger("fermium.router")
-
-RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class Delta:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    stop_sequence: str | None = None       # the stop string that ended the run, if one did
 
 
 def _coalesce(msg, events: asyncio.Queue):
@@ -100,6 +102,7 @@ class Generation:
         detok, policy = self.tokenizer.stream(), GenerationPolicy(job.max_tokens, self.stop_ids, job.stop)
         dispatched = time.perf_counter()
         first = last = None
+        cached = track.cached
         try:
             while True:
                 try:
@@ -110,14 +113,17 @@ class Generation:
                     raise GenerationError(f"no reply from the workers for {self.request_timeout:.0f} s") from None
                 msg = _coalesce(msg, track.events)
                 if isinstance(msg, PrefillDone):
+                    cached = max(0, len(job.prompt_ids) - msg.n_tokens)
                     continue
                 if isinstance(msg, Failed):
                     outcome = "error"
                     raise (Drained if track.rid in self._drained else GenerationError)(msg.error)
                 if isinstance(msg, Finished):
                     tail = policy.text(detok.finish()) + policy.flush()
-                    outcome = "stop" if isinstance(policy.stop_reason, str) else msg.reason
-                    yield Delta(tail, outcome, len(job.prompt_ids), max(policy.generated, msg.n_generated))
+                    stop = policy.stop_reason if isinstance(policy.stop_reason, str) else None
+                    outcome = "stop" if stop is not None else msg.reason
+                    yield Delta(tail, outcome, len(job.prompt_ids), max(policy.generated, msg.n_generated), cached,
+                                stop)
                     return
                 assert isinstance(msg, Tokens)
                 now = time.perf_counter()
@@ -137,10 +143,10 @@ class Generation:
                 if isinstance(policy.stop_reason, str):
                     outcome = "stop"
                     self.dispatcher.cancel(track.rid, "stop string")
-                    yield Delta(text, "stop", len(job.prompt_ids), policy.generated)
+                    yield Delta(text, "stop", len(job.prompt_ids), policy.generated, cached, policy.stop_reason)
                     return
                 if text:
-                    yield Delta(text)
+                    yield Delta(text, cached_tokens=cached)
         finally:
             if outcome == "cancelled":
                 self.dispatcher.cancel(track.rid, "client disconnected")

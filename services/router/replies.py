@@ -33,14 +33,18 @@ class ChatReply:
         self.parser = ChatOutputParser(job.tools.parsed, reasoning=job.reasoning, seed=job.sampling.seed)
         self._pending = self.parser.feed(job.forced) if job.forced else []
 
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        """The `delta` bodies that `text`, the next piece of generated text, completes."""
+    def deltas(self, text: str) -> list[Delta]:
+        """The parser's deltas that `text`, the next piece of generated text, completes."""
         deltas, self._pending = self._pending + (self.parser.feed(text) if text else []), []
-        return [d.as_openai() for d in deltas if self._kept(d)]
+        return [d for d in deltas if self._kept(d)]
 
-    def finish(self, text: str, reason: str) -> tuple[list[dict[str, Any]], str, ParsedMessage]:
-        """The last `delta` bodies, the finish reason, and the whole message."""
-        bodies = self.feed(text)
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        """The `delta` bodies that `text` completes."""
+        return [d.as_openai() for d in self.deltas(text)]
+
+    def close(self, text: str, reason: str) -> tuple[list[Delta], str, ParsedMessage]:
+        """The last deltas, the finish reason, and the whole message."""
+        deltas = self.deltas(text)
         tail, message = self.parser.finish()
         if message.failures and self.metrics is not None:
             self.metrics.tool_call_parse_failures.inc(message.failures)
@@ -49,7 +53,12 @@ class ChatReply:
                                     message.failures)
         if message.tool_calls and self.job.tools.choice in CALLS_FINISH:
             reason = "tool_calls"
-        return bodies + [d.as_openai() for d in tail if self._kept(d)], reason, message
+        return deltas + [d for d in tail if self._kept(d)], reason, message
+
+    def finish(self, text: str, reason: str) -> tuple[list[dict[str, Any]], str, ParsedMessage]:
+        """The last `delta` bodies, the finish reason, and the whole message."""
+        deltas, reason, message = self.close(text, reason)
+        return [d.as_openai() for d in deltas], reason, message
 
     def message(self, text: str, reason: str) -> tuple[dict[str, Any], str]:
         """The non-streamed `message` body of the whole `text`, and the finish reason."""
@@ -89,13 +98,15 @@ class ChatStream:
 
 
 class TextStream:
-    """The `text_completion` chunks of one streamed completion: the text as generated."""
+    """The `text_completion` chunks of one streamed completion: the text as generated, after the
+    prompt when `echo` asks for it."""
 
     def __init__(self, job: Job, cid: str):
+        self.echo = job.echo
         self.head = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": job.model}
 
     def start(self) -> list[dict[str, Any]]:
-        return []
+        return self.piece(self.echo, None) if self.echo else []
 
     def piece(self, text: str, finish_reason: str | None) -> list[dict[str, Any]]:
         return [{**self.head, "choices": [{"index": 0, "text": text, "logprobs": None,

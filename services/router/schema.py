@@ -1,7 +1,7 @@
 """OpenAI request bodies -> a validated Job: fields, types, ranges, model, context length.
 
 Fields OpenAI documents are accepted; those Fermium cannot honour are refused when set to a
-value that would change the answer (n > 1, logprobs, penalties). A field OpenAI does not know
+value that would change the answer (n > 1, logprobs, penalties, suffix). A field OpenAI does not know
 is refused, as OpenAI does, except the sampling extensions vLLM accepts too. Chat messages are
 checked in messages.py; tools and tool_choice, and the prompt they steer, in tools.py.
 
@@ -59,6 +59,7 @@ class Job:
     tools: ToolPlan = ToolPlan()
     reasoning: bool = False         # the answer opens inside a think block the prompt left open
     forced: str = ""                # the start of the answer the prompt already holds
+    echo: str = ""                  # a completion's prompt text, sent before its answer
 
 
 def parse_body(raw: bytes) -> dict:
@@ -138,8 +139,8 @@ def _refuse_unsupported(body: dict) -> None:
     for name in ("frequency_penalty", "presence_penalty"):
         if _num(body, name, float, 0.0, lambda v: -2 <= v <= 2, "in [-2, 2]") != 0.0:
             raise bad_request(f"'{name}' is not supported; use 'repetition_penalty'", name)
-    if body.get("echo") or body.get("suffix"):
-        raise bad_request("'echo' and 'suffix' are not supported", "echo" if body.get("echo") else "suffix")
+    if body.get("suffix"):
+        raise bad_request("'suffix' is not supported", "suffix")
     for name in ("functions", "function_call"):
         if body.get(name) is not None:
             raise bad_request(f"'{name}' is deprecated and not supported; send 'tools' and 'tool_choice'", name)
@@ -190,8 +191,10 @@ def _template_kwargs(body: dict) -> dict:
     return kwargs
 
 
-def _chat_prompt(body: dict, plan: ToolPlan, render: Callable[[list[dict], dict], str]) -> tuple[str, bool]:
-    """The rendered, steered prompt and whether the answer opens in a think block."""
+def chat_prompt(body: dict, plan: ToolPlan, render: Callable[[list[dict], dict], str],
+                prefill: str = "") -> tuple[str, bool]:
+    """The rendered, steered prompt and whether the answer opens in a think block. `prefill` is the
+    start of the answer written by the client, which the answer continues after any reasoning."""
     variables = dict(_template_kwargs(body))
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in REASONING_EFFORTS:
@@ -203,11 +206,39 @@ def _chat_prompt(body: dict, plan: ToolPlan, render: Callable[[list[dict], dict]
         text = render(chat_messages(body), variables)
     except ValueError as e:                      # the chat template refused the conversation
         raise bad_request(str(e), "messages") from None
+    if prefill:
+        text, _ = steer(text, prefill)
     return steer(text, plan.forced)
 
 
+def check_model(model: str, served: tuple[str, ...]) -> None:
+    if model not in served:
+        raise APIError(404, f"The model `{model}` does not exist; this server serves `{served[0]}`",
+                       param="model", code="model_not_found")
+
+
+def _echo(body: dict, prompt_ids: list[int], decode: Callable[[list[int]], str] | None) -> str:
+    """The prompt as text: as sent, or its token ids detokenized."""
+    echo = body.get("echo")
+    if echo is None or echo is False:
+        return ""
+    if not isinstance(echo, bool):
+        raise bad_request("'echo' must be a boolean", "echo")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if decode is None:
+        raise bad_request("'echo' of a token-id prompt needs the server's tokenizer", "echo")
+    return decode(prompt_ids)
+
+
 def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, vocab: int,
-             encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str]) -> Job:
+             encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
+             decode: Callable[[list[int]], str] | None = None, prefill: str = "", clamp: bool = False) -> Job:
+    """`prefill`: the start of the answer the client wrote (chat_prompt); `clamp`: a max_tokens past
+    the context is cut to what is left, where the Anthropic API asks for it."""
     allowed = (CHAT_FIELDS if chat else COMPLETION_FIELDS) | EXTENSION_FIELDS
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -215,9 +246,7 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     model = body.get("model")
     if not isinstance(model, str):
         raise bad_request("'model' is required", "model")
-    if model not in served:
-        raise APIError(404, f"The model `{model}` does not exist; this server serves `{served[0]}`",
-                       param="model", code="model_not_found")
+    check_model(model, served)
     _refuse_unsupported(body)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
@@ -239,7 +268,7 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     plan, reasoning = ToolPlan(), False
     if chat:
         plan = tool_plan(body)
-        text, reasoning = _chat_prompt(body, plan, render)
+        text, reasoning = chat_prompt(body, plan, render, prefill)
         prompt_ids = encode(text)
     else:
         prompt_ids = _prompt(body, encode, vocab)
@@ -252,8 +281,11 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
                           code="context_length_exceeded")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _num(body, name, int, room if chat else 16, lambda v: v >= 1, ">= 1")
-    if max_tokens > room:
+    if max_tokens > room and clamp:
+        max_tokens = room
+    elif max_tokens > room:
         raise bad_request(f"the prompt ({len(prompt_ids)} tokens) plus {name} ({max_tokens}) exceeds this "
                           f"model's context limit of {context} tokens", name, code="context_length_exceeded")
+    echo = "" if chat else _echo(body, prompt_ids, decode)
     return Job(chat, model, tuple(prompt_ids), max_tokens, sampling, _stop(body), stream,
-               bool(options.get("include_usage")), plan, reasoning, plan.forced)
+               bool(options.get("include_usage")), plan, reasoning, plan.forced, echo)

@@ -92,7 +92,7 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
 
     served = (cfg.served_model_name, Path(cfg.model).stem)   # the file's stem is accepted too
     api = API(generation, served=served, context=context,
-              vocab=tokenizer.vocab_size, encode=tokenizer.encode,
+              vocab=tokenizer.vocab_size, encode=tokenizer.encode, decode=tokenizer.decode,
               render=chat_renderer(template, cfg.preserve_thinking), health=health,
               max_body=cfg.max_body_bytes)
 
