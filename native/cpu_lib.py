@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import UserError
+from common.kv_cache import KV_CODE, kv_dtype, kv_width
 
 try:
     from native._fermium_cpu import ffi, lib
@@ -123,6 +124,25 @@ def repack(layout: int, w: np.ndarray, cols: int, out: np.ndarray | None = None)
     if out.nbytes != w.nbytes or w.shape[0] % group or lib.fm_repack(int(layout), ptr(w), w.shape[0], cols, ptr(out)):
         raise ValueError(f"a repack needs rows in groups of {group} and blocks of {block} values: "
                          f"{w.shape[0]} x {cols}")
+    return out
+
+
+def kv_store(kv_type: str, x: np.ndarray) -> np.ndarray:
+    """float32 (..., head_dim) -> the cache's array (..., kv_width) by fm_kv_store, row by row of
+    head_dim (common.kv_cache.kv_encode is its reference)."""
+    x = np.ascontiguousarray(x, np.float32)
+    hd = x.shape[-1]
+    width = kv_width(kv_type, hd)
+    out = np.empty((*x.shape[:-1], width), kv_dtype(kv_type))
+    lib.fm_kv_store(KV_CODE[kv_type], ptr(x, "float *"), ptr(out), x.size)
+    return out
+
+
+def kv_load(kv_type: str, a: np.ndarray, head_dim: int) -> np.ndarray:
+    """The cache's array (..., kv_width) -> float32 (..., head_dim) by fm_kv_load."""
+    a = np.ascontiguousarray(a, kv_dtype(kv_type))
+    out = np.empty((*a.shape[:-1], head_dim), np.float32)
+    lib.fm_kv_load(KV_CODE[kv_type], ptr(a), ptr(out, "float *"), out.size)
     return out
 
 

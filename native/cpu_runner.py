@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from common.kv_cache import KV_CODE, check_kv_type, kv_dtype, kv_width
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel, Tensor
 from common.model.layers import VECTOR_ROLES, bind
@@ -52,8 +53,9 @@ def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool
 
 class CpuRunner:
     def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None,
-                 prefault: bool = True, repack: bool | None = None):
+                 prefault: bool = True, repack: bool | None = None, kv_type: str = "f32"):
         self.bound = bind(model)        # every tensor checked before anything is mapped
+        self.kv_type = check_kv_type(kv_type, model.config.head_dim)
         if isa:
             cpu_lib.select_isa(isa)
         self.model = model
@@ -124,6 +126,7 @@ class CpuRunner:
         m.v_tiled = int(cfg.v_head_layout == "tiled")
         m.n_experts, m.n_experts_used = cfg.n_experts, cfg.n_experts_used
         m.expert_ffn, m.shared_ffn = cfg.expert_ffn, cfg.shared_ffn
+        m.kv_type = KV_CODE[self.kv_type]
         m.embd = self._weight(bound.globals["embd"])
         m.output = self._weight(bound.globals["head"])
         m.out_norm = self._vector(bound.globals["out_norm"])
@@ -132,7 +135,11 @@ class CpuRunner:
 
     # ---- state plumbing
     def new_state(self) -> SequenceState:
-        return SequenceState.empty(self.cfg)
+        return SequenceState.empty(self.cfg, self.kv_type)
+
+    def _check_kv_type(self, s: SequenceState) -> None:
+        if s.kv_type != self.kv_type:
+            raise ValueError(f"state KV cache is {s.kv_type} but this runner keeps {self.kv_type}")
 
     @staticmethod
     def _writable(a: np.ndarray) -> np.ndarray:
@@ -141,19 +148,24 @@ class CpuRunner:
         return np.array(a, np.float32, order="C")
 
     def _kv_room(self, a: np.ndarray, pos: int, rows: int) -> np.ndarray:
-        """A buffer whose first pos rows are `a` and that has rows for positions pos..pos+rows-1."""
+        """A buffer whose first pos rows are `a` and that has rows for positions pos..pos+rows-1:
+        (grown, n_kv_heads, kv_width) in the runner's kv_dtype."""
+        dtype, width = kv_dtype(self.kv_type), kv_width(self.kv_type, self.cfg.head_dim)
         if a.shape[0] != pos:
             raise ValueError(f"KV cache holds {a.shape[0]} positions but the state is at {pos}")
+        if a.dtype != dtype or a.shape[1:] != (self.cfg.n_kv_heads, width):
+            raise ValueError(f"a {self.kv_type} KV cache needs {dtype} (pos, {self.cfg.n_kv_heads}, {width}) "
+                             f"arrays, got {a.dtype} {a.shape}")
         base = a.base
         if (isinstance(base, np.ndarray) and base.ndim == 3 and base.shape[1:] == a.shape[1:]
-                and base.shape[0] >= pos + rows and base.dtype == np.float32 and base.flags.c_contiguous
+                and base.shape[0] >= pos + rows and base.dtype == dtype and base.flags.c_contiguous
                 and base.flags.writeable and base.ctypes.data == a.ctypes.data):
             return base
         if self.max_context >= pos + rows:
             grown = self.max_context    # the whole context at once: its pages are touched only as rows are written
         else:                           # doubling: amortised O(1), but each growth copies the cache
             grown = pos + max(KV_GROW, pos, rows)
-        buf = np.empty((grown, *a.shape[1:]), np.float32)
+        buf = np.empty((grown, *a.shape[1:]), dtype)
         buf[:pos] = a
         return buf
 
@@ -162,8 +174,8 @@ class CpuRunner:
         s.ssm = [self._writable(a) for a in s.ssm]
         kbufs = [self._kv_room(a, s.pos, rows) for a in s.k]
         vbufs = [self._kv_room(a, s.pos, rows) for a in s.v]
-        lists = [ffi.new("float *[]", [ffi.cast("float *", a.ctypes.data) for a in arrays] or 1)
-                 for arrays in (s.conv, s.ssm, kbufs, vbufs)]
+        lists = [ffi.new(f"{ctype} *[]", [ffi.cast(f"{ctype} *", a.ctypes.data) for a in arrays] or 1)
+                 for ctype, arrays in (("float", s.conv), ("float", s.ssm), ("void", kbufs), ("void", vbufs))]
         keep += lists
         seq.pos = s.pos
         seq.conv, seq.ssm, seq.k, seq.v = lists
@@ -190,6 +202,8 @@ class CpuRunner:
         if n != len(states) or n == 0:
             raise ValueError(f"decode needs one token per state, got {n} tokens for {len(states)} states")
         ids = self._token_ids(tokens)
+        for s in states:
+            self._check_kv_type(s)
         keep: list = []
         seqs = ffi.new("fm_seq[]", n)
         bufs = [self._seq(s, seqs[b], keep) for b, s in enumerate(states)]
@@ -227,6 +241,7 @@ class CpuRunner:
             raise ValueError("prefill needs at least one token")
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1, got {chunk}")
+        self._check_kv_type(state)
         out = np.empty((ids.size if all_logits else 1, self.cfg.vocab_size), np.float32)
         self.last_bytes = 0.0   # the weight bytes of all chunks
         for start in range(0, ids.size, chunk):

@@ -1,8 +1,10 @@
-/* Causal prefill attention (ops.h: fm_attn_tiled) in VW-float vectors; included by
+/* Causal attention (ops.h: fm_attn_tiled) in VW-float vectors; included by attn_tiled_ssse3.c,
  * attn_tiled_avx2.c and attn_tiled_avx512.c after they define the vector type and operations:
  *   V, VW, VLOAD, VSTORE, VSET1, VZERO, VADD, VSUB, VMUL, VMAX, VMIN, VFMA(a, b, c) = a * b + c,
- *   VHSUM, VHMAX (to a float), VPOW2I (2^k of integral floats k in [-126, 127]).
- * A block is up to FM_ATTN_ROWS (token, head) rows, padded to tiles of 4 rows; for each block of
+ *   VHSUM, VHMAX (to a float), VPOW2I (2^k of integral floats k in [-126, 127]),
+ *   KV_ROW_F32(kv_type, src, dst, n): n values of an f16 or q8_0 cache row to floats.
+ * An f16 or q8_0 key block is converted to f32 once, into the work, for all the block's rows; an
+ * f32 cache is read in place. A block is up to FM_ATTN_ROWS (token, head) rows, padded to tiles of 4 rows; for each block of
  * FM_ATTN_KEYS keys: the scores in tiles of 4 rows x 2 keys (each K row loaded once for 4 query
  * rows), the online softmax row by row over the key block, then O += P V in tiles of 4 rows x
  * 2 vectors (each V row loaded once for 4 rows). Tiles stop at the last key that their last
@@ -76,7 +78,7 @@ static inline __attribute__((always_inline)) void pv_tile(float *O, int hd, cons
 
 // row r's scores (its first `valid` of jn) -> weights e^(s - m) in place, zero past `valid`;
 // updates m and l and returns the factor e^(m_old - m_new) of its O
-static inline float softmax_row(float *s, int valid, float *m, float *l) {
+static inline __attribute__((always_inline)) float softmax_row(float *s, int valid, float *m, float *l) {
     const int vend = valid - valid % VW;
     float mx = *m;
     if (vend) {
@@ -102,9 +104,17 @@ static inline float softmax_row(float *s, int valid, float *m, float *l) {
     return alpha;
 }
 
-static void attn_block(FM_ATTN_ARGS, int i0, int ni) {
-    const int rows = ni * group, rp = (rows + 3) & ~3, kend = pos0 + i0 + ni;
-    float *S = work, *O = S + (size_t)rp * FM_ATTN_KEYS, *m = O + (size_t)rp * hd, *l = m + rp;
+// rows j < n of a key block (stride bytes apart from src) to floats, hd apart from dst
+static inline void kv_block_f32(int kv_type, const char *src, size_t stride, int n, int hd, float *dst) {
+    for (int j = 0; j < n; j++) KV_ROW_F32(kv_type, src + (size_t)j * stride, dst + (size_t)j * hd, hd);
+}
+
+// the block in two copies: an f32 cache read in place, another type's converted (`convert`)
+static inline __attribute__((always_inline)) void attn_block(FM_ATTN_ARGS, int i0, int ni, const int convert) {
+    const int rows = ni * group, rp = (rows + 3) & ~3;
+    const int kend = pos0 + i0 + ni < key1 ? pos0 + i0 + ni : key1;
+    float *Kf = work, *Vf = Kf + (size_t)FM_ATTN_KEYS * hd, *S = Vf + (size_t)FM_ATTN_KEYS * hd;
+    float *O = S + (size_t)rp * FM_ATTN_KEYS, *m = O + (size_t)rp * hd, *l = m + rp;
     const float *qr[rp];
     int pr[rp];          // each row's position; the padding repeats the last row
     float alpha[rp];
@@ -116,9 +126,18 @@ static void attn_block(FM_ATTN_ARGS, int i0, int ni) {
         l[r] = 0.0f;
     }
     memset(O, 0, sizeof(float) * (size_t)rp * hd);
-    for (int kb = 0; kb < kend; kb += FM_ATTN_KEYS) {
+    for (int kb = key0; kb < kend; kb += FM_ATTN_KEYS) {
         const int jn = kend - kb < FM_ATTN_KEYS ? kend - kb : FM_ATTN_KEYS;
-        const float *kk = k + (size_t)kb * kv_tok;
+        const int seen = pr[rp - 1] - kb + 1 < jn ? pr[rp - 1] - kb + 1 : jn;   // by the last row
+        const float *kk = Kf, *vv = Vf;
+        const size_t kv_tok = convert ? (size_t)hd : kv_stride / sizeof(float);
+        if (!convert) {
+            kk = (const float *)((const char *)k + (size_t)kb * kv_stride);
+            vv = (const float *)((const char *)v + (size_t)kb * kv_stride);
+        } else {
+            kv_block_f32(kv_type, (const char *)k + (size_t)kb * kv_stride, kv_stride, seen, hd, Kf);
+            kv_block_f32(kv_type, (const char *)v + (size_t)kb * kv_stride, kv_stride, seen, hd, Vf);
+        }
         for (int r = 0; r < rp; r += 4) {       // rows come in position order: the last sees most
             const int jt = pr[r + 3] - kb + 1 < jn ? pr[r + 3] - kb + 1 : jn;
             for (int j = 0; j < jt; j += 2) {
@@ -140,12 +159,17 @@ static void attn_block(FM_ATTN_ARGS, int i0, int ni) {
             const int jt = pr[r + 3] - kb + 1 < jn ? pr[r + 3] - kb + 1 : jn;
             if (jt <= 0) continue;              // no row of the tile sees these keys: alpha is 1
             for (int d = 0; d < hd; d += 2 * VW)
-                pv_tile(O + (size_t)r * hd + d, hd, S + (size_t)r * FM_ATTN_KEYS, alpha + r,
-                        v + (size_t)kb * kv_tok + d, kv_tok, jt);
+                pv_tile(O + (size_t)r * hd + d, hd, S + (size_t)r * FM_ATTN_KEYS, alpha + r, vv + d, kv_tok, jt);
         }
     }
     for (int r = 0; r < rows; r++) {
         float *out = o + (size_t)(i0 + r / group) * o_tok + (size_t)(r % group) * o_head;
+        if (ml) {                               // a split's part: fm_attn_decode merges them
+            memcpy(out, O + (size_t)r * hd, sizeof(float) * (size_t)hd);
+            ml[2 * ((size_t)i0 * group + r)] = m[r];
+            ml[2 * ((size_t)i0 * group + r) + 1] = l[r];
+            continue;
+        }
         const V inv = VSET1(1.0f / l[r]);
         for (int d = 0; d < hd; d += VW) VSTORE(out + d, VMUL(VLOAD(O + (size_t)r * hd + d), inv));
     }
@@ -153,13 +177,14 @@ static void attn_block(FM_ATTN_ARGS, int i0, int ni) {
 
 static void attn_tiled(FM_ATTN_ARGS) {
     if (hd % (2 * VW)) {                        // no whole tiles of the head dimension
-        fm_attn_tiled_generic(q, q_tok, q_head, k, v, kv_tok, o, o_tok, o_head, nq, pos0, group, hd, scale, work);
+        fm_attn_tiled_generic(FM_ATTN_PASS);
         return;
     }
     const int bq = fm_attn_block_tokens(group);
-    for (int i0 = 0; i0 < nq; i0 += bq)
-        attn_block(q, q_tok, q_head, k, v, kv_tok, o, o_tok, o_head, nq, pos0, group, hd, scale, work, i0,
-                   nq - i0 < bq ? nq - i0 : bq);
+    for (int i0 = 0; i0 < nq; i0 += bq) {
+        if (kv_type == FM_KV_F32) attn_block(FM_ATTN_PASS, i0, nq - i0 < bq ? nq - i0 : bq, 0);
+        else attn_block(FM_ATTN_PASS, i0, nq - i0 < bq ? nq - i0 : bq, 1);
+    }
 }
 
 #endif

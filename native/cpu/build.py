@@ -14,8 +14,9 @@ The dot kernels are named <weights>_<shape>_<isa>.c, the generic sibling as *_ge
            kernels for its ISA too (q6_Kp_batch_avx2.c has the row kernel).
 The references of the repacked layouts are in repack.c, and the other per-ISA files hold an op
 family (gdn_*.c: the DeltaNet head and conv updates, whose generic sibling is in ops.c;
-attn_tiled_*.c: the causal attention of prefill chunks and decode steps, beside
-attn_tiled_generic.c).
+attn_tiled_*.c: the causal attention of prefill chunks and decode steps over a KV cache in f32,
+f16 or q8_0, beside attn_tiled_generic.c; attn_decode.c splits a decode step's keys across the
+pool, and kv_cache_generic.c converts the cache types in plain C).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ typedef struct {
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C); pisa: the Q4_0p and
 // Q4_Kp dots (SSSE3's layouts); gisa: the kernels of the repacked group layouts; disa: the fp32
-// DeltaNet and conv update; aisa: the prefill attention
+// DeltaNet and conv update; aisa: the attention
 #define ROW(name, isa, fisa, hisa, pisa, gisa, disa, aisa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, \
     fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, \
     fm_dot_f16_##hisa, fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##isa, \
@@ -39,7 +39,7 @@ typedef struct {
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
     ROW("generic", generic, generic, generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
-    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, ssse3, generic, NO_DOTN, NO_DOTR),
+    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, ssse3, ssse3, NO_DOTN, NO_DOTR),
     ROW("avx2", avx2, avx2, avx2, generic, avx2, avx2, avx2, DOTN_AVX2, NO_DOTR),
     ROW("avx512", avx512, avx2, avx2, generic, avx512, avx2, avx512, DOTN_AVX512,
         { [KIND_Q6_KP] = fm_dotr_q6_Kp_a8_avx512 }),
@@ -147,12 +147,17 @@ void fm_conv_update(FM_CONV_ARGS) {
 
 void fm_attn_tiled(FM_ATTN_ARGS) {
     if (!active) fm_isa_active();
-    active->attn(q, q_tok, q_head, k, v, kv_tok, o, o_tok, o_head, nq, pos0, group, hd, scale, work);
+    active->attn(FM_ATTN_PASS);
+}
+
+fm_attn_fn fm_attn_for(int isa) {
+    if (isa < 0) isa = fm_isa_active();
+    return fm_isa_supported(isa) ? ISA_ROWS[isa].attn : NULL;
 }
 
 int fm_attn_tiled_isa(int isa, FM_ATTN_ARGS) {
     if (!fm_isa_supported(isa)) return -1;
-    ISA_ROWS[isa].attn(q, q_tok, q_head, k, v, kv_tok, o, o_tok, o_head, nq, pos0, group, hd, scale, work);
+    ISA_ROWS[isa].attn(FM_ATTN_PASS);
     return 0;
 }
 

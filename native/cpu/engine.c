@@ -63,6 +63,7 @@ fail:
 }
 
 fm_engine *fm_engine_new(const fm_model *model, fm_pool *pool) {
+    if (!fm_kv_head_bytes(model->kv_type, model->head_dim)) return NULL;   // no such cache type for hd
     fm_engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->m = model;

@@ -40,6 +40,7 @@ typedef struct {
     float rope_theta;
     int conv_kernel, n_k_heads, n_v_heads, head_k_dim, head_v_dim, v_tiled;
     int n_experts, n_experts_used, expert_ffn, shared_ffn;
+    int kv_type;               // the KV cache's type: ggml id 0 f32, 1 f16, 8 q8_0
     fm_weight embd, output;
     const float *out_norm;     // (H,)
     const fm_layer *layers;    // (n_layers,)
@@ -49,10 +50,12 @@ typedef struct {
     int pos;                   // tokens already consumed; this token goes to position pos
     float *const *conv;        // per linear layer: (C, K-1)
     float *const *ssm;         // per linear layer: (nv, dk, dv)
-    float *const *k, *const *v;  // per full layer: (>= pos+1, nkv, hd); row pos is written
+    // per full layer: (>= pos+1, nkv, fm_kv_head_bytes(kv_type, hd) bytes); row pos is written
+    void *const *k, *const *v;
 } fm_seq;
 
 typedef struct fm_engine fm_engine;
+// NULL when out of memory, or for a kv_type that the head size cannot be kept in
 fm_engine *fm_engine_new(const fm_model *model, fm_pool *pool);
 void fm_engine_free(fm_engine *engine);
 // logits: (n, vocab); returns 0, or -1 when out of memory

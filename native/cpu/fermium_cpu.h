@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 // ---- FM_CDEF begin
+typedef struct fm_pool fm_pool;
 // dispatch: 0 generic, 1 ssse3, 2 avx2, 3 avx512
 int fm_isa_supported(int isa);
 int fm_isa_best(void);
@@ -55,19 +56,36 @@ int fm_gdn_head_isa(int isa, float *S, const float *q, const float *k, const flo
 // the conv update of C channels (kernel K) through ISA `isa`'s sibling: out = SiLU of the taps
 // over [state | x], and state (C, K-1) shifts in x. -1 where the ISA is not on this CPU
 int fm_conv_update_isa(int isa, float *state, const float *w, const float *x, float *out, int C, int K);
-// causal prefill attention of one KV group's query heads through ISA `isa`'s kernel (ops.h:
-// fm_attn_tiled); -1 where the ISA is not on this CPU. fm_attn_block_tokens: the query tokens of
-// one block for `group` heads (the engine's task size); fm_attn_tiled_work: the floats of work
-int fm_attn_tiled_isa(int isa, const float *q, size_t q_tok, size_t q_head, const float *k, const float *v,
-                      size_t kv_tok, float *o, size_t o_tok, size_t o_head, int nq, int pos0, int group, int hd,
-                      float scale, float *work);
+// causal attention of one KV group's query heads through ISA `isa`'s kernel (ops.h:
+// fm_attn_tiled: keys key0 <= t < key1 in cache type kv_type, kv_stride bytes apart; ml NULL, or
+// the unnormalised part of a split); -1 where the ISA is not on this CPU. fm_attn_block_tokens:
+// the query tokens of one block for `group` heads (the engine's task size); fm_attn_tiled_work:
+// the floats of work
+int fm_attn_tiled_isa(int isa, const float *q, size_t q_tok, size_t q_head, const void *k, const void *v,
+                      size_t kv_stride, int kv_type, float *o, size_t o_tok, size_t o_head, int nq, int pos0,
+                      int key0, int key1, int group, int hd, float scale, float *work, float *ml);
 int fm_attn_block_tokens(int group);
 size_t fm_attn_tiled_work(int group, int hd);
+// decode attention of n sequences, one query token each at position pos[b], over the pool:
+// sequence b's keys and values 0..pos[b] from k[b] and v[b] (head h at byte h * fm_kv_head_bytes,
+// positions kv_stride bytes apart), its queries q + b * q_seq + (h * group + g) * q_head, its output
+// o + b * o_seq + (h * group + g) * o_head. A long sequence's keys are split across tasks whose
+// partial softmaxes are merged (flash-decoding); splits: per KV head, 0 to choose from the length
+// and the pool's threads. ISA `isa`'s kernel (-1: the active one); work: fm_attn_decode_work
+// floats. Returns 0, or -1 where the ISA is not on this CPU
+size_t fm_attn_decode_work(int threads, int n, const int *pos, int nkv, int group, int hd, int splits);
+int fm_attn_decode(fm_pool *pool, int isa, int n, const int *pos, const float *q, size_t q_seq, size_t q_head,
+                   const void *const *k, const void *const *v, size_t kv_stride, int kv_type, float *o,
+                   size_t o_seq, size_t o_head, int nkv, int group, int hd, float scale, int splits, float *work);
+// the KV cache types (ggml ids: 0 f32, 1 f16, 8 q8_0): bytes of one head of one position (0 for a
+// type or hd that cannot be), and n values (a multiple of 32 for q8_0) to and from the type
+size_t fm_kv_head_bytes(int kv_type, int hd);
+void fm_kv_store(int kv_type, const float *x, void *dst, int n);
+void fm_kv_load(int kv_type, const void *src, float *x, int n);
 // a 64-bit checksum of `bytes` bytes, at about memory speed
 uint64_t fm_checksum(const void *data, size_t bytes);
 
 // thread pool
-typedef struct fm_pool fm_pool;
 fm_pool *fm_pool_new(int n_threads);
 void fm_pool_free(fm_pool *pool);
 int fm_pool_threads(const fm_pool *pool);

@@ -1,6 +1,6 @@
 /* The token mixers of one decode step: Gated DeltaNet (conv update, recurrent delta rule,
  * gated norm) and gated full attention (q/k norms, partial RoPE, KV append, GQA, output
- * gate). Per-head work runs as pool tasks. */
+ * gate). Per-head work runs as pool tasks; the KV cache is kept in the model's kv_type. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,30 +129,37 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
 
 // ---- gated full attention layer
 
-// the tiled attention of query heads [h0, h0 + group) for tokens i0..i0+ni-1 of the chunk (or
-// of sequence b's one token), then the output gate; one kernel for decode and prefill, so that a
-// prompt prefilled in chunks attends exactly as the same tokens decoded one by one
-static void attn_group(const layer_ctx *c, int b, int kvh, int i0, int ni, int thread) {
+// prefill: the tiled attention of query heads [h0, h0 + group) for tokens i0..i0+ni-1 of the
+// chunk; the same kernel as a decode step's unsplit call (fm_attn_decode), so that a prompt
+// prefilled in chunks attends as the same tokens decoded one by one
+static void attn_chain_group(const layer_ctx *c, int kvh, int i0, int ni, int thread) {
     fm_engine *e = c->e;
     const fm_model *m = e->m;
     const int nh = m->n_heads, hd = m->head_dim, nkv = m->n_kv_heads, group = nh / nkv;
     const size_t q_tok = 2 * (size_t)nh * hd, o_tok = (size_t)nh * hd, h0 = (size_t)kvh * group;
-    const float *qg = e->p_qkv + (size_t)(b + i0) * q_tok + h0 * 2 * hd;   // per head: query then gate
-    float *o = e->core + (size_t)(b + i0) * o_tok + h0 * hd;
+    const size_t head = fm_kv_head_bytes(m->kv_type, hd);
+    const float *qg = e->p_qkv + (size_t)i0 * q_tok + h0 * 2 * hd;   // per head: query then gate
+    float *o = e->core + (size_t)i0 * o_tok + h0 * hd;
     float *work = e->scores + (size_t)thread * (e->scores_cap / fm_pool_threads(e->pool));
-    fm_attn_tiled(qg, q_tok, 2 * (size_t)hd, c->seqs[b].k[c->li] + (size_t)kvh * hd,
-                  c->seqs[b].v[c->li] + (size_t)kvh * hd, (size_t)nkv * hd, o, o_tok, hd, ni, c->seqs[b].pos + i0,
-                  group, hd, 1.0f / sqrtf((float)hd), work);
-    for (int i = 0; i < ni; i++)
-        for (int g = 0; g < group; g++)
-            fm_mul_sigmoid(o + (size_t)i * o_tok + (size_t)g * hd, qg + (size_t)i * q_tok + (size_t)(2 * g + 1) * hd,
-                           hd);
+    const int pos0 = c->seqs[0].pos + i0;
+    fm_attn_tiled(qg, q_tok, 2 * (size_t)hd, (const char *)c->seqs[0].k[c->li] + kvh * head,
+                  (const char *)c->seqs[0].v[c->li] + kvh * head, nkv * head, m->kv_type, o, o_tok, hd, ni, pos0,
+                  0, pos0 + ni, group, hd, 1.0f / sqrtf((float)hd), work, NULL);
 }
 
-static void attn_task(void *arg, int task, int thread) {   // decode: (sequence, KV head)
+// the output gate of sequence (or token) b's query heads of KV head kvh
+static void attn_gate(const layer_ctx *c, int b, int kvh) {
+    const fm_model *m = c->e->m;
+    const int nh = m->n_heads, hd = m->head_dim, group = nh / m->n_kv_heads;
+    for (int g = kvh * group; g < (kvh + 1) * group; g++)
+        fm_mul_sigmoid(c->e->core + (size_t)b * nh * hd + (size_t)g * hd,
+                       c->e->p_qkv + (size_t)b * 2 * nh * hd + (size_t)(2 * g + 1) * hd, hd);
+}
+
+static void gate_task(void *arg, int task, int thread) {   // decode: (sequence, KV head)
+    (void)thread;
     const layer_ctx *c = arg;
-    const int nkv = c->e->m->n_kv_heads;
-    attn_group(c, task / nkv, task % nkv, 0, 1, thread);
+    attn_gate(c, task / c->e->m->n_kv_heads, task % c->e->m->n_kv_heads);
 }
 
 // prefill: (KV head, block of query tokens), the blocks nearest the chunk's end (the most keys)
@@ -160,8 +167,9 @@ static void attn_task(void *arg, int task, int thread) {   // decode: (sequence,
 static void attn_chain_task(void *arg, int task, int thread) {
     const layer_ctx *c = arg;
     const int nkv = c->e->m->n_kv_heads, bq = fm_attn_block_tokens(c->e->m->n_heads / nkv);
-    const int i0 = ((c->n + bq - 1) / bq - 1 - task / nkv) * bq;
-    attn_group(c, 0, task % nkv, i0, c->n - i0 < bq ? c->n - i0 : bq, thread);
+    const int i0 = ((c->n + bq - 1) / bq - 1 - task / nkv) * bq, ni = c->n - i0 < bq ? c->n - i0 : bq;
+    attn_chain_group(c, task % nkv, i0, ni, thread);
+    for (int i = i0; i < i0 + ni; i++) attn_gate(c, i, task % nkv);
 }
 
 static void rope_table(fm_engine *e, int pos) {
@@ -173,9 +181,28 @@ static void rope_table(fm_engine *e, int pos) {
     }
 }
 
+// the attention work: one kernel's per pool thread, and in a decode the parts of the splits
+static int reserve_scores(fm_engine *e, int n, const fm_seq *seqs) {
+    const fm_model *m = e->m;
+    const int group = m->n_heads / m->n_kv_heads, threads = fm_pool_threads(e->pool);
+    size_t need = (size_t)threads * fm_attn_tiled_work(group, m->head_dim);
+    if (!e->chain) {
+        int pos[n];
+        for (int b = 0; b < n; b++) pos[b] = seqs[b].pos;
+        need = fm_attn_decode_work(threads, n, pos, m->n_kv_heads, group, m->head_dim, 0);
+    }
+    if (need <= e->scores_cap) return 0;
+    free(e->scores);
+    e->scores_cap = MAX(need, 2 * e->scores_cap);
+    e->scores_cap += (threads - e->scores_cap % threads) % threads;   // whole slices per thread
+    if (!(e->scores = malloc(sizeof(float) * e->scores_cap))) { e->scores_cap = 0; return -1; }
+    return 0;
+}
+
 int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq *seqs) {
     const fm_model *m = e->m;
     const int nh = m->n_heads, hd = m->head_dim, nkv = m->n_kv_heads;
+    const size_t head = fm_kv_head_bytes(m->kv_type, hd);
     eng_norm_rows(e, L->attn_norm, n);
     if (eng_dense(e, &L->q, e->xn, n, e->p_qkv) | eng_dense(e, &L->k, e->xn, n, e->p_k) | eng_dense(e, &L->v, e->xn, n, e->p_v))
         return -1;
@@ -188,31 +215,36 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
             fm_rmsnorm(q, L->q_norm, q, hd, m->rms_eps);
             fm_rope_neox(q, m->rope_dim, e->rope);
         }
-        float *kc = seqs[b].k[fi] + (size_t)seqs[b].pos * nkv * hd, *vc = seqs[b].v[fi] + (size_t)seqs[b].pos * nkv * hd;
-        for (int h = 0; h < nkv; h++) {
-            fm_rmsnorm(e->p_k + ((size_t)b * nkv + h) * hd, L->k_norm, kc + (size_t)h * hd, hd, m->rms_eps);
-            fm_rope_neox(kc + (size_t)h * hd, m->rope_dim, e->rope);
+        char *kc = (char *)seqs[b].k[fi] + (size_t)seqs[b].pos * nkv * head;
+        char *vc = (char *)seqs[b].v[fi] + (size_t)seqs[b].pos * nkv * head;
+        for (int h = 0; h < nkv; h++) {   // K after its norm and RoPE, and V, in the cache's type
+            float *kr = e->p_k + ((size_t)b * nkv + h) * hd;
+            fm_rmsnorm(kr, L->k_norm, kr, hd, m->rms_eps);
+            fm_rope_neox(kr, m->rope_dim, e->rope);
+            fm_kv_store(m->kv_type, kr, kc + h * head, hd);
+            fm_kv_store(m->kv_type, e->p_v + ((size_t)b * nkv + h) * hd, vc + h * head, hd);
         }
-        memcpy(vc, e->p_v + (size_t)b * nkv * hd, sizeof(float) * (size_t)nkv * hd);
     }
-    const size_t threads = (size_t)fm_pool_threads(e->pool);   // one kernel's work per pool thread
-    const size_t need = threads * fm_attn_tiled_work(nh / nkv, hd);
-    if (need > e->scores_cap) {
-        free(e->scores);
-        e->scores_cap = MAX(need, 2 * e->scores_cap);
-        e->scores_cap -= e->scores_cap % threads;
-        if (!(e->scores = malloc(sizeof(float) * e->scores_cap))) { e->scores_cap = 0; return -1; }
-    }
+    if (reserve_scores(e, n, seqs)) return -1;
     eng_phase_since(e, PH_MIX_PREP, t0);
     layer_ctx c = { e, L, seqs, fi, n };
     const int bq = e->chain ? fm_attn_block_tokens(nh / nkv) : 1;
     double kv_bytes = 0.0;   // the keys and values read: once per sequence, or per block of the chunk
     for (int b = 0; b < n; b += bq)
-        kv_bytes += 2.0 * sizeof(float) * (seqs[(b + bq < n ? b + bq : n) - 1].pos + 1) * nkv * hd;
+        kv_bytes += 2.0 * head * (seqs[(b + bq < n ? b + bq : n) - 1].pos + 1) * nkv;
     if (e->chain) {
         run_heads(e, attn_chain_task, &c, nkv * ((n + bq - 1) / bq), kv_bytes);
     } else {
-        run_heads(e, attn_task, &c, n * nkv, kv_bytes);
+        const double t1 = eng_seconds();
+        int pos[n];
+        const void *ks[n], *vs[n];
+        for (int b = 0; b < n; b++) { pos[b] = seqs[b].pos; ks[b] = seqs[b].k[fi]; vs[b] = seqs[b].v[fi]; }
+        fm_attn_decode(e->pool, -1, n, pos, e->p_qkv, 2 * (size_t)nh * hd, 2 * (size_t)hd, ks, vs, nkv * head,
+                       m->kv_type, e->core, (size_t)nh * hd, hd, nkv, nh / nkv, hd, 1.0f / sqrtf((float)hd), 0,
+                       e->scores);
+        fm_pool_run(e->pool, gate_task, &c, n * nkv);
+        eng_phase_since(e, PH_HEADS, t1);
+        e->phase_bytes[PH_HEADS] += kv_bytes;
     }
     if (eng_dense(e, &L->o, e->core, n, e->attn_out)) return -1;
     eng_run_jobs(e, PH_MIX_OUT);

@@ -56,21 +56,31 @@ typedef void (*fm_gdn_fn)(FM_GDN_ARGS);
 void fm_rope_neox(float *x, int rope_dim, const float *cs);
 // causal attention of the query heads of one KV group over a prefill chunk (or a decode step's
 // one token): tokens i < nq at positions pos0 + i, heads g < group, q[i * q_tok + g * q_head + d];
-// keys and values k[t * kv_tok + d] for t <= pos0 + i;
-// o[i * o_tok + g * o_head + d] = softmax_t(scale q.k_t) v_t.
+// key and value t, for key0 <= t < key1 and t <= pos0 + i, in the cache type kv_type (FM_KV_*)
+// at byte offset t * kv_stride of k and v; o[i * o_tok + g * o_head + d] = softmax_t(scale q.k_t) v_t,
+// or with ml: o unnormalised (sum_t e^(s_t - m) v_t) and ml[2 r] = m, ml[2 r + 1] = sum_t e^(s_t - m)
+// for row r = i * group + g, the part of one split of the keys (fm_attn_decode merges them).
 // Blocks of FM_ATTN_ROWS (token, head) rows times FM_ATTN_KEYS keys with an online softmax, so
-// each block of K and V is read once for all the group's heads. Through the active ISA's
-// sibling; work: fm_attn_tiled_work(group, hd) floats
+// each block of K and V is read (and converted to f32) once for all the group's heads. Through
+// the active ISA's sibling; work: fm_attn_tiled_work(group, hd) floats
 #define FM_ATTN_ROWS 64
 #define FM_ATTN_KEYS 64
-#define FM_ATTN_ARGS const float *q, size_t q_tok, size_t q_head, const float *k, const float *v, size_t kv_tok, \
-                     float *o, size_t o_tok, size_t o_head, int nq, int pos0, int group, int hd, float scale, \
-                     float *work
+#define FM_ATTN_ARGS const float *q, size_t q_tok, size_t q_head, const void *k, const void *v, size_t kv_stride, \
+                     int kv_type, float *o, size_t o_tok, size_t o_head, int nq, int pos0, int key0, int key1, \
+                     int group, int hd, float scale, float *work, float *ml
+#define FM_ATTN_PASS q, q_tok, q_head, k, v, kv_stride, kv_type, o, o_tok, o_head, nq, pos0, key0, key1, group, hd, \
+                     scale, work, ml
 void fm_attn_tiled(FM_ATTN_ARGS);
 void fm_attn_tiled_generic(FM_ATTN_ARGS);
+void fm_attn_tiled_ssse3(FM_ATTN_ARGS);
 void fm_attn_tiled_avx2(FM_ATTN_ARGS);
 void fm_attn_tiled_avx512(FM_ATTN_ARGS);
 typedef void (*fm_attn_fn)(FM_ATTN_ARGS);
+fm_attn_fn fm_attn_for(int isa);   // ISA isa's sibling (-1: the active one); NULL where unsupported
+// the KV cache types: their ggml type ids (kv_cache_generic.c converts them: fermium_cpu.h)
+#define FM_KV_F32 0
+#define FM_KV_F16 1
+#define FM_KV_Q8_0 8
 // softmax over E logits, top-k, renormalise the k kept weights
 void fm_route(const float *logits, int E, int k, float *probs, int *ids, float *w);
 

@@ -1,5 +1,6 @@
 /* Standalone check of the native/cpu kernels, without Python: every ISA this CPU runs
- * against the generic sibling on random blocks, then a cache-resident speed figure per kernel.
+ * against the generic sibling on random blocks, then a cache-resident speed figure per kernel;
+ * and each ISA's attention over each KV cache type against the generic one (attn_check.h).
  * Not part of the extension. Build from the repository root:
  *
  *   cc -O2 -Inative/cpu native/cpu/selftest/selftest.c native/cpu/{dispatch,quantize,repack,ops}.c \
@@ -15,6 +16,7 @@
 #include "quants.h"
 #include "internal.h"
 #include "random_blocks.h"
+#include "attn_check.h"
 
 #define COLS 2048
 #define ROWS 128
@@ -286,6 +288,7 @@ int main(void) {
     for (int c = 0; c < COLS; c++) x[c] = ((int)(next() % 2001) - 1000) / 500.0f;
     failures += check_row_repack("Q4_0p", FM_Q4_0P, x);
     failures += check_row_repack("Q4_Kp", FM_Q4_KP, x);
+    failures += check_attention();
     printf(failures ? "FAILED: %d kernel(s)\n" : "all kernels agree with generic\n", failures);
     return failures != 0;
 }
