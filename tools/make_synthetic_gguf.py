@@ -170,7 +170,8 @@ def _one_d(rng, kind: str, n: int) -> np.ndarray:
 
 
 def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", widths: Widths = REAL,
-                    gain: float = 0.5, seed: int = 0, interval: int = 4, arch: str = "qwen35moe") -> Path:
+                    gain: float = 0.5, seed: int = 0, interval: int = 4, arch: str = "qwen35moe",
+                    byte_tokenizer: bool = False) -> Path:
     if recipe not in RECIPES:
         raise ValueError(f"unknown type {recipe!r}; choose one of {', '.join(RECIPES)}")
     if arch not in ARCHES:
@@ -194,7 +195,10 @@ def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", 
         writer.add_array(f"{arch}.rope.dimension_sections", [third, third, w.rope_dim // 2 - 2 * third, 0])
     writer.add_string("general.name", f"synthetic-{recipe}-{layers}l")
     writer.add_uint32(f"{arch}.vocab_size", w.vocab)   # no tokenizer: llama.cpp then sizes its vocabulary by this
-    writer.add_string("tokenizer.ggml.model", "none")
+    if byte_tokenizer:
+        add_byte_tokenizer(writer, w.vocab)
+    else:
+        writer.add_string("tokenizer.ggml.model", "none")
 
     plan = []
     for name, shape, kind in tensor_plan(w, layers, interval, arch):
@@ -224,6 +228,20 @@ def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", 
     return path
 
 
+def add_byte_tokenizer(writer: GGUFWriter, vocab: int) -> None:
+    """A byte-level BPE vocabulary of the bytes, one merge (two spaces) and the chat markers,
+    padded to `vocab` with tokens that no text encodes to: enough for the router to serve the file."""
+    from common.model.tokenizer import _BYTE_DECODER
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = [*sorted(_BYTE_DECODER, key=_BYTE_DECODER.get), "ĠĠ", *specials]
+    tokens += [f"<|unused_{i}|>" for i in range(vocab - len(tokens))]
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_string("tokenizer.ggml.pre", "qwen2")
+    writer.add_array("tokenizer.ggml.tokens", tokens)
+    writer.add_array("tokenizer.ggml.token_type", [1] * 257 + [3] * len(specials) + [5] * (vocab - 257 - len(specials)))
+    writer.add_array("tokenizer.ggml.merges", ["Ġ Ġ"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="GGUF file to write")
@@ -232,9 +250,11 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="small widths (hidden 256) instead of the real 35B ones")
     ap.add_argument("--arch", default="qwen35moe", choices=ARCHES)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--byte-tokenizer", action="store_true",
+                    help="a byte-level vocabulary, so that `fermium up` serves the file (else none)")
     args = ap.parse_args()
-    path = write_synthetic(args.out, layers=args.layers, recipe=args.recipe,
-                           widths=TINY if args.tiny else REAL, seed=args.seed, arch=args.arch)
+    path = write_synthetic(args.out, layers=args.layers, recipe=args.recipe, widths=TINY if args.tiny else REAL,
+                           seed=args.seed, arch=args.arch, byte_tokenizer=args.byte_tokenizer)
     print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB)")
 
 

@@ -18,6 +18,7 @@ GEMM_RTOL = 2e-5        # fp32 sums of K=512 products in another order, relative
 NORM_ATOL = 2e-5        # rsqrt and exp in fp32 on the device vs numpy
 SCAN_ATOL = 5e-4        # chunked delta rule: the reference solves in float64, the kernel inverts in fp32
 ATTN_ATOL = 2e-5        # online softmax vs a full softmax, fp32
+LONG_ATTN_ATOL = 1e-4   # the same over up to 64k keys: fp32 running sums of that many weights
 
 rng = np.random.default_rng(7)
 
@@ -161,6 +162,35 @@ def test_attention(dev, T, pos0, nh, nkv, hd):
     p /= p.sum(-1, keepdims=True)
     want = np.einsum("hts,shd->thd", p, np.repeat(vc, grp, axis=1)) * sigmoid(qg[..., hd:])
     np.testing.assert_allclose(dev.get(out, (T, nh, hd)), want, atol=ATTN_ATOL)
+
+
+@pytest.mark.parametrize("S", [16384, 65536])
+def test_attention_long_prompt(dev, S):
+    """A whole prompt of S tokens at the model's head shapes in one call; sampled query rows (the
+    first, the last, and spread between) against a float64 softmax over the keys each one sees."""
+    nh, nkv, hd = 16, 2, 256
+    q = (rng.standard_normal((S, nh, hd), dtype=np.float32) * 2.0)
+    kc, vc = rng.standard_normal((2, S, nkv, hd), dtype=np.float32)
+    qg = rng.standard_normal((S, nh, 2 * hd), dtype=np.float32)
+    out, args = dev.zeros((S, nh * hd)), [dev.put(a) for a in (q, kc, vc, qg)]
+    start, end = dev.cuda.Event(), dev.cuda.Event()
+    start.record(dev.s)
+    dev.k.attention(dev.s, args[0], args[1], args[2], args[3] + hd * 4, nh * 2 * hd, 2 * hd, out, S, 0, nh, nkv, hd)
+    end.record(dev.s)
+    got = dev.get(out, (S, nh, hd))
+    end.synchronize()
+    seconds = start.time_till(end) / 1e3
+    flops = 4.0 * nh * hd * S * (S + 1) / 2          # QK and PV over the causal triangle
+    print(f"attention over {S} tokens: {seconds:.3f} s, {flops / seconds / 1e12:.2f} TFLOP/s")
+    grp = nh // nkv
+    for t in sorted({0, 1, S // 3, S // 2 + 5, S - 2, S - 1, *rng.integers(0, S, 10).tolist()}):
+        kk = np.repeat(kc[:t + 1], grp, axis=1).astype(np.float64)       # (t+1, nh, hd)
+        vv = np.repeat(vc[:t + 1], grp, axis=1).astype(np.float64)
+        sc = np.einsum("hd,shd->hs", q[t].astype(np.float64), kk) / np.sqrt(hd)
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        want = np.einsum("hs,shd->hd", p, vv) * sigmoid(qg[t, :, hd:].astype(np.float64))
+        np.testing.assert_allclose(got[t], want, atol=LONG_ATTN_ATOL, err_msg=f"query row {t} of {S}")
 
 
 def test_moe_route_group_combine(dev):
