@@ -9,7 +9,8 @@ workers and waits for their handshake; `close()` stops them. The runner is hande
 nothing is loaded here: anything with the reference model's prefill / decode and a `.cfg`
 ModelConfig (the state shapes the servers check). Prefill and decode each call theirs from
 their own thread: `prefill_runner` gives prefill another one. The runners' `kv_type` (f32 where
-they have none) is the --kv-type of the router and both workers.
+they have none) is the --kv-type of the router and both workers. `tokenizer` is the vocabulary
+decode builds grammars on (structured output, tool_choice); without one, a grammar is refused.
 """
 from __future__ import annotations
 
@@ -69,10 +70,12 @@ class RunnerBackend:
 
 class LocalDispatcher(Dispatcher):
     def __init__(self, runner, *, cfg: ModelConfig | None = None, prefill_runner=None,
-                 cache: PrefixCache | None = None, metrics: RouterMetrics | None = None, name: str = "local"):
+                 cache: PrefixCache | None = None, metrics: RouterMetrics | None = None, name: str = "local",
+                 tokenizer=None):
         n = next(_ids)
         self.model = LoadedModel(cfg if cfg is not None else runner.cfg, Path(name))
         self.runners = (prefill_runner if prefill_runner is not None else runner, runner)
+        self.tokenizer = tokenizer
         kv_type = runner_kv_type(runner)
         check_same_kv_type(runner_kv_type(self.runners[0]), kv_type, "the prefill runner", "the decode runner")
         self._names = (f"local://{name}-prefill-{n}", f"local://{name}-decode-{n}")
@@ -90,7 +93,7 @@ class LocalDispatcher(Dispatcher):
             PrefillServer(PrefillConfig(model=str(self.model.path), listen=self._names[0], **link),
                           model=self.model, backend=RunnerBackend(prefill_runner)),
             DecodeServer(DecodeConfig(model=str(self.model.path), listen=self._names[1], **link),
-                         model=self.model, runner=decode_runner)]
+                         model=self.model, runner=decode_runner, tokenizer=self.tokenizer)]
         for server in self.servers:
             thread = threading.Thread(target=self._serve, args=(server,), daemon=True,
                                       name=f"local-{server.link.role}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common import sampling
 from common.sampling import Sampler, SamplingParams
 
 LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
@@ -88,3 +89,74 @@ def test_a_tiny_temperature_is_the_argmax():
 def test_non_finite_parameters_are_refused(bad):
     with pytest.raises(ValueError, match="finite"):
         SamplingParams(**bad)
+
+
+# ---- top-p over a candidate set: the same tokens, the same draws, as a sort of the whole row
+def full_sort_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """What the sampler did before: a stable sort of the whole vocabulary."""
+    probs = probs.copy()
+    order = np.argsort(-probs, kind="stable")
+    cum = np.cumsum(probs[order]) / probs.sum()
+    probs[order[np.searchsorted(cum, top_p) + 1:]] = 0.0
+    return probs
+
+
+class FullSortSampler(Sampler):
+    """The sampler's draw as it was: the whole row sorted, and rng.choice over the vocabulary."""
+
+    def _draw(self, z):
+        p = self.params
+        if p.top_k > 0 and p.top_k < z.size:
+            z[z < np.partition(z, -p.top_k)[-p.top_k]] = -np.inf
+        probs = np.exp(z)
+        if p.min_p > 0.0:
+            probs[probs < p.min_p * probs.max()] = 0.0
+        if p.top_p < 1.0:
+            probs = full_sort_top_p(probs, p.top_p)
+        total = probs.sum()
+        if not (total > 0 and np.isfinite(total)):
+            return int(np.argmax(z))
+        return int(self.rng.choice(probs.size, p=probs / total))
+
+
+def rows(vocab: int, seed: int):
+    rng = np.random.default_rng(seed)
+    yield rng.normal(size=vocab) * 3                              # peaked, as a model's are
+    yield rng.normal(size=vocab) * 0.3                            # nearly flat: the candidates must grow
+    yield np.round(rng.normal(size=vocab) * 2)                    # many ties, across the candidates' edge
+    flat = np.zeros(vocab)
+    flat[rng.integers(0, vocab, 5)] = 4.0
+    yield flat                                                    # a plateau of ties below a few tokens
+    yield np.where(rng.random(vocab) < 0.9, -np.inf, rng.normal(size=vocab))     # most tokens dead
+
+
+@pytest.mark.parametrize("top_p", [1e-9, 0.1, 0.5, 0.9, 0.95, 0.999, 1 - 1e-15])
+def test_top_p_over_candidates_keeps_exactly_what_the_full_sort_keeps(top_p):
+    for seed in range(4):
+        for vocab in (3, 70, 5000):
+            for logits in rows(vocab, seed):
+                if np.isfinite(logits).any():                     # else the sampler draws nothing
+                    probs = np.exp(logits - np.max(logits))
+                    assert np.array_equal(sampling.top_p_filter(probs, top_p), full_sort_top_p(probs, top_p))
+
+
+@pytest.mark.parametrize("kw", [dict(top_p=0.9), dict(top_p=0.5, temperature=2.0), dict(top_p=0.99, top_k=300),
+                                dict(top_p=0.8, min_p=0.01), dict(top_p=0.95, temperature=0.3), dict()])
+def test_the_sampler_draws_the_same_tokens_as_the_full_sort_from_the_same_seed(kw):
+    for seed, vocab in ((0, 248_320), (1, 5000), (2, 64)):
+        params = SamplingParams(**{"temperature": 1.0, **kw}, seed=seed)
+        new, old = Sampler(params), FullSortSampler(params)
+        for i, logits in enumerate(rows(vocab, seed)):
+            n = 3 if vocab > 100_000 else 40
+            assert [new.sample(logits) for _ in range(n)] == [old.sample(logits) for _ in range(n)], (vocab, i)
+
+
+def test_choose_is_rng_choice():
+    rng = np.random.default_rng(5)
+    for size in (1, 2, 10, 1000):
+        for _ in range(30):
+            probs = rng.random(size) * (rng.random(size) < 0.5)
+            probs[rng.integers(size)] = 0.5
+            a, b = np.random.default_rng(size), np.random.default_rng(size)
+            total = probs.sum()
+            assert sampling.choose(a, probs, total) == b.choice(size, p=probs / total)

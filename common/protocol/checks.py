@@ -2,9 +2,9 @@
 
 The codec guarantees types (int64 integers, finite floats, dicts of scalars, a SamplingParams
 that passed its own checks). These add what only the model knows: token ids inside the
-vocabulary, positions inside the context, the state's KV cache type (the worker's own) and its
-shapes and dtypes (common.state.check_state), and a decode address that can be connected to.
-Each raises ValueError naming the field.
+vocabulary (logit_bias's too), positions inside the context, the state's KV cache type (the
+worker's own) and its shapes and dtypes (common.state.check_state), and a decode address that
+can be connected to. Each raises ValueError naming the field.
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def _common(req: DecodeRequest | PrefillRequest, cfg: ModelConfig) -> SamplingPa
         raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
     if not isinstance(req.sampling, SamplingParams):        # the codec builds one; a message made here must too
         raise ValueError(f"sampling: {type(req.sampling).__name__} is not SamplingParams")
+    token_ids("sampling.logit_bias", [int(k) for k in req.sampling.logit_bias], cfg.vocab_size)
     return req.sampling
 
 

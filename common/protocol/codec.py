@@ -6,19 +6,20 @@ Frame layout of one message (a ZeroMQ multipart):
                               "a": {field: [[dtype, shape, frame_index], ...]}}
     frame 1..n   raw C-contiguous array bytes, one frame per array, in the order of "a"
 
-`kind` is a single-byte code, unique across all messages. Array fields hold an ndarray, a list
-of ndarrays, or None. Nothing is pickled: only msgpack primitives and raw bytes travel.
-Integers (fields and list items) fit int64, floats are finite, a dict field holds scalars
-under string keys. A field typed with a dataclass (`sampling: SamplingParams`) is a map of all
-its fields, each of its declared type, rebuilt into the dataclass, whose own checks then apply.
-A header of another version, an unknown kind, a missing or extra field (of a message or such a
-map), a field of the wrong type or that its dataclass refuses, an unreferenced frame or a frame
-whose size disagrees with its dtype and shape raises ProtocolError, which carries the request id
-when the header was readable; so does any other undecodable input, and a message over its
-receiver's WireLimits. VERSION changes with the layout and with any message's fields (held
-exactly): 2 made `sampling` a whole SamplingParams, where 1 sent a dict of some of its fields;
-3 added `kv_type` (common.kv_cache) to every message that carries a state, and to Hello and Heartbeat;
-4 added `grammar` (common.grammar) to SamplingParams.
+`kind` is a single-byte code, unique across all messages. Array fields hold an ndarray, a list of
+ndarrays, or None. Nothing is pickled: only msgpack primitives and raw bytes travel. Integers (fields
+and list items) fit int64, floats (fields and list items) are finite, a dict field holds scalars under
+string keys. A field typed with a dataclass (`sampling: SamplingParams`) is a map of all its fields,
+each of its declared type, rebuilt into the dataclass, whose own checks then apply. A header of another
+version, an unknown kind, a missing or extra field (of a message or such a map), a field of the wrong
+type or that its dataclass refuses, an unreferenced frame or a frame whose size disagrees with its dtype
+and shape raises ProtocolError, which carries the request id when the header was readable; so does any
+other undecodable input, and a message over its receiver's WireLimits. VERSION changes with the layout
+and with any message's fields (held exactly): 2 made `sampling` a whole SamplingParams, where 1 sent a
+dict of some of its fields; 3 added `kv_type` (common.kv_cache) to every message that carries a state,
+and to Hello and Heartbeat; 4 added `grammar` (common.grammar) to SamplingParams; 5 added log-probabilities
+(`logprobs`, `top_ids`, `top_logprobs`) to Tokens, and the presence and frequency penalties, `logit_bias`,
+`logprobs` and `top_logprobs` to SamplingParams.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Any, ClassVar, get_type_hints
 import msgpack
 import numpy as np
 
-VERSION = 4
+VERSION = 5
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}
@@ -43,8 +44,7 @@ class ProtocolError(ValueError):
 
     def __init__(self, message: str, rid: str = "", reason: str = "decode"):
         super().__init__(message)
-        self.rid = rid
-        self.reason = reason
+        self.rid, self.reason = rid, reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Message:
 @dataclasses.dataclass(frozen=True)
 class _Field:
     types: tuple[type, ...]      # what the value may be
-    items: type | None           # list[int]: the type of every item
+    items: type | None           # list[int], list[float]: the type of every item
     struct: type | None = None   # a dataclass that travels as a map of its fields
     members: dict | None = None  # struct: field name -> _Field
 
@@ -83,13 +83,11 @@ _PY_TYPES = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,
 
 def _accepted(annotation: str) -> _Field:
     """What a field annotation accepts, e.g. 'list[int] | None' -> (list, NoneType), items int."""
-    out: tuple[type, ...] = ()
-    items = None
+    out, items = (), None
     for part in annotation.split("|"):
         part = part.strip()
         out += _PY_TYPES.get(part.split("[")[0], (object,))
-        if part == "list[int]":
-            items = int
+        items = {"list[int]": int, "list[float]": float}.get(part, items)
     return _Field(out, items)
 
 
@@ -146,9 +144,10 @@ def _scalar_problem(value: Any, field: _Field) -> str | None:
         return "integer does not fit int64"
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value} is not finite"
-    if isinstance(value, list) and field.items is int:
-        if not all(type(v) is int and INT64[0] <= v <= INT64[1] for v in value):
-            return "items must be int64 integers"
+    if isinstance(value, list) and field.items is not None:         # list[float] takes int64 integers too
+        if not all(type(v) is int and INT64[0] <= v <= INT64[1] or field.items is float and type(v) is float
+                   and math.isfinite(v) for v in value):
+            return "items must be int64 integers" if field.items is int else "items must be finite numbers"
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
@@ -160,6 +159,7 @@ def _scalar_problem(value: Any, field: _Field) -> str | None:
             if isinstance(v, float) and not math.isfinite(v):
                 return f"{k!r}: {v} is not finite"
     return None
+
 
 
 # ---- encode -------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Messages the router receives, on its PULL inbox (workers PUSH to it).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 4).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 5).
 
     0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
     0x11 Heartbeat    worker -> router: alive, with its load; also re-registers after a router restart
     0x12 PrefillDone  prefill -> router: the prompt is prefilled and shipped to decode
-    0x13 Tokens       decode -> router: newly sampled token ids of one sequence
+    0x13 Tokens       decode -> router: newly sampled token ids of one sequence, with their logprobs if asked
     0x14 Finished     decode -> router: the sequence ended; optional final state (snapshot seam)
     0x15 Failed       any worker -> router: request `rid` failed, or a frame was rejected
     0x16 Snapshot     prefill -> router: the state after the first `pos` prompt tokens, and its logits
@@ -17,7 +17,11 @@ worker or a state of another type than its own --kv-type.
 """
 from __future__ import annotations
 
-from .codec import Message, message
+import dataclasses
+
+from common.sampling import MAX_TOP_LOGPROBS
+
+from .codec import Message, ProtocolError, message
 
 
 @message(0x10)
@@ -53,8 +57,24 @@ class PrefillDone(Message):
 
 @message(0x13)
 class Tokens(Message):
+    """When the request asked for logprobs (SamplingParams.logprobs), `logprobs` holds each token's
+    log-probability and `top_ids` / `top_logprobs` the top_logprobs most likely tokens' ids and
+    log-probabilities after each other, k per token, most likely first (common.logprobs); else all
+    three are empty."""
+
     worker_id: str
     tokens: list[int]
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    top_ids: list[int] = dataclasses.field(default_factory=list)
+    top_logprobs: list[float] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        n, tops = len(self.tokens), len(self.top_ids)
+        if len(self.logprobs) not in (0, n) or len(self.top_logprobs) != tops or (tops and not self.logprobs):
+            raise ProtocolError("Tokens: logprobs, top_ids and top_logprobs must be aligned with tokens", self.rid)
+        if tops and (tops % n or tops // n > MAX_TOP_LOGPROBS):
+            raise ProtocolError(f"Tokens: {tops} top logprobs for {n} tokens is not at most "
+                                f"{MAX_TOP_LOGPROBS} for each", self.rid)
 
 
 @message(0x14)

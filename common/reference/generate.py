@@ -17,7 +17,7 @@ def generate(runner, prompt_ids: Sequence[int], params: SamplingParams, max_toke
     (built by the caller, who may feed it text), it decides instead of max_tokens and stop_ids."""
     policy = policy or GenerationPolicy(max_tokens, stop_ids)
     state = state if state is not None else runner.new_state()
-    sampler = Sampler(params)
+    sampler = Sampler(params, prompt_len=len(prompt_ids))
     history = list(prompt_ids)
     logits = runner.prefill(prompt_ids, state)
     while True:

@@ -8,6 +8,10 @@ as a Tokens message; the end goes as Finished, with the final state when it was 
 A request with a grammar (SamplingParams.grammar) samples only the tokens it allows, the first
 token too, and ends with "stop" when the grammar is complete (grammar.py).
 
+A request that asks for logprobs gets, in each Tokens message, the token's log-probability and
+the top_logprobs most likely tokens', the first token's too, from the logits it was sampled from
+as the model gave them (common.logprobs).
+
 A request that fails the model's checks (common.protocol.checks), or whose sampler raises,
 fails alone with a Failed reply; a step that raises fails its batch. Nothing a
 request brings stops the loop.
@@ -22,6 +26,7 @@ import numpy as np
 from common.config import ContextModel, plan_context, reserve_context
 from common.generation import GenerationPolicy
 from common.kv_cache import check_same_kv_type
+from common.logprobs import token_logprobs
 from common.metrics import DecodeMetrics
 from common.model.gguf_file import GGUFModel
 from common.protocol.checks import check_decode
@@ -96,7 +101,7 @@ class DecodeServer(WorkerServer):
 
     def _admit(self, req: DecodeRequest) -> None:
         state, params = check_decode(req, self.model.config, self.kv_type)
-        seq = Sequence(req.rid, state, Sampler(params), list(req.history),
+        seq = Sequence(req.rid, state, Sampler(params, prompt_len=len(req.history)), list(req.history),
                        GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state)
         seq.logits = np.asarray(req.logits)
         seq.matcher = self.grammars.matcher(params.grammar)
@@ -112,7 +117,7 @@ class DecodeServer(WorkerServer):
         self.metrics.tokens.inc()
         if seq.policy.accept(token):
             seq.history.append(token)
-            self.link.send(Tokens(seq.rid, self.link.worker_id, [token]))
+            self.link.send(self._tokens(seq, token))
             if seq.matcher is not None:
                 seq.matcher.consume(token)
                 if seq.matcher.done and not seq.policy.finished:      # nothing but EOS can follow
@@ -121,6 +126,14 @@ class DecodeServer(WorkerServer):
             return False
         seq.next_token = token
         return True
+
+    def _tokens(self, seq: Sequence, token: int) -> Tokens:
+        """The message of one sampled token, with its logprobs from seq.logits when they were asked for."""
+        params = seq.sampler.params
+        if not params.logprobs:
+            return Tokens(seq.rid, self.link.worker_id, [token])
+        chosen, top_ids, top_logprobs = token_logprobs(seq.logits, token, params.top_logprobs)
+        return Tokens(seq.rid, self.link.worker_id, [token], [chosen], top_ids, top_logprobs)
 
     def _finish(self, seq: Sequence, reason: str, *, retire: bool = True) -> None:
         if retire:
