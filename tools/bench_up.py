@@ -1,12 +1,13 @@
 """One long prompt through `fermium up`: time to the first token, and decode tok/s after it.
 
-    python tools/bench_up.py --model M.gguf --prompt 8192 --tokens 64 [--backend cuda] [-- UP_FLAGS...]
+    python tools/bench_up.py --model M.gguf --prompt 8192 --tokens 64 [--backend cuda] [--requests N] [-- UP_FLAGS...]
     e.g. FERMIUM_VRAM_BUDGET=6 python tools/bench_up.py --model /tmp/syn40.gguf --prompt 8192 --backend cuda
 
 Starts `python -m fermium up` as a user would (its context size is the prompt plus the tokens),
-waits for it to be ready, sends one streamed /v1/completions request of PROMPT random token ids
-(greedy, `max_tokens` TOKENS, usage included) and times it at the client. Prints the figures, the
-command and, with --json, writes them.
+waits for it to be ready, sends REQUESTS streamed /v1/completions requests one after another,
+each of PROMPT fresh random token ids (so no snapshot serves them; greedy, `max_tokens` TOKENS,
+usage included), and times them at the client. The first pays what a cold stack pays. Prints
+the figures, the command and, with --json, writes them.
 """
 from __future__ import annotations
 
@@ -72,13 +73,14 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=8192, help="prompt tokens")
     ap.add_argument("--tokens", type=int, default=64, help="tokens to generate")
     ap.add_argument("--backend", default="cpu", help="prefill backend: cpu or cuda")
+    ap.add_argument("--requests", type=int, default=1, help="requests, one after another")
     ap.add_argument("--ready-timeout", type=float, default=900.0)
     ap.add_argument("--request-timeout", type=float, default=3600.0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("up_flags", nargs="*", help="more `fermium up` flags, after --")
     args = ap.parse_args()
     vocab = GGUFModel(args.model).config.vocab_size
-    ids = np.random.default_rng(8).integers(0, vocab, args.prompt).tolist()
+    rng = np.random.default_rng(8)
     port = free_port()
     cmd = [sys.executable, "-m", "fermium", "up", "--model", args.model, "--port", str(port), "--backend",
            args.backend, "--ctx-size", str(args.prompt + args.tokens + 16), "--log-level", "info", *args.up_flags]
@@ -86,17 +88,19 @@ def main() -> None:
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         ready = wait_ready(f"http://127.0.0.1:{port}", proc, args.ready_timeout)
-        out = {"model": args.model, "backend": args.backend, "ready_s": ready,
-               **one_request(f"http://127.0.0.1:{port}", ids, args.tokens, args.request_timeout)}
+        runs = [one_request(f"http://127.0.0.1:{port}", rng.integers(0, vocab, args.prompt).tolist(), args.tokens,
+                            args.request_timeout) for _ in range(args.requests)]
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+    out = {"model": args.model, "backend": args.backend, "ready_s": ready, "command": " ".join(cmd), "runs": runs}
     print(json.dumps(out, indent=1))
-    print(f"{args.prompt}-token prompt, {args.backend} prefill: first token after {out['ttft_s']:.1f} s "
-          f"({out['prefill_tok_s']:.1f} tok/s), then {out['decode_tok_s'] or 0:.2f} tok/s")
+    for i, r in enumerate(runs):
+        print(f"request {i + 1}: {args.prompt}-token prompt, {args.backend} prefill: first token after "
+              f"{r['ttft_s']:.1f} s ({r['prefill_tok_s']:.1f} tok/s), then {r['decode_tok_s'] or 0:.2f} tok/s")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

@@ -30,8 +30,11 @@ if [[ $WHAT == long ]]; then
     MODEL=${LONG_MODEL:-/tmp/syn40-q4_k_m.gguf}
     [[ -f $MODEL ]] || python3 tools/make_synthetic_gguf.py "$MODEL" --type q4_k_m --layers 40 --byte-tokenizer \
         > "$OUT/make_model.txt" 2>&1 || status=1
-    FERMIUM_VRAM_BUDGET=${VRAM_BUDGET_GIB:-6} python3 tools/bench_up.py --model "$MODEL" --prompt "${LONG_PROMPT:-8192}" \
-        --tokens 32 --backend cuda --json "$OUT/up_long.json" > "$OUT/up_long.txt" 2>&1 || status=1
-    grep -v " INFO " "$OUT/up_long.txt" | tail -15
+    for backend in ${LONG_BACKENDS:-cuda}; do
+        FERMIUM_VRAM_BUDGET=${VRAM_BUDGET_GIB:-6} python3 tools/bench_up.py --model "$MODEL" --prompt "${LONG_PROMPT:-8192}" \
+            --tokens 32 --backend "$backend" --requests 2 --json "$OUT/up_long_$backend.json" \
+            > "$OUT/up_long_$backend.txt" 2>&1 || status=1
+        grep "^request" "$OUT/up_long_$backend.txt"
+    done
 fi
 exit $status
