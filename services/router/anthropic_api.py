@@ -47,7 +47,8 @@ class MessagesAPI:
         try:
             body, prefill = openai_body(parse_body(raw))
             return validate(body, chat=True, served=api.served, context=api.context, vocab=api.vocab,
-                            encode=api.encode, render=api.render, prefill=prefill, clamp=True)
+                            encode=api.encode, render=api.render, prefill=prefill, clamp=True,
+                            tokenizer=api.tokenizer)
         except APIError as e:
             raise anthropic_param(e) from None
 

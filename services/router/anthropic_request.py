@@ -19,6 +19,7 @@ both APIs render the same prompt through the same checks.
   is checked but not enforced.
 - `stop_sequences` become `stop`; `temperature` (Anthropic's range, [0, 1]), `top_p`, `top_k` and
   `stream` pass as they are.
+- `output_config.format` (json_schema) becomes a strict json_schema `response_format`.
 - `metadata`, `cache_control` and the service options that do not change the answer are accepted
   and ignored. Any other field gets a 400, as Anthropic gives.
 - Image, document and server-tool blocks are refused: this server reads text.
@@ -45,6 +46,7 @@ SEPARATOR = "\n\n"
 _RENAMES = [(re.compile(r"tools\[(\d+)\]\.function\.parameters"), r"tools[\1].input_schema"),
             (re.compile(r"tools\[(\d+)\]\.function\."), r"tools[\1]."),
             (re.compile(r"tool_choice\.function\.name"), "tool_choice.name"),
+            (re.compile(r"response_format\.json_schema"), "output_config.format"),
             (re.compile(r"'stop'"), "'stop_sequences'")]
 
 
@@ -58,9 +60,7 @@ def openai_body(body: dict, *, count: bool = False) -> tuple[dict, str]:
         raise bad_request("model: Field required (a string)", "model")
     if not count and body.get("max_tokens") is None:
         raise bad_request("max_tokens: Field required", "max_tokens")
-    config = body.get("output_config")
-    if isinstance(config, dict) and config.get("format") is not None:
-        raise bad_request("output_config.format is not supported: no constrained decoding", "output_config.format")
+    fmt = body.get("output_config", {}).get("format") if isinstance(body.get("output_config"), dict) else None
     names: dict[str, str] = {}
     turns = _messages(body.get("messages"), names)
     last = turns[-1]
@@ -85,7 +85,17 @@ def openai_body(body: dict, *, count: bool = False) -> tuple[dict, str]:
         out["tools"] = _tools(body["tools"])
     out.update(_tool_choice(body.get("tool_choice")))
     out.update(_thinking(body.get("thinking")))
+    if fmt is not None:
+        out["response_format"] = _format(fmt)
     return out, prefill
+
+
+def _format(fmt: Any) -> dict:
+    """output_config.format {type: json_schema, schema} -> a strict json_schema response_format."""
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
+        raise bad_request("output_config.format must be {'type': 'json_schema', 'schema': {...}}",
+                          "output_config.format")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
 
 
 def anthropic_param(e: APIError) -> APIError:

@@ -32,6 +32,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from common.grammar import Vocab
+
 from .anthropic_api import MessagesAPI
 from .config import RouterConfig
 from .errors import RETRY_AFTER_S, APIError, CatchAll, failure, http_exception
@@ -61,8 +63,9 @@ class API:
     def __init__(self, generation: Generation, *, served: tuple[str, ...], context: int, vocab: int,
                  encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
                  health: Callable[[], dict], max_body: int = RouterConfig.max_body_bytes,
-                 decode: Callable[[list[int]], str] | None = None):
+                 decode: Callable[[list[int]], str] | None = None, tokenizer: Vocab | None = None):
         self.gen, self.served, self.context, self.vocab = generation, served, context, vocab
+        self.tokenizer = tokenizer
         self.encode, self.decode, self.render, self.health_info = encode, decode, render, health
         self.max_body = max_body
         self.draining = False
@@ -164,19 +167,32 @@ class API:
 
     async def collect(self, request: Request, head: Delta, deltas: AsyncIterator[Delta]) -> tuple[str, Delta] | None:
         """The whole text and the final Delta; None when the client left first."""
-        parts, final = [head.text], head
+        whole = await self.collect_choices(request, head, deltas, 1)
+        return None if whole is None else whole[0]
+
+    async def collect_choices(self, request: Request, head: Delta, deltas: AsyncIterator[Delta],
+                              n: int) -> list[tuple[str, Delta]] | None:
+        """Each choice's whole text and final Delta, by index; None when the client left first."""
+        parts: list[list[str]] = [[] for _ in range(n)]
+        finals: list[Delta | None] = [None] * n
+
+        def take(d: Delta) -> None:
+            parts[d.index].append(d.text)
+            if d.finish_reason is not None:
+                finals[d.index] = d
 
         async def rest() -> None:
-            nonlocal final
             async for d in deltas:
-                parts.append(d.text)
-                final = d
+                take(d)
 
+        take(head)
         try:
             await _first_of(rest(), _until_disconnect(request))     # also closes a run that ended at once
         except Exception as e:
             raise failure(e) from None
-        return ("".join(parts), final) if final.finish_reason is not None else None
+        if any(f is None for f in finals):
+            return None
+        return [("".join(p), f) for p, f in zip(parts, finals)]
 
     async def _serve(self, request: Request, *, chat: bool) -> Response:
         try:
@@ -191,47 +207,53 @@ class API:
             return StreamingResponse(self._stream(job, cid, head, deltas), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            whole = await self.collect(request, head, deltas)
+            whole = await self.collect_choices(request, head, deltas, job.n)
         except APIError as e:
             return e.response()
         if whole is None:
             return Response(status_code=499)
-        text, final = whole
-        if job.chat:
-            message, reason = ChatReply(job, self.gen.metrics).message(text, final.finish_reason)
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": job.echo + text, "logprobs": None, "finish_reason": final.finish_reason}
+        choices = []
+        for i, (text, final) in enumerate(whole):
+            if job.chat:
+                message, reason = ChatReply(job, self.gen.metrics, i).message(text, final.finish_reason)
+                choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason})
+            else:
+                choices.append({"index": i, "text": job.echo + text, "logprobs": None,
+                                "finish_reason": final.finish_reason})
         return JSONResponse({"id": cid, "object": "chat.completion" if job.chat else "text_completion",
-                             "created": int(time.time()), "model": job.model, "choices": [choice],
-                             "usage": _usage(final)})
+                             "created": int(time.time()), "model": job.model, "choices": choices,
+                             "usage": _usage([f for _, f in whole])})
 
     def _job(self, raw: bytes, chat: bool) -> Job:
         return validate(parse_body(raw), chat=chat, served=self.served, context=self.context, vocab=self.vocab,
-                        encode=self.encode, render=self.render, decode=self.decode)
+                        encode=self.encode, render=self.render, decode=self.decode, tokenizer=self.tokenizer)
 
     async def _stream(self, job: Job, cid: str, head: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
-        out = ChatStream(job, cid, self.gen.metrics) if job.chat else TextStream(job, cid)
-        final = head
+        outs = [ChatStream(job, cid, self.gen.metrics, i) if job.chat else TextStream(job, cid, i)
+                for i in range(job.n)]
+        finals: list[Delta] = [head] * job.n
         try:
-            for body in out.start() + out.piece(head.text, head.finish_reason):
+            for body in [b for out in outs for b in out.start()] + outs[head.index].piece(head.text,
+                                                                                          head.finish_reason):
                 yield _sse(body)
             async for d in deltas:
-                final = d
-                for body in out.piece(d.text, d.finish_reason):
+                finals[d.index] = d
+                for body in outs[d.index].piece(d.text, d.finish_reason):
                     yield _sse(body)
         except Exception as e:
             yield _sse(failure(e).body())
             yield _sse("[DONE]")
             return
         if job.include_usage:
-            yield _sse(out.usage(_usage(final)))
+            yield _sse(outs[0].usage(_usage(finals)))
         yield _sse("[DONE]")
 
 
-def _usage(d: Delta) -> dict:
-    return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
-            "total_tokens": d.prompt_tokens + d.completion_tokens,
+def _usage(finals: list[Delta]) -> dict:
+    """One request's usage: the prompt once, the completion tokens of every choice."""
+    d, completion = finals[0], sum(f.completion_tokens for f in finals)
+    return {"prompt_tokens": d.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": d.prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": d.cached_tokens}}
 
 

@@ -12,7 +12,8 @@ answered once with Cancel, so a worker does not decode for nobody.
 
 Messages arrive on the inbox's IO thread and are handed to the event loop; everything here
 then runs on the loop, so no lock is needed. Each request gets a Track whose `events` queue
-receives PrefillDone, Tokens, Finished or Failed messages, in order.
+receives PrefillDone, Tokens, Finished or Failed messages, in order. A request for `n` > 1
+choices gets n Tracks that share one prefill (copies.py).
 
 The snapshot seam (issue 6): `PrefixCache.lookup(ids)` is the one place a prefix is looked up
 before prefill: it returns the cached position, the state there and, when the whole prompt is
@@ -26,9 +27,6 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import numpy as np
 
 from common.kv_cache import DEFAULT_KV_TYPE, check_same_kv_type
 from common.log_limit import LogLimiter
@@ -37,7 +35,6 @@ from common.mp import PullQueue, PushQueue
 from common.mp_local import pull_queue, push_queue
 from common.protocol import Message, ProtocolError
 from common.protocol.codec import WireLimits
-from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
@@ -45,6 +42,8 @@ from common.worker import CancelledIds
 from common.worker_token import matches
 from common.worker_token import resolve as resolve_token
 
+from .copies import Copies, snapshot_every
+from .prefix_cache import NoPrefixCache, PrefixCache
 from .schema import Job
 from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry
 
@@ -52,29 +51,6 @@ log = logging.getLogger("fermium.router")
 
 REAP_INTERVAL_S = 0.25
 REFUSAL_LINGER_S = 6.0       # a refused worker's link stays this long: past mp's send timeout, so the ack goes out
-
-
-class PrefixCache(Protocol):
-    wants_final_state: bool
-    snapshot_every: int          # prefill checkpoints every this many tokens; 0: none
-
-    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]: ...
-    def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
-                    source: str, kv_type: str) -> None: ...
-
-
-class NoPrefixCache:
-    """Nothing cached: every prompt is prefilled from position 0."""
-
-    wants_final_state = False
-    snapshot_every = 0
-
-    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]:
-        return 0, None, None
-
-    def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
-                    source: str, kv_type: str) -> None:
-        return None
 
 
 class NoWorkers(Exception):
@@ -103,6 +79,7 @@ class Dispatcher:
         self.token = resolve_token(token)
         self.registry = WorkerRegistry(heartbeat_timeout, self._connect, max_per_role=max_workers)
         self.tracks: dict[str, Track] = {}
+        self.copies: dict[str, Copies] = {}     # rid of a copy 0 -> the copies waiting for its prefill
         self.inbox: PullQueue | None = None
         self._reaper: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -139,28 +116,47 @@ class Dispatcher:
 
     # ---- requests
     def submit(self, job: Job, stop_ids: tuple[int, ...]) -> Track:
+        return self.submit_copies(job, stop_ids, 1)[0]
+
+    def submit_copies(self, job: Job, stop_ids: tuple[int, ...], n: int) -> list[Track]:
+        """`n` copies of the job, copy i sampling with job.sampling.for_choice(i); one prefill for all."""
         prefill, decode = self.registry.pick("prefill"), self.registry.pick("decode")
         for role, w in (("prefill", prefill), ("decode", decode)):
             if w is None:
                 raise NoWorkers(f"no {role} worker is connected; start one with "
                                 f"`fermium {role} --router {self.address}`")
         start, state, logits = self.cache.lookup(job.prompt_ids)
-        rid = uuid.uuid4().hex
+        whole = start == len(job.prompt_ids)             # cached whole: straight to decode
         history, stops, keep = list(job.prompt_ids), list(stop_ids), self.cache.wants_final_state
-        if start == len(job.prompt_ids):                 # cached whole: straight to decode
-            track = Track(rid, job.prompt_ids, "", decode.worker_id)
-            decode.link.put(DecodeRequest(rid, start, history, job.sampling, job.max_tokens, stops, keep,
-                                          state, logits, self.kv_type))
-        else:
-            track = Track(rid, job.prompt_ids, prefill.worker_id, decode.worker_id)
-            prefill.inflight.add(rid)
-            prefill.link.put(PrefillRequest(rid, history[start:], history, start, decode.address, job.sampling,
-                                            job.max_tokens, stops, keep, state, self.cache.snapshot_every,
-                                            self.kv_type))
-        track.cached = start
-        self.tracks[rid] = track
-        decode.inflight.add(rid)
-        return track
+        tracks = []
+        for i in range(n):
+            w = decode if i == 0 else self.registry.pick("decode") or decode
+            track = Track(uuid.uuid4().hex, job.prompt_ids, "" if whole else prefill.worker_id, w.worker_id)
+            track.cached = start
+            self.tracks[track.rid] = track
+            w.inflight.add(track.rid)
+            tracks.append(track)
+        pending = Copies(tracks, [job.sampling.for_choice(i) for i in range(n)], history, job.max_tokens, stops, keep)
+        if whole:
+            self._send_copies(pending, state, logits)
+            return tracks
+        rid = tracks[0].rid
+        every = snapshot_every(self.cache.snapshot_every, len(history), n)
+        prefill.inflight.add(rid)
+        prefill.link.put(PrefillRequest(rid, history[start:], history, start, decode.address, pending.sampling[0],
+                                        job.max_tokens, stops, keep, state, every, self.kv_type))
+        if n > 1:
+            pending.tracks, pending.sampling = tracks[1:], pending.sampling[1:]
+            self.copies[rid] = pending
+        return tracks
+
+    def _send_copies(self, c: Copies, state: list | None, logits) -> None:
+        c.send(state, logits, self.kv_type, lambda wid: getattr(self.registry.workers.get(wid), "link", None),
+               lambda rid: rid in self.tracks)
+
+    def _fail_copies(self, rid: str, why: str) -> None:
+        if rid in self.copies:
+            self.copies.pop(rid).fail(why)
 
     def cancel(self, rid: str, reason: str) -> None:
         track = self.tracks.get(rid)
@@ -173,6 +169,9 @@ class Dispatcher:
 
     def forget(self, rid: str) -> None:
         track = self.tracks.pop(rid, None)
+        for key in [k for k, c in self.copies.items() if k not in self.tracks
+                    and not any(t.rid in self.tracks for t in c.tracks)]:
+            del self.copies[key]
         if track is None:
             return
         for wid in (track.prefill, track.decode):
@@ -185,6 +184,8 @@ class Dispatcher:
         if isinstance(msg, (Hello, Heartbeat)):
             self._hello(msg)
             return
+        if isinstance(msg, Snapshot) and msg.rid in self.copies and msg.pos == len(self.copies[msg.rid].history):
+            self._send_copies(self.copies.pop(msg.rid), msg.state, msg.logits)
         track = self.tracks.get(msg.rid)
         if track is None:   # a request that already ended, or one of the router before a restart
             if isinstance(msg, Tokens):
@@ -193,6 +194,8 @@ class Dispatcher:
         if isinstance(msg, Snapshot):
             self.cache.store_state(track.prompt, msg.pos, msg.state, msg.logits, "prefill", msg.kv_type)
             return
+        if isinstance(msg, (PrefillDone, Failed)):
+            self._fail_copies(msg.rid, msg.error if isinstance(msg, Failed) else "the prefill sent no state to copy")
         if isinstance(msg, PrefillDone):
             w = self.registry.workers.get(track.prefill)
             if w is not None:
@@ -260,11 +263,13 @@ class Dispatcher:
     def _rejected(self, err: ProtocolError) -> None:
         if err.rid in self.tracks:             # the inbox has logged it, at a bounded rate
             self.tracks[err.rid].events.put_nowait(Failed(err.rid, "", f"router rejected a reply: {err}"))
+            self._fail_copies(err.rid, f"router rejected a reply: {err}")
 
     def _fail_all(self, w: Worker, why: str) -> None:
         for rid in list(w.inflight):
             if rid in self.tracks:
                 self.tracks[rid].events.put_nowait(Failed(rid, w.worker_id, why))
+            self._fail_copies(rid, why)
 
     def _link_lost(self, link: PushQueue | None) -> None:
         w = self.registry.remove(link, "its connection closed")

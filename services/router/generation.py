@@ -1,7 +1,8 @@
 """One request's life in the router, after validation: admission, dispatch, detokenization,
 stop strings, metrics, and cancellation when the client goes away or a stop string matches.
 
-`Generation.run(job)` yields Deltas: text pieces, then one with the finish reason and usage.
+`Generation.run(job)` yields Deltas: text pieces, then one with the finish reason and usage, for
+each choice (`Delta.index`); the `n` choices of a request run side by side, one admission slot.
 Each carries the prompt tokens served from the prefix cache: the dispatcher's hit, then the
 prompt less what prefill reports it prefilled.
 Whatever goes wrong, the admission slot is given back exactly once, in run's `finally` or at a
@@ -36,6 +37,47 @@ class Delta:
     completion_tokens: int = 0
     cached_tokens: int = 0
     stop_sequence: str | None = None       # the stop string that ended the run, if one did
+    index: int = 0                         # the choice, of a request for n > 1
+
+
+@dataclass
+class _Clock:
+    """When a request arrived and was dispatched, and when its first token (of any choice) came."""
+
+    arrived: float
+    dispatched: float
+    first: float | None = None
+
+
+async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
+    """The Deltas of several choices as they come; the first error ends them all."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[Delta]) -> None:
+        try:
+            async for d in stream:
+                queue.put_nowait(d)
+        except Exception as e:
+            queue.put_nowait(e)
+        finally:
+            await stream.aclose()
+            queue.put_nowait(None)
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                left -= 1
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _coalesce(msg, events: asyncio.Queue):
@@ -79,14 +121,15 @@ class Generation:
         return waited
 
     async def run(self, job: Job, arrived: float) -> AsyncIterator[Delta]:
-        """Yields text Deltas and a final one; the caller has already called admit()."""
+        """Yields text Deltas and a final one per choice (`index`); the caller has already called admit()."""
         outcome = "cancelled"
         if self.closing:
             self._release("error")
             raise APIError(503, self.closing, type="service_unavailable", code="shutting_down",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
-            track = self.dispatcher.submit(job, self.stop_ids)
+            tracks = ([self.dispatcher.submit(job, self.stop_ids)] if job.n == 1
+                      else self.dispatcher.submit_copies(job, self.stop_ids, job.n))
         except NoWorkers as e:
             self._release("error")
             raise APIError(503, str(e), type="service_unavailable", code="no_workers",
@@ -95,43 +138,65 @@ class Generation:
             log.exception("router: dispatching a request failed")
             self._release("error")
             raise server_error("the request could not be dispatched", e, "dispatch_failed") from None
-        self.active[track.rid] = track
+        for track in tracks:
+            self.active[track.rid] = track
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+        clock = _Clock(arrived, time.perf_counter())
+        follows = [self._follow(job, i, track, clock) for i, track in enumerate(tracks)]
+        deltas = follows[0] if len(follows) == 1 else _merge(follows)
+        finals = 0
+        try:
+            async for d in deltas:
+                finals += d.finish_reason is not None
+                if finals == len(tracks):
+                    outcome = d.finish_reason
+                yield d
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            await deltas.aclose()
+            now = time.perf_counter()
+            self.metrics.e2e.observe(now - arrived)
+            if clock.first is not None:
+                self.metrics.decode_time.observe(now - clock.first)
+            self._release(outcome)
+
+    async def _follow(self, job: Job, index: int, track: Track, clock: _Clock) -> AsyncIterator[Delta]:
+        """The Deltas of one choice, from its Track's events; cancels the sequence when it stops early."""
         # decode applies the stop ids and max_tokens, and so never sends a stop token; the same
         # policy here counts what arrives and applies the stop strings, which need the text
         detok, policy = self.tokenizer.stream(), GenerationPolicy(job.max_tokens, self.stop_ids, job.stop)
-        dispatched = time.perf_counter()
-        first = last = None
-        cached = track.cached
+        last, cached, ended = None, track.cached, False
         try:
             while True:
                 try:
                     async with asyncio.timeout(self.request_timeout):
                         msg = await track.events.get()
                 except TimeoutError:
-                    outcome = "error"
                     raise GenerationError(f"no reply from the workers for {self.request_timeout:.0f} s") from None
                 msg = _coalesce(msg, track.events)
                 if isinstance(msg, PrefillDone):
                     cached = max(0, len(job.prompt_ids) - msg.n_tokens)
                     continue
                 if isinstance(msg, Failed):
-                    outcome = "error"
+                    ended = True
                     raise (Drained if track.rid in self._drained else GenerationError)(msg.error)
                 if isinstance(msg, Finished):
+                    ended = True
                     tail = policy.text(detok.finish()) + policy.flush()
                     stop = policy.stop_reason if isinstance(policy.stop_reason, str) else None
-                    outcome = "stop" if stop is not None else msg.reason
-                    yield Delta(tail, outcome, len(job.prompt_ids), max(policy.generated, msg.n_generated), cached,
-                                stop)
+                    yield Delta(tail, "stop" if stop is not None else msg.reason, len(job.prompt_ids),
+                                max(policy.generated, msg.n_generated), cached, stop, index)
                     return
                 assert isinstance(msg, Tokens)
                 now = time.perf_counter()
                 k = len(msg.tokens)
-                if first is None:
-                    first = now
-                    self.metrics.ttft.observe(now - arrived)
-                    self.metrics.prefill_time.observe(now - dispatched)
+                if clock.first is None:
+                    clock.first = now
+                    self.metrics.ttft.observe(now - clock.arrived)
+                    self.metrics.prefill_time.observe(now - clock.dispatched)
+                if last is None:
                     gaps = [0.0] * (k - 1)                  # tokens that came with the first one
                 else:
                     gaps = [(now - last) / k] * k
@@ -141,23 +206,19 @@ class Generation:
                 self.metrics.generation_tokens.inc(len(msg.tokens))
                 text = "".join(policy.text(detok.push(t)) for t in msg.tokens if policy.accept(t))
                 if isinstance(policy.stop_reason, str):
-                    outcome = "stop"
                     self.dispatcher.cancel(track.rid, "stop string")
-                    yield Delta(text, "stop", len(job.prompt_ids), policy.generated, cached, policy.stop_reason)
+                    ended = True
+                    yield Delta(text, "stop", len(job.prompt_ids), policy.generated, cached, policy.stop_reason,
+                                index)
                     return
                 if text:
-                    yield Delta(text, cached_tokens=cached)
+                    yield Delta(text, cached_tokens=cached, index=index)
         finally:
-            if outcome == "cancelled":
+            if not ended:
                 self.dispatcher.cancel(track.rid, "client disconnected")
             self.active.pop(track.rid, None)
             self._drained.discard(track.rid)
             self.dispatcher.forget(track.rid)
-            now = time.perf_counter()
-            self.metrics.e2e.observe(now - arrived)
-            if first is not None:
-                self.metrics.decode_time.observe(now - first)
-            self._release(outcome)
 
     def abort_all(self, why: str) -> int:
         """End every run under way with `why` (a Drained error), and refuse new ones; returns how many."""

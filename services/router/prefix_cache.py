@@ -1,4 +1,5 @@
-"""The router's prefix cache: the snapshot store behind the dispatcher's PrefixCache seam.
+"""The router's prefix cache: the PrefixCache seam the dispatcher looks prefixes up through,
+NoPrefixCache (nothing cached), and the snapshot store behind it (SnapshotCache).
 
 Snapshots come back from prefill (every `interval` tokens and at the end of the prompt) and
 from decode (at the end of a generation); a request starts from the longest stored prefix.
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -19,6 +20,29 @@ from common.snapshots import KV_BLOCK, SnapshotStore
 from common.state import SequenceState
 
 log = logging.getLogger("fermium.router")
+
+
+class PrefixCache(Protocol):
+    wants_final_state: bool
+    snapshot_every: int          # prefill checkpoints every this many tokens; 0: none
+
+    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]: ...
+    def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
+                    source: str, kv_type: str) -> None: ...
+
+
+class NoPrefixCache:
+    """Nothing cached: every prompt is prefilled from position 0."""
+
+    wants_final_state = False
+    snapshot_every = 0
+
+    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]:
+        return 0, None, None
+
+    def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
+                    source: str, kv_type: str) -> None:
+        return None
 
 
 class SnapshotCache:

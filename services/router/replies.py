@@ -10,7 +10,8 @@ The finish reason follows vLLM, which follows OpenAI: "tool_calls" when a call w
 tool_choice "auto" or "required", even when the token limit cut the answer; a named tool_choice
 keeps the engine's reason ("stop" or "length"). A stream sends the role with empty content first,
 one chunk per delta (reasoning, content, or one tool-call fragment: the header with id and name,
-then pieces of the arguments), and the finish reason in a last chunk with an empty delta.
+then pieces of the arguments), and the finish reason in a last chunk with an empty delta. Each
+choice of a request for `n` > 1 has its own parser and stream, its chunks marked by `index`.
 """
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ CALLS_FINISH = ("auto", "required")       # tool choices whose calls finish with
 class ChatReply:
     """The parser of one chat choice, and the OpenAI bodies it yields."""
 
-    def __init__(self, job: Job, metrics: RouterMetrics | None = None):
+    def __init__(self, job: Job, metrics: RouterMetrics | None = None, index: int = 0):
         self.job, self.metrics = job, metrics
-        self.parser = ChatOutputParser(job.tools.parsed, reasoning=job.reasoning, seed=job.sampling.seed)
+        seed = job.sampling.for_choice(index).seed               # each choice its own call ids
+        self.parser = ChatOutputParser(job.tools.parsed, reasoning=job.reasoning, seed=seed)
         self._pending = self.parser.feed(job.forced) if job.forced else []
 
     def deltas(self, text: str) -> list[Delta]:
@@ -75,12 +77,12 @@ class ChatReply:
 class ChatStream:
     """The `chat.completion.chunk` bodies of one streamed chat request."""
 
-    def __init__(self, job: Job, cid: str, metrics: RouterMetrics | None = None):
-        self.reply = ChatReply(job, metrics)
+    def __init__(self, job: Job, cid: str, metrics: RouterMetrics | None = None, index: int = 0):
+        self.reply, self.index = ChatReply(job, metrics, index), index
         self.head = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": job.model}
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+        return {**self.head, "choices": [{"index": self.index, "delta": delta, "logprobs": None,
                                           "finish_reason": finish_reason}]}
 
     def start(self) -> list[dict[str, Any]]:
@@ -101,15 +103,15 @@ class TextStream:
     """The `text_completion` chunks of one streamed completion: the text as generated, after the
     prompt when `echo` asks for it."""
 
-    def __init__(self, job: Job, cid: str):
-        self.echo = job.echo
+    def __init__(self, job: Job, cid: str, index: int = 0):
+        self.echo, self.index = job.echo, index
         self.head = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": job.model}
 
     def start(self) -> list[dict[str, Any]]:
         return self.piece(self.echo, None) if self.echo else []
 
     def piece(self, text: str, finish_reason: str | None) -> list[dict[str, Any]]:
-        return [{**self.head, "choices": [{"index": 0, "text": text, "logprobs": None,
+        return [{**self.head, "choices": [{"index": self.index, "text": text, "logprobs": None,
                                            "finish_reason": finish_reason}]}]
 
     def usage(self, usage: dict[str, int]) -> dict[str, Any]:

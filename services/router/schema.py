@@ -1,9 +1,11 @@
 """OpenAI request bodies -> a validated Job: fields, types, ranges, model, context length.
 
 Fields OpenAI documents are accepted; those Fermium cannot honour are refused when set to a
-value that would change the answer (n > 1, logprobs, penalties, suffix). A field OpenAI does not know
+value that would change the answer (logprobs, penalties, suffix). A field OpenAI does not know
 is refused, as OpenAI does, except the sampling extensions vLLM accepts too. Chat messages are
-checked in messages.py; tools and tool_choice, and the prompt they steer, in tools.py.
+checked in messages.py; tools and tool_choice, and the prompt they steer, in tools.py;
+`response_format` and a forced tool_choice become the request's grammar (structured.py); `n` > 1
+asks for that many choices, which share the prompt's prefill (copies.py).
 
 The body as a whole is checked before any field is read: valid UTF-8 and JSON, nesting at most
 MAX_DEPTH deep, no lone surrogate in any string, every float finite (Python's json reads `NaN`,
@@ -11,16 +13,20 @@ MAX_DEPTH deep, no lone surrogate in any string, every float finite (Python's js
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from common.grammar import Vocab
 from common.sampling import SamplingParams
 
+from .copies import MAX_CHOICES
 from .errors import APIError, bad_request
 from .messages import chat_messages
+from .structured import request_grammar
 from .tools import ToolPlan, steer, tool_plan
 
 COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
@@ -30,7 +36,7 @@ CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprob
                                "tools", "tool_choice", "parallel_tool_calls", "modalities", "audio",
                                "prediction", "reasoning_effort", "web_search_options", "function_call",
                                "functions", "verbosity", "safety_identifier", "prompt_cache_key"}
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix", "response_format"}
 EXTENSION_FIELDS = {"top_k", "min_p", "repetition_penalty", "chat_template_kwargs"}
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")    # "none" turns thinking off
 MAX_STOP_STRINGS = 4
@@ -60,6 +66,7 @@ class Job:
     reasoning: bool = False         # the answer opens inside a think block the prompt left open
     forced: str = ""                # the start of the answer the prompt already holds
     echo: str = ""                  # a completion's prompt text, sent before its answer
+    n: int = 1                      # choices, each its own sequence from the one prefill
 
 
 def parse_body(raw: bytes) -> dict:
@@ -130,10 +137,9 @@ def _num(body: dict, name: str, kind: type, default: Any, ok: Callable[[Any], bo
 
 
 def _refuse_unsupported(body: dict) -> None:
-    if _num(body, "n", int, 1, lambda v: v >= 1, ">= 1") != 1:
-        raise bad_request("only n=1 is supported", "n")
-    if body.get("best_of") not in (None, 1):
-        raise bad_request("only best_of=1 is supported", "best_of")
+    n = _num(body, "n", int, 1, lambda v: 1 <= v <= MAX_CHOICES, f"in [1, {MAX_CHOICES}]")
+    if body.get("best_of") not in (None, n):
+        raise bad_request("only best_of equal to n is supported", "best_of")
     if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
         raise bad_request("logprobs are not supported", "logprobs")
     for name in ("frequency_penalty", "presence_penalty"):
@@ -144,11 +150,6 @@ def _refuse_unsupported(body: dict) -> None:
     for name in ("functions", "function_call"):
         if body.get(name) is not None:
             raise bad_request(f"'{name}' is deprecated and not supported; send 'tools' and 'tool_choice'", name)
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        raise bad_request(f"response_format {kind!r} is not supported: no constrained decoding, only "
-                          f"{{'type': 'text'}}", "response_format")
     if body.get("logit_bias"):
         raise bad_request("'logit_bias' is not supported", "logit_bias")
 
@@ -236,9 +237,11 @@ def _echo(body: dict, prompt_ids: list[int], decode: Callable[[list[int]], str] 
 
 def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, vocab: int,
              encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
-             decode: Callable[[list[int]], str] | None = None, prefill: str = "", clamp: bool = False) -> Job:
+             decode: Callable[[list[int]], str] | None = None, prefill: str = "", clamp: bool = False,
+             tokenizer: Vocab | None = None) -> Job:
     """`prefill`: the start of the answer the client wrote (chat_prompt); `clamp`: a max_tokens past
-    the context is cut to what is left, where the Anthropic API asks for it."""
+    the context is cut to what is left, where the Anthropic API asks for it; `tokenizer`: what
+    grammars are built on (structured.py)."""
     allowed = (CHAT_FIELDS if chat else COMPLETION_FIELDS) | EXTENSION_FIELDS
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -272,6 +275,9 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
         prompt_ids = encode(text)
     else:
         prompt_ids = _prompt(body, encode, vocab)
+    grammar = request_grammar(body, plan, tokenizer, reasoning)
+    if grammar:
+        sampling = dataclasses.replace(sampling, grammar=grammar)
     if not prompt_ids:
         raise bad_request("the prompt is empty", "messages" if chat else "prompt")
     room = context - len(prompt_ids)
@@ -288,4 +294,4 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
                           f"model's context limit of {context} tokens", name, code="context_length_exceeded")
     echo = "" if chat else _echo(body, prompt_ids, decode)
     return Job(chat, model, tuple(prompt_ids), max_tokens, sampling, _stop(body), stream,
-               bool(options.get("include_usage")), plan, reasoning, plan.forced, echo)
+               bool(options.get("include_usage")), plan, reasoning, plan.forced, echo, body.get("n") or 1)

@@ -32,6 +32,7 @@ from .config import RouterConfig
 from .dispatch import Dispatcher, PrefixCache
 from .generation import Generation
 from .prefix_cache import build_snapshot_cache
+from .structured import warm
 from .workers import ROLES
 
 log = logging.getLogger("fermium.router")
@@ -94,7 +95,8 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     api = API(generation, served=served, context=context,
               vocab=tokenizer.vocab_size, encode=tokenizer.encode, decode=tokenizer.decode,
               render=chat_renderer(template, cfg.preserve_thinking), health=health,
-              max_body=cfg.max_body_bytes)
+              max_body=cfg.max_body_bytes, tokenizer=tokenizer)
+    warm(tokenizer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -5,11 +5,12 @@ Tools are OpenAI function tools; each problem is a 400 naming its path (`tools[0
 - "none": the tools stay in the prompt (as vLLM renders them, so the prompt's prefix, and its
   snapshot, are the same as on the turns that allow calls) but the output is not parsed for calls.
 - "auto" (the default when tools are given): the model decides; its calls are parsed.
-- "required" and {"type": "function", "function": {"name": ...}}: the prompt is steered, without
-  a grammar. A think block left open by the template is closed empty (the form the template uses
-  with thinking off), and the answer is started for the model: `<tool_call>\\n<function=NAME>\\n`
-  for a named choice or a single tool, `<tool_call>\\n<function=` for "required" with several.
-  The parameters are not enforced yet; that needs the grammar engine in decode's sampler.
+- "required" and {"type": "function", "function": {"name": ...}}: the prompt is steered and the
+  rest of the call is held to a grammar (structured.py, common/tool_grammar.py). A think block
+  left open by the template is closed empty (the form the template uses with thinking off), and
+  the answer is started for the model: `<tool_call>\\n<function=NAME>\\n` for a named choice or a
+  single tool, `<tool_call>\\n<function=` for "required" with several; the grammar goes on from
+  there, to the tools' names and parameter schemas.
 `parallel_tool_calls: false` keeps only the first call of an answer, as vLLM does.
 """
 from __future__ import annotations
