@@ -161,14 +161,15 @@ def test_unknown_field(client):
 
 @pytest.mark.parametrize("field, value, needle", [
     ("n", 17, "in [1, 16]"), ("temperature", -0.5, "0 (greedy) or in [0.001, 2]"), ("top_p", 0, "in (0, 1]"),
-    ("logprobs", 3, "logprobs are not supported"), ("presence_penalty", 0.5, "repetition_penalty"),
+    ("logprobs", 21, "in [0, 20]"), ("presence_penalty", 2.5, "in [-2, 2]"),
     ("stop", ["a", "b", "c", "d", "e"], "at most 4"), ("seed", "x", "integer")])
 def test_bad_values(client, field, value, needle):
     assert_error(client.post("/v1/completions", json=completion(**{field: value})), 400, needle, field)
 
 
 @pytest.mark.parametrize("field, value, needle", [
-    ("logit_bias", {"42": 100}, "'logit_bias' is not supported")])
+    ("logit_bias", {"42": 101}, "in [-100, 100]"), ("logit_bias", {"99999999": 1}, "not a token id"),
+    ("top_logprobs", 21, "in [0, 20]"), ("top_logprobs", 2, "needs 'logprobs'"), ("logprobs", 3, "boolean")])
 def test_unhonoured_chat_fields(client, field, value, needle):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a"}], "max_tokens": 2, field: value}
     assert_error(client.post("/v1/chat/completions", json=body), 400, needle, field)

@@ -17,6 +17,7 @@ from the prefix cache as `prompt_tokens_details.cached_tokens`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -38,7 +39,7 @@ from .anthropic_api import MessagesAPI
 from .config import RouterConfig
 from .errors import RETRY_AFTER_S, APIError, CatchAll, failure, http_exception
 from .generation import Delta, Generation
-from .replies import ChatReply, ChatStream, TextStream
+from .replies import ChatStream, TextStream, choice
 from .schema import Job, check_model, parse_body, validate
 
 log = logging.getLogger("fermium.router")
@@ -172,12 +173,15 @@ class API:
 
     async def collect_choices(self, request: Request, head: Delta, deltas: AsyncIterator[Delta],
                               n: int) -> list[tuple[str, Delta]] | None:
-        """Each choice's whole text and final Delta, by index; None when the client left first."""
+        """Each choice's whole text and final Delta, which carries all of its logprobs, by index; None
+        when the client left first."""
         parts: list[list[str]] = [[] for _ in range(n)]
         finals: list[Delta | None] = [None] * n
+        logprobs: list[list] = [[] for _ in range(n)]
 
         def take(d: Delta) -> None:
             parts[d.index].append(d.text)
+            logprobs[d.index].extend(d.logprobs)
             if d.finish_reason is not None:
                 finals[d.index] = d
 
@@ -192,7 +196,7 @@ class API:
             raise failure(e) from None
         if any(f is None for f in finals):
             return None
-        return [("".join(p), f) for p, f in zip(parts, finals)]
+        return [("".join(p), dataclasses.replace(f, logprobs=tuple(lp))) for p, f, lp in zip(parts, finals, logprobs)]
 
     async def _serve(self, request: Request, *, chat: bool) -> Response:
         try:
@@ -212,14 +216,8 @@ class API:
             return e.response()
         if whole is None:
             return Response(status_code=499)
-        choices = []
-        for i, (text, final) in enumerate(whole):
-            if job.chat:
-                message, reason = ChatReply(job, self.gen.metrics, i).message(text, final.finish_reason)
-                choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason})
-            else:
-                choices.append({"index": i, "text": job.echo + text, "logprobs": None,
-                                "finish_reason": final.finish_reason})
+        choices = [choice(job, i, text, final, self.gen.metrics, self.gen.tokenizer)
+                   for i, (text, final) in enumerate(whole)]
         return JSONResponse({"id": cid, "object": "chat.completion" if job.chat else "text_completion",
                              "created": int(time.time()), "model": job.model, "choices": choices,
                              "usage": _usage([f for _, f in whole])})
@@ -229,16 +227,16 @@ class API:
                         encode=self.encode, render=self.render, decode=self.decode, tokenizer=self.tokenizer)
 
     async def _stream(self, job: Job, cid: str, head: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
-        outs = [ChatStream(job, cid, self.gen.metrics, i) if job.chat else TextStream(job, cid, i)
-                for i in range(job.n)]
+        outs = [ChatStream(job, cid, self.gen.metrics, i, self.gen.tokenizer) if job.chat
+                else TextStream(job, cid, i, self.gen.tokenizer) for i in range(job.n)]
         finals: list[Delta] = [head] * job.n
         try:
-            for body in [b for out in outs for b in out.start()] + outs[head.index].piece(head.text,
-                                                                                          head.finish_reason):
+            for body in [b for out in outs for b in out.start()] + outs[head.index].piece(
+                    head.text, head.finish_reason, head.logprobs):
                 yield _sse(body)
             async for d in deltas:
                 finals[d.index] = d
-                for body in outs[d.index].piece(d.text, d.finish_reason):
+                for body in outs[d.index].piece(d.text, d.finish_reason, d.logprobs):
                     yield _sse(body)
         except Exception as e:
             yield _sse(failure(e).body())

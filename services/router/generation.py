@@ -4,7 +4,8 @@ stop strings, metrics, and cancellation when the client goes away or a stop stri
 `Generation.run(job)` yields Deltas: text pieces, then one with the finish reason and usage, for
 each choice (`Delta.index`); the `n` choices of a request run side by side, one admission slot.
 Each carries the prompt tokens served from the prefix cache: the dispatcher's hit, then the
-prompt less what prefill reports it prefilled.
+prompt less what prefill reports it prefilled; when the request asks for logprobs, each carries
+those of the tokens whose text it carries (logprob_replies.py).
 Whatever goes wrong, the admission slot is given back exactly once, in run's `finally` or at a
 submit that fails.
 """
@@ -24,6 +25,7 @@ from .admission import Admission, QueueFull
 from .config import RouterConfig
 from .dispatch import Dispatcher, NoWorkers, Track
 from .errors import RETRY_AFTER_S, APIError, Drained, GenerationError, server_error
+from .logprob_replies import Entry, Ledger, entries
 from .schema import Job
 
 log = logging.getLogger("fermium.router")
@@ -38,6 +40,7 @@ class Delta:
     cached_tokens: int = 0
     stop_sequence: str | None = None       # the stop string that ended the run, if one did
     index: int = 0                         # the choice, of a request for n > 1
+    logprobs: tuple[Entry, ...] = ()       # of the tokens whose text this Delta carries, when asked for
 
 
 @dataclass
@@ -84,10 +87,17 @@ def _coalesce(msg, events: asyncio.Queue):
     """Tokens already queued behind `msg` join it: one SSE chunk for all, when the router lags."""
     if not isinstance(msg, Tokens):
         return msg
-    tokens = list(msg.tokens)
+    tokens, logprobs, top_ids, top_logprobs = list(msg.tokens), list(msg.logprobs), list(msg.top_ids), \
+        list(msg.top_logprobs)
     while not events.empty() and isinstance(events._queue[0], Tokens):  # type: ignore[attr-defined]
-        tokens.extend(events.get_nowait().tokens)
-    return msg if len(tokens) == len(msg.tokens) else Tokens(msg.rid, msg.worker_id, tokens)
+        more = events.get_nowait()
+        tokens.extend(more.tokens)
+        logprobs.extend(more.logprobs)
+        top_ids.extend(more.top_ids)
+        top_logprobs.extend(more.top_logprobs)
+    if len(tokens) == len(msg.tokens):
+        return msg
+    return Tokens(msg.rid, msg.worker_id, tokens, logprobs, top_ids, top_logprobs)
 
 
 class Generation:
@@ -167,7 +177,7 @@ class Generation:
         # decode applies the stop ids and max_tokens, and so never sends a stop token; the same
         # policy here counts what arrives and applies the stop strings, which need the text
         detok, policy = self.tokenizer.stream(), GenerationPolicy(job.max_tokens, self.stop_ids, job.stop)
-        last, cached, ended = None, track.cached, False
+        last, cached, ended, ledger = None, track.cached, False, Ledger()
         try:
             while True:
                 try:
@@ -186,8 +196,10 @@ class Generation:
                     ended = True
                     tail = policy.text(detok.finish()) + policy.flush()
                     stop = policy.stop_reason if isinstance(policy.stop_reason, str) else None
+                    ledger.show(len(tail))
                     yield Delta(tail, "stop" if stop is not None else msg.reason, len(job.prompt_ids),
-                                max(policy.generated, msg.n_generated), cached, stop, index)
+                                max(policy.generated, msg.n_generated), cached, stop, index,
+                                ledger.release() if stop is not None else ledger.rest())
                     return
                 assert isinstance(msg, Tokens)
                 now = time.perf_counter()
@@ -204,21 +216,35 @@ class Generation:
                     self.metrics.itl.observe(gap)
                 last = now
                 self.metrics.generation_tokens.inc(len(msg.tokens))
-                text = "".join(policy.text(detok.push(t)) for t in msg.tokens if policy.accept(t))
+                text = self._text(msg, policy, detok, ledger)
                 if isinstance(policy.stop_reason, str):
                     self.dispatcher.cancel(track.rid, "stop string")
                     ended = True
                     yield Delta(text, "stop", len(job.prompt_ids), policy.generated, cached, policy.stop_reason,
-                                index)
+                                index, ledger.release())
                     return
                 if text:
-                    yield Delta(text, cached_tokens=cached, index=index)
+                    yield Delta(text, cached_tokens=cached, index=index, logprobs=ledger.release())
         finally:
             if not ended:
                 self.dispatcher.cancel(track.rid, "client disconnected")
             self.active.pop(track.rid, None)
             self._drained.discard(track.rid)
             self.dispatcher.forget(track.rid)
+
+    @staticmethod
+    def _text(msg: Tokens, policy: GenerationPolicy, detok, ledger: Ledger) -> str:
+        """The text that msg's tokens let show; the ledger learns where each token's text lies."""
+        got, shown = entries(msg), []
+        for i, t in enumerate(msg.tokens):
+            if not policy.accept(t):
+                continue
+            piece = detok.push(t)
+            shown.append(policy.text(piece))
+            if got is not None:
+                ledger.token(got[i], len(piece))
+                ledger.show(len(shown[-1]))
+        return "".join(shown)
 
     def abort_all(self, why: str) -> int:
         """End every run under way with `why` (a Drained error), and refuse new ones; returns how many."""

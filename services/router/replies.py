@@ -12,6 +12,9 @@ keeps the engine's reason ("stop" or "length"). A stream sends the role with emp
 one chunk per delta (reasoning, content, or one tool-call fragment: the header with id and name,
 then pieces of the arguments), and the finish reason in a last chunk with an empty delta. Each
 choice of a request for `n` > 1 has its own parser and stream, its chunks marked by `index`.
+
+Logprobs, when asked for, go with the text (logprob_replies.py): a chunk carries those of the
+tokens whose text it carries; the tokens of a piece the parser holds back go with the next chunk.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from typing import Any
 from common.chat import ChatOutputParser, Delta, ParsedMessage
 from common.metrics import RouterMetrics
 
+from .generation import Delta as TextDelta
+from .logprob_replies import Entry, Render
 from .schema import Job
 
 CALLS_FINISH = ("auto", "required")       # tool choices whose calls finish with "tool_calls"
@@ -74,12 +79,24 @@ class ChatReply:
         return self.job.tools.parallel or delta.tool_call is None or delta.tool_call.index == 0
 
 
+def choice(job: Job, index: int, text: str, final: TextDelta, metrics: RouterMetrics | None = None,
+           tokenizer=None) -> dict[str, Any]:
+    """One choice of a non-streamed reply, of its whole text; `final` carries all of its logprobs."""
+    logprobs = Render(tokenizer, job.chat)(final.logprobs) if job.sampling.logprobs else None
+    if not job.chat:
+        return {"index": index, "text": job.echo + text, "logprobs": logprobs, "finish_reason": final.finish_reason}
+    message, reason = ChatReply(job, metrics, index).message(text, final.finish_reason)
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+
+
 class ChatStream:
     """The `chat.completion.chunk` bodies of one streamed chat request."""
 
-    def __init__(self, job: Job, cid: str, metrics: RouterMetrics | None = None, index: int = 0):
+    def __init__(self, job: Job, cid: str, metrics: RouterMetrics | None = None, index: int = 0, tokenizer=None):
         self.reply, self.index = ChatReply(job, metrics, index), index
         self.head = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": job.model}
+        self.render = Render(tokenizer, True) if job.sampling.logprobs else None
+        self.carry: list[Entry] = []                  # logprobs of text no chunk has carried yet
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {**self.head, "choices": [{"index": self.index, "delta": delta, "logprobs": None,
@@ -88,12 +105,18 @@ class ChatStream:
     def start(self) -> list[dict[str, Any]]:
         return [self.chunk({"role": "assistant", "content": ""})]
 
-    def piece(self, text: str, finish_reason: str | None) -> list[dict[str, Any]]:
+    def piece(self, text: str, finish_reason: str | None, logprobs: tuple[Entry, ...] = ()) -> list[dict[str, Any]]:
         """The chunks for the next piece of generated text; the last piece carries the finish reason."""
         if finish_reason is None:
-            return [self.chunk(d) for d in self.reply.feed(text)]
-        bodies, reason, _ = self.reply.finish(text, finish_reason)
-        return [self.chunk(d) for d in bodies] + [self.chunk({}, reason)]
+            chunks = [self.chunk(d) for d in self.reply.feed(text)]
+        else:
+            bodies, reason, _ = self.reply.finish(text, finish_reason)
+            chunks = [self.chunk(d) for d in bodies] + [self.chunk({}, reason)]
+        self.carry.extend(logprobs)
+        if self.render is not None and chunks and self.carry:
+            chunks[0]["choices"][0]["logprobs"] = self.render(self.carry)
+            self.carry = []
+        return chunks
 
     def usage(self, usage: dict[str, int]) -> dict[str, Any]:
         return {**self.head, "choices": [], "usage": usage}
@@ -103,15 +126,17 @@ class TextStream:
     """The `text_completion` chunks of one streamed completion: the text as generated, after the
     prompt when `echo` asks for it."""
 
-    def __init__(self, job: Job, cid: str, index: int = 0):
+    def __init__(self, job: Job, cid: str, index: int = 0, tokenizer=None):
         self.echo, self.index = job.echo, index
         self.head = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": job.model}
+        self.render = Render(tokenizer, False) if job.sampling.logprobs else None
 
     def start(self) -> list[dict[str, Any]]:
         return self.piece(self.echo, None) if self.echo else []
 
-    def piece(self, text: str, finish_reason: str | None) -> list[dict[str, Any]]:
-        return [{**self.head, "choices": [{"index": self.index, "text": text, "logprobs": None,
+    def piece(self, text: str, finish_reason: str | None, logprobs: tuple[Entry, ...] = ()) -> list[dict[str, Any]]:
+        body = self.render(logprobs) if self.render is not None else None
+        return [{**self.head, "choices": [{"index": self.index, "text": text, "logprobs": body,
                                            "finish_reason": finish_reason}]}]
 
     def usage(self, usage: dict[str, int]) -> dict[str, Any]:

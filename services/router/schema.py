@@ -1,7 +1,8 @@
 """OpenAI request bodies -> a validated Job: fields, types, ranges, model, context length.
 
 Fields OpenAI documents are accepted; those Fermium cannot honour are refused when set to a
-value that would change the answer (logprobs, penalties, suffix). A field OpenAI does not know
+value that would change the answer (suffix, best_of other than n). The sampling fields, logprobs
+and logit_bias among them, are read in sampling_args.py. A field OpenAI does not know
 is refused, as OpenAI does, except the sampling extensions vLLM accepts too. Chat messages are
 checked in messages.py; tools and tool_choice, and the prompt they steer, in tools.py;
 `response_format` and a forced tool_choice become the request's grammar (structured.py); `n` > 1
@@ -26,6 +27,8 @@ from common.sampling import SamplingParams
 from .copies import MAX_CHOICES
 from .errors import APIError, bad_request
 from .messages import chat_messages
+from .sampling_args import INT64, sampling_params
+from .sampling_args import number as _num
 from .structured import request_grammar
 from .tools import ToolPlan, steer, tool_plan
 
@@ -41,11 +44,6 @@ EXTENSION_FIELDS = {"top_k", "min_p", "repetition_penalty", "chat_template_kwarg
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")    # "none" turns thinking off
 MAX_STOP_STRINGS = 4
 MAX_DEPTH = 64                  # JSON nesting; real requests stay under 10
-INT64 = (-2 ** 63, 2 ** 63)
-# below 1e-3 a distribution is greedy to within float64 rounding; OpenAI's range ends at 2
-MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 2.0
-# HF, vLLM and llama.cpp users set 1.0-1.5; outside this the logits are all but erased or inverted
-MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0
 TEMPLATE_FLAGS = ("enable_thinking", "preserve_thinking")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -121,37 +119,15 @@ def _name(path: tuple) -> str:
     return out or "body"
 
 
-def _num(body: dict, name: str, kind: type, default: Any, ok: Callable[[Any], bool], rule: str) -> Any:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise bad_request(f"'{name}' must be {'a number' if kind is float else 'an integer'}", name)
-    if isinstance(value, int) and not INT64[0] <= value < INT64[1]:
-        raise bad_request(f"'{name}' does not fit a 64-bit integer", name)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise bad_request(f"'{name}' is {value}; it must be a finite number", name)
-    if not ok(value):
-        raise bad_request(f"'{name}' is {value}; it must be {rule}", name)
-    return kind(value)
-
-
 def _refuse_unsupported(body: dict) -> None:
     n = _num(body, "n", int, 1, lambda v: 1 <= v <= MAX_CHOICES, f"in [1, {MAX_CHOICES}]")
     if body.get("best_of") not in (None, n):
         raise bad_request("only best_of equal to n is supported", "best_of")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise bad_request("logprobs are not supported", "logprobs")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if _num(body, name, float, 0.0, lambda v: -2 <= v <= 2, "in [-2, 2]") != 0.0:
-            raise bad_request(f"'{name}' is not supported; use 'repetition_penalty'", name)
     if body.get("suffix"):
         raise bad_request("'suffix' is not supported", "suffix")
     for name in ("functions", "function_call"):
         if body.get(name) is not None:
             raise bad_request(f"'{name}' is deprecated and not supported; send 'tools' and 'tool_choice'", name)
-    if body.get("logit_bias"):
-        raise bad_request("'logit_bias' is not supported", "logit_bias")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -257,17 +233,7 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
-    sampling = SamplingParams(
-        temperature=_num(body, "temperature", float, 1.0, lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
-                         f"0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]"),
-        top_p=_num(body, "top_p", float, 1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
-        top_k=min(vocab, max(0, _num(body, "top_k", int, 0, lambda v: v >= -1, ">= -1 (-1 or 0: off)"))),
-        min_p=_num(body, "min_p", float, 0.0, lambda v: 0 <= v <= 1, "in [0, 1]"),
-        repetition_penalty=_num(body, "repetition_penalty", float, 1.0,
-                                lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY,
-                                f"in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}]"),
-        seed=_num(body, "seed", int, None, lambda v: 0 <= v < 2 ** 63, "in [0, 2^63)"),
-    )
+    sampling = sampling_params(body, chat=chat, vocab=vocab)
     plan, reasoning = ToolPlan(), False
     if chat:
         plan = tool_plan(body)
@@ -293,5 +259,7 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
         raise bad_request(f"the prompt ({len(prompt_ids)} tokens) plus {name} ({max_tokens}) exceeds this "
                           f"model's context limit of {context} tokens", name, code="context_length_exceeded")
     echo = "" if chat else _echo(body, prompt_ids, decode)
+    if echo and sampling.logprobs:
+        raise bad_request("'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed", "echo")
     return Job(chat, model, tuple(prompt_ids), max_tokens, sampling, _stop(body), stream,
                bool(options.get("include_usage")), plan, reasoning, plan.forced, echo, body.get("n") or 1)
