@@ -124,6 +124,18 @@ def _huge_page_shares(runner) -> dict[str, float | None]:
     return shares
 
 
+def resident_memory(runner, model: Path, sequences: int) -> dict:
+    """This process's resident bytes now (VmRSS) against what it should hold: the model file and the
+    KV of `sequences` states at the runner's context size. The recurrent states are a few MiB."""
+    from common.config import sequence_memory
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    rss = int(status["VmRSS"].split()[0]) * 1024
+    kv = sequences * sequence_memory(runner.cfg, runner.max_context, runner.kv_type).kv_bytes
+    file_bytes = model.stat().st_size
+    return {"rss_bytes": rss, "model_file_bytes": file_bytes, "kv_bytes": kv,
+            "rss_over_file_kv": rss / (file_bytes + kv)}
+
+
 def _phase_table(rounds: list[dict]) -> list[str]:
     """Per phase, the median round's ms per step, GB per step and GB/s; then the serial rest."""
     lines = [f"{'phase':16s} {'ms/step':>8s} {'GB/step':>8s} {'GB/s':>6s} {'share':>6s}"]
@@ -177,6 +189,7 @@ def decode_command(
         runner.decode([(step * 31 + b) % runner.cfg.vocab_size for b in range(batch)], states)
         if single:
             runner.decode([(step * 31 + 7) % runner.cfg.vocab_size], single)
+    memory = resident_memory(runner, model, len(states) + len(single or []))   # before the bandwidth buffer
     llc = cpu_lib.last_level_cache_bytes()
     bw_mib = bw_mib or probe_mib(llc)
     probe = cpu_lib.MemBandwidth(runner.pool, bw_mib << 20)
@@ -205,7 +218,8 @@ def decode_command(
         "threads": runner.threads, "batch": batch, "membw_stream": "prefetched" if prefetch else "plain",
         "huge_page_share": huge, "bw_buffer_mib": bw_mib,
         "last_level_cache_mib": llc / 2**20 if llc else None, "cache_note": cache_note,
-        "context": context, "kv_type": kv_type, "context_fill_s": fill_s, "rounds": results, "best": best,
+        "context": context, "kv_type": kv_type, "context_fill_s": fill_s, "memory": memory,
+        "rounds": results, "best": best,
         "median_bw_ratio": statistics.median(x["bw_ratio"] for x in results),
         "median_tok_s": statistics.median(x["tok_s"] for x in results),
     }
@@ -217,6 +231,9 @@ def decode_command(
     typer.echo(f"$ {command}")
     if fill_s:
         typer.echo(f"context: {context} tokens (KV {kv_type}), prefilled in {fill_s:.1f} s")
+    typer.echo(f"resident: {memory['rss_bytes'] / 2**30:.2f} GiB against the model file's "
+               f"{memory['model_file_bytes'] / 2**30:.2f} GiB + KV {memory['kv_bytes'] / 2**30:.2f} GiB "
+               f"({memory['rss_over_file_kv']:.3f}x)")
     typer.echo(f"model {model.name}  isa {runner.isa}{' (repacked)' if runner.repacked else ''}  "
                f"threads {runner.threads}  batch {batch}  "
                f"bandwidth: a {report['membw_stream']} stream of {bw_mib} MiB after each step")
