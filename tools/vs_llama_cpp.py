@@ -20,6 +20,9 @@ per step over the bandwidth that Fermium's run measured.
 With --prompt P, the prompt is compared instead: llama.cpp's prompt processing of P tokens
 (llama-batched-bench -npp P) against `fermium bench cpu-prefill --prompt P`, the prefill
 service's cpu backend.
+
+With --llama-bench PATH instead of --batched-bench, tools/vs_llama_bench.py runs: long prompts and
+deep contexts against llama-bench (see its docstring for the arguments).
 """
 from __future__ import annotations
 
@@ -118,6 +121,10 @@ def fermium(model: Path, threads: int, batch: int, isa: str | None, tokens: int)
 
 
 def main() -> None:
+    if "--llama-bench" in sys.argv[1:]:
+        from vs_llama_bench import main as llama_bench_main  # this file's folder is on sys.path
+        llama_bench_main()
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batched-bench", type=Path, required=True, help="llama.cpp's llama-batched-bench")
     parser.add_argument("--model", type=Path, required=True)
