@@ -36,6 +36,9 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode())
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return b"" if token_id == EOS else bytes([token_id])
+
     def stream(self):
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 

@@ -52,7 +52,7 @@ HOSTILE_DESCS = [5, "float32", None, [], {}, ["float32"], [["float32", [1], 1]],
 
 def make(cls, **values):
     """A message of `cls` from `values`; fields another version added get a plain value of their type."""
-    plain = {"str": "x", "int": 0, "bool": False, "float": 0.0}
+    plain = {"str": "x", "int": 0, "bool": False, "float": 0.0, "list[int]": [], "list[float]": []}
     return cls(**{f.name: values.get(f.name, plain.get(str(f.type).split(" ")[0])) for f in dataclasses.fields(cls)})
 
 
