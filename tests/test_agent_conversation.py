@@ -6,15 +6,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import threading
-import time
 
 import openai
 import pytest
-import uvicorn
 
 from common.model.chat_template import BUNDLED_TEMPLATE, render_chat
-from fermium.stack import free_port
 from tests.agent_helpers import (
     GEN_THINK,
     MODEL,
@@ -27,6 +23,7 @@ from tests.agent_helpers import (
     make_api,
     post,
 )
+from tests.http_helpers import serve_app
 from tests.test_api_errors import lifespan
 
 ROUND = [
@@ -96,20 +93,8 @@ def test_a_template_without_the_switch_gets_the_reasoning_in_content():
 # ---- the official client over HTTP
 @contextlib.contextmanager
 def router(dispatcher: ScriptedDispatcher):
-    port = free_port()
-    app = make_api(dispatcher).app(lifespan=lifespan(dispatcher))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=30)
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_app(make_api(dispatcher).app(lifespan=lifespan(dispatcher))) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def test_the_openai_client_reads_calls_and_reasoning():

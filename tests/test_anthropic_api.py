@@ -8,16 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 
 from common.model.chat_template import render_chat
 from common.protocol.router import Failed, PrefillDone, Tokens
-from fermium.stack import free_port
 from services.router.auth import api_key_middleware
 from tests.agent_helpers import (
     CONTEXT,
@@ -32,6 +28,7 @@ from tests.agent_helpers import (
     make_api,
 )
 from tests.hostile_cases import _value
+from tests.http_helpers import serve_app
 from tests.test_api_errors import lifespan
 
 anthropic = pytest.importorskip("anthropic")
@@ -45,20 +42,9 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 @contextlib.contextmanager
 def serving(dispatcher: ScriptedDispatcher, api_key: str | None = None):
     """A real router on loopback; yields its base URL."""
-    port = free_port()
-    app = make_api(dispatcher).app(lifespan=lifespan(dispatcher), middleware=api_key_middleware(api_key))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_app(make_api(dispatcher).app(lifespan=lifespan(dispatcher),
+                                            middleware=api_key_middleware(api_key))) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -15,17 +15,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from starlette.testclient import TestClient
 
 from common.metrics import RouterMetrics
 from common.model.chat_template import render_chat
 from fermium.local import LocalDispatcher
-from fermium.stack import free_port
 from services.router.admission import Admission
 from services.router.api import API
 from services.router.generation import Generation
 from tests.hostile_cases import MODEL, ROUTES, fixed_cases, generated_cases
+from tests.http_helpers import serve_app
 from tests.stack_helpers import CHATML
 from tests.test_api_errors import ByteTokenizer, CountingRunner, assert_error, completion, lifespan, make_app
 
@@ -63,19 +62,8 @@ class Peers:
 @contextlib.contextmanager
 def serving(api: API):
     app = Peers(api.app(lifespan=lifespan(api.gen.dispatcher)))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_app(app) as url:
+        yield url, app
 
 
 def is_error_shape(r: httpx.Response) -> bool:
