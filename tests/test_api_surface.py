@@ -13,15 +13,14 @@ from starlette.testclient import TestClient
 
 from common.metrics import RouterMetrics
 from common.model.default import default_model_path
-from fermium.stack import Stack, free_port
 from services.router.admission import Admission
 from services.router.api import API
 from services.router.generation import Generation
 from services.router.server import chat_renderer
 from tests.agent_helpers import CONTEXT, MODEL, ScriptedDispatcher
 from tests.test_api_errors import ByteTokenizer, lifespan
+from tests.test_n_choices import stack  # noqa: F401  (a fixture)
 
-READY_TIMEOUT_S = 60
 MIN_CACHED = 0.9
 STEM = "shakespeare-demo"
 
@@ -94,21 +93,14 @@ def test_usage_reports_cached_tokens_in_every_shape(client):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
-# ---- cached_tokens on the real stack
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    ports = {name: free_port() for name in ("router", "prefill", "decode")}
-    with Stack(str(default_model_path()), port=free_port(), runner="reference", metrics_ports=ports,
-               log_dir=tmp_path_factory.mktemp("stack")) as s:
-        s.wait_ready(READY_TIMEOUT_S)
-        yield s
+# ---- cached_tokens on the real stack (tests.test_n_choices' stack fixture)
 
 
 def heldout(n_chars: int) -> str:
     return (default_model_path().parent / "heldout_sample.txt").read_text()[:n_chars]
 
 
-def test_a_repeated_prompt_is_served_from_the_snapshots(stack):
+def test_a_repeated_prompt_is_served_from_the_snapshots(stack):  # noqa: F811
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=60)
     messages = [{"role": "user", "content": heldout(900)}]
     first = client.chat.completions.create(model="fermium", messages=messages, max_tokens=4, temperature=0).usage
@@ -128,7 +120,7 @@ def test_a_repeated_prompt_is_served_from_the_snapshots(stack):
     assert usage["prompt_tokens_details"]["cached_tokens"] >= MIN_CACHED * usage["prompt_tokens"]
 
 
-def test_anthropic_cache_read_input_tokens_on_the_stack(stack):
+def test_anthropic_cache_read_input_tokens_on_the_stack(stack):  # noqa: F811
     anthropic = pytest.importorskip("anthropic")
     client = anthropic.Anthropic(base_url=stack.url, api_key="unused", max_retries=0, timeout=60)
     kw = dict(model="fermium", max_tokens=4, extra_body={"temperature": 0}, system="Speak as the players do.",
