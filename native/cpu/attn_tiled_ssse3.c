@@ -1,31 +1,8 @@
 /* Causal attention (attn_tiled_body.h) in 4-float SSE vectors, a multiply and an add where AVX2
  * has one FMA. Built with -mssse3 and nothing wider: f16 converts by integer bit operations (no
  * F16C), q8_0 sign-extends by unpack and shift (no SSE4.1). */
-#include <tmmintrin.h>
-#include "simd128.h"
+#include "vec_sse.h"
 #include "ops.h"
-
-#define V __m128
-#define VW 4
-#define VLOAD _mm_loadu_ps
-#define VSTORE _mm_storeu_ps
-#define VSET1 _mm_set1_ps
-#define VZERO _mm_setzero_ps()
-#define VADD _mm_add_ps
-#define VSUB _mm_sub_ps
-#define VMUL _mm_mul_ps
-#define VMAX _mm_max_ps
-#define VMIN _mm_min_ps
-#define VFMA(a, b, c) _mm_add_ps(_mm_mul_ps(a, b), c)
-#define VHSUM hsum128_ps
-#define VHMAX hmax128_ps
-#define VPOW2I(k) _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(k), _mm_set1_epi32(127)), 23))
-
-static inline __attribute__((always_inline)) float hmax128_ps(__m128 s) {
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
 
 // 4 f16 values, zero-extended in the 32-bit lanes, to floats: exponent and mantissa shifted into
 // place and scaled by 2^112 (which also makes the subnormals normal; a power of two keeps the

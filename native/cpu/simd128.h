@@ -11,6 +11,12 @@ static inline __attribute__((always_inline)) float hsum128_ps(__m128 s) {
     return _mm_cvtss_f32(s);
 }
 
+static inline __attribute__((always_inline)) float hmax128_ps(__m128 s) {
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
 // the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K/Q5_K super-block, unpacked in
 // general registers and moved over in two quadwords. Stored as words and loaded as one vector,
 // they waited on a failed store forwarding (a shuffle-and-mask unpack in vector registers was
