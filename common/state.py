@@ -65,6 +65,28 @@ class SequenceState:
         return sum(a.nbytes for a in self.arrays())
 
 
+@dataclass
+class DraftState:
+    """The MTP block's KV cache of one sequence, kept by decode alone: row 0 is the first position that
+    decode ran (RoPE is relative, so local positions score as absolute ones would). The runner reads
+    rows below `pos` and writes from `pos`; lowering `pos` drops the rows above it."""
+    pos: int
+    k: np.ndarray                             # kv_shape(>= pos, ...) in the runner's kv_type
+    v: np.ndarray
+
+
+@dataclass
+class RollbackSlots:
+    """Copies of one sequence's recurrent state for a speculative verify: slot j holds the state
+    after verified row j, so that a rejected draft rolls back without recomputing."""
+    conv: list[list[np.ndarray]]              # [slot][linear layer]: (conv_channels, conv_kernel - 1) f32
+    ssm: list[list[np.ndarray]]               # [slot][linear layer]: (n_v_heads, head_k_dim, head_v_dim) f32
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for slot in self.conv + self.ssm for a in slot)
+
+
 def state_specs(pos: int, cfg: ModelConfig, kv_type: str = "f32") -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     """(name, dtype, shape) of every array of a state at `pos` with KV in `kv_type`, in arrays() order."""
     n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
