@@ -17,11 +17,12 @@ def convert_command(
     out_type: str = typer.Option("f16", "--type", help=f"Output type: {', '.join(FILE_TYPES)}."),
     name: Optional[str] = typer.Option(None, help="general.name (default: the directory name)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    no_mtp: bool = typer.Option(False, "--no-mtp", help="Leave out the MTP block (mtp.*), as llama.cpp's --no-mtp."),
 ):
     """Convert a qwen3_5_moe / qwen3_5_moe_text / qwen3_next checkpoint to llama.cpp's GGUF."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
-        result = convert(src_dir, out, out_type, progress=not quiet, name=name)
+        result = convert(src_dir, out, out_type, progress=not quiet, name=name, mtp=not no_mtp)
     except ConvertError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT) from None

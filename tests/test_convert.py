@@ -14,6 +14,7 @@ import pytest
 from common.model.convert import ConvertError, convert
 from common.model.convert.hf_reader import read_header
 from common.model.gguf_file import GGUFModel
+from common.model.layers import bind
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -106,20 +107,9 @@ def expected_tensors(kind: str, hf: dict) -> dict[str, np.ndarray]:
            "output.weight": hf["lm_head.weight"]}
     for i in range(LAYERS):
         p, b = f"model.layers.{i}.", f"blk.{i}."
-        exp[b + "attn_norm.weight"] = hf[p + "input_layernorm.weight"] + 1
-        exp[b + "post_attention_norm.weight"] = hf[p + "post_attention_layernorm.weight"] + 1
-        for proj in ("gate", "up", "down"):
-            exp[b + f"ffn_{proj}_exps.weight"] = np.stack(
-                [hf[p + f"mlp.experts.{e}.{proj}_proj.weight"] for e in range(EXPERTS)])
-            exp[b + f"ffn_{proj}_shexp.weight"] = hf[p + f"mlp.shared_expert.{proj}_proj.weight"]
-        exp[b + "ffn_gate_inp.weight"] = hf[p + "mlp.gate.weight"]
-        exp[b + "ffn_gate_inp_shexp.weight"] = hf[p + "mlp.shared_expert_gate.weight"]
+        _expected_moe_layer(hf, p, b, exp)
         if (i + 1) % 4 == 0:
-            for n, g in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
-                         ("o_proj", "attn_output")):
-                exp[b + g + ".weight"] = hf[p + f"self_attn.{n}.weight"]
-            exp[b + "attn_q_norm.weight"] = hf[p + "self_attn.q_norm.weight"] + 1
-            exp[b + "attn_k_norm.weight"] = hf[p + "self_attn.k_norm.weight"] + 1
+            _expected_attention(hf, p, b, exp)
             continue
         la = p + "linear_attn."
         exp[b + "ssm_a"] = -np.exp(hf[la + "A_log"])[vheads]
@@ -147,6 +137,69 @@ def expected_tensors(kind: str, hf: dict) -> dict[str, np.ndarray]:
             exp[b + "attn_gate.weight"] = np.concatenate(z)
             exp[b + "ssm_ba.weight"] = hf[la + "in_proj_ba.weight"]
     return exp
+
+
+def _expected_moe_layer(hf: dict, p: str, b: str, exp: dict) -> None:
+    exp[b + "attn_norm.weight"] = hf[p + "input_layernorm.weight"] + 1
+    exp[b + "post_attention_norm.weight"] = hf[p + "post_attention_layernorm.weight"] + 1
+    for proj in ("gate", "up", "down"):
+        exp[b + f"ffn_{proj}_exps.weight"] = np.stack(
+            [hf[p + f"mlp.experts.{e}.{proj}_proj.weight"] for e in range(EXPERTS)])
+        exp[b + f"ffn_{proj}_shexp.weight"] = hf[p + f"mlp.shared_expert.{proj}_proj.weight"]
+    exp[b + "ffn_gate_inp.weight"] = hf[p + "mlp.gate.weight"]
+    exp[b + "ffn_gate_inp_shexp.weight"] = hf[p + "mlp.shared_expert_gate.weight"]
+
+
+def _expected_attention(hf: dict, p: str, b: str, exp: dict) -> None:
+    for n, g in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
+                 ("o_proj", "attn_output")):
+        exp[b + g + ".weight"] = hf[p + f"self_attn.{n}.weight"]
+    exp[b + "attn_q_norm.weight"] = hf[p + "self_attn.q_norm.weight"] + 1
+    exp[b + "attn_k_norm.weight"] = hf[p + "self_attn.k_norm.weight"] + 1
+
+
+def expected_mtp(mtp: dict) -> dict[str, np.ndarray]:
+    """The GGUF block blk.{LAYERS} from a checkpoint's mtp.* tensors, as CONTRACT.md names them."""
+    b = f"blk.{LAYERS}."
+    exp = {b + "nextn.eh_proj.weight": mtp["mtp.fc.weight"],
+           b + "nextn.enorm.weight": mtp["mtp.pre_fc_norm_embedding.weight"] + 1,
+           b + "nextn.hnorm.weight": mtp["mtp.pre_fc_norm_hidden.weight"] + 1,
+           b + "nextn.shared_head_norm.weight": mtp["mtp.norm.weight"] + 1}
+    _expected_moe_layer(mtp, "mtp.layers.0.", b, exp)
+    _expected_attention(mtp, "mtp.layers.0.", b, exp)
+    return exp
+
+
+def add_mtp(d: Path, seed: int = 1) -> dict[str, np.ndarray]:
+    """Give checkpoint `d` an MTP block as Qwen3.5/3.6 checkpoints carry it: random mtp.* tensors
+    shaped as its last (full-attention) layer's, the eh_proj and three norms, and
+    `mtp_num_hidden_layers: 1` in config.json. Returns the mtp.* tensors."""
+    from safetensors.numpy import load_file, save_file
+    state = load_file(d / "model.safetensors")
+    rng = np.random.default_rng(seed)
+    full = f"model.layers.{LAYERS - 1}."
+    hidden = state["model.embed_tokens.weight"].shape[1]
+    shapes = {"mtp.layers.0." + n[len(full):]: a.shape for n, a in state.items() if n.startswith(full)}
+    shapes |= {"mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
+               "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,)}
+    mtp = {n: rng.normal(0.0, 0.5, shape).astype(np.float32) for n, shape in shapes.items()}
+    save_file({**state, **mtp}, d / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "mtp_num_hidden_layers": 1}))
+    return mtp
+
+
+@pytest.fixture(scope="module")
+def converted_mtp(tmp_path_factory):
+    """kind -> (HF state dict with mtp.*, checkpoint dir, f32 GGUFModel)."""
+    out = {}
+    for kind in KINDS:
+        root = tmp_path_factory.mktemp(kind + "-mtp")
+        hf = build_checkpoint(kind, root / "hf")
+        hf |= add_mtp(root / "hf")
+        convert(root / "hf", root / "f32.gguf", "f32", progress=False)
+        out[kind] = (hf, root / "hf", GGUFModel(root / "f32.gguf"))
+    return out
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -232,6 +285,77 @@ def _assert_same_file(a: Path, b: Path) -> None:
         assert np.array_equal(t.raw, mb.tensors[name].raw), name
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_mtp_block_converts_as_llama_cpp_names_it(converted_mtp, kind):
+    hf, _, model = converted_mtp[kind]
+    expected = expected_tensors(kind, hf) | expected_mtp(hf)
+    assert set(model.tensors) == set(expected)
+    for name, want in expected.items():
+        tol = SSM_A_ULPS * np.abs(want).max() if name.endswith("ssm_a") else 0.0
+        np.testing.assert_allclose(model.tensor(name).dequant(), want, rtol=0, atol=tol, err_msg=name)
+    cfg, a = model.config, model.config.arch
+    assert (cfg.n_layers, cfg.n_nextn_layers) == (LAYERS, 1)
+    assert model.get(f"{a}.block_count") == LAYERS + 1 and model.get(f"{a}.nextn_predict_layers") == 1
+    assert model.get(f"{a}.attention.recurrent_layers") == [True, True, True, False, False]
+    bound = bind(model)
+    assert bound.mtp["eh_proj"] is model.tensor(f"blk.{LAYERS}.nextn.eh_proj.weight")
+    assert bound.mtp["embed_tokens"] is None and bound.mtp["shared_head_head"] is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_converted_mtp_block_drafts(converted_mtp, kind):
+    from common.reference.model import ReferenceModel
+    _, _, model = converted_mtp[kind]
+    ref = ReferenceModel(model)
+    state = ref.new_state()
+    ref.prefill([5, 6, 7], state)
+    _, hidden = ref.verify([[8, 9]], [state], [ref.new_rollback(1)])
+    logits, h_out = ref.draft([[9, 10]], hidden, [ref.new_draft_state()])
+    assert logits.shape == (2, 300) and np.isfinite(logits).all() and np.isfinite(h_out).all()
+
+
+def test_no_mtp_leaves_the_block_out(converted, converted_mtp, tmp_path):
+    _, plain_src, _ = converted["qwen3_5_moe_text"]
+    _, src, _ = converted_mtp["qwen3_5_moe_text"]
+    convert(plain_src, tmp_path / "plain.gguf", "f32", progress=False)
+    convert(src, tmp_path / "no-mtp.gguf", "f32", progress=False, mtp=False)
+    _assert_same_file(tmp_path / "plain.gguf", tmp_path / "no-mtp.gguf")
+    model = GGUFModel(tmp_path / "no-mtp.gguf")
+    assert model.get("qwen35moe.block_count") == LAYERS and not model.has("qwen35moe.nextn_predict_layers")
+    proc = subprocess.run([sys.executable, "-m", "fermium", "convert", str(src), str(tmp_path / "cli.gguf"),
+                           "--type", "f32", "--no-mtp", "-q"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    _assert_same_file(tmp_path / "plain.gguf", tmp_path / "cli.gguf")
+
+
+def test_the_mtp_layer_is_typed_as_a_full_attention_layer(tmp_path):
+    build_checkpoint("qwen3_5_moe_text", tmp_path / "hf", hidden=256, ffn=256, experts=4, tokenizer=False)
+    add_mtp(tmp_path / "hf")
+    q = GGUFModel(convert(tmp_path / "hf", tmp_path / "q.gguf", "q4_k_m", progress=False).path)
+    full, mtp = f"blk.{LAYERS - 1}.", f"blk.{LAYERS}."
+    shared = [n[len(mtp):] for n in q.tensors if n.startswith(mtp) and ".nextn." not in n]
+    assert len(shared) == 16
+    for suffix in shared:
+        assert q.tensors[mtp + suffix].qtype == q.tensors[full + suffix].qtype, suffix
+    assert q.tensors[mtp + "nextn.eh_proj.weight"].qtype.name == "Q4_K"
+    assert q.tensors[mtp + "nextn.enorm.weight"].qtype.name == "F32"
+
+
+def test_an_incomplete_mtp_block_is_named(converted, tmp_path):
+    _, src, _ = converted["qwen3_5_moe_text"]
+    extra = {"mtp.fc.weight": torch.zeros(HIDDEN, 2 * HIDDEN),
+             "mtp.layers.0.input_layernorm.weight": torch.zeros(HIDDEN)}
+    _rewrite(src, tmp_path / "part", lambda name, t: {name: t}, extra=extra)
+    with pytest.raises(ConvertError, match=r"the MTP block \(mtp\.\*\) is incomplete, it lacks "
+                                           r"blk\.4\.nextn\.enorm\.weight \(mtp\.pre_fc_norm_embedding\.weight\)"):
+        convert(tmp_path / "part", tmp_path / "m.gguf", "f32", progress=False)
+    assert list(tmp_path.glob("m.gguf*")) == []
+    only_head = {"mtp.fc.weight": torch.zeros(HIDDEN, 2 * HIDDEN)}
+    _rewrite(src, tmp_path / "head", lambda name, t: {name: t}, extra=only_head)
+    with pytest.raises(ConvertError, match="without an mtp.layers.0 block"):
+        convert(tmp_path / "head", tmp_path / "m.gguf", "f32", progress=False)
+
+
 def test_wrapper_checkpoint_converts_the_same(converted, tmp_path):
     _, src, _ = converted["qwen3_5_moe_text"]
 
@@ -243,12 +367,13 @@ def test_wrapper_checkpoint_converts_the_same(converted, tmp_path):
         return {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
                 "text_config": cfg, "vision_config": {"depth": 1}}
 
-    extra = {"mtp.fc.weight": torch.zeros(HIDDEN, 2 * HIDDEN),
+    # an MTP block (model.mtp.* as some checkpoints name it), left out by mtp=False; the vision tower is never read
+    extra = {"model.mtp.fc.weight": torch.zeros(HIDDEN, 2 * HIDDEN),
              "mtp.layers.0.input_layernorm.weight": torch.zeros(HIDDEN),
              "model.visual.patch_embed.proj.weight": torch.zeros(8, 3)}
     _rewrite(src, tmp_path / "wrapped", wrap, wrap_config, extra)
     convert(src, tmp_path / "plain.gguf", "f32", progress=False)
-    convert(tmp_path / "wrapped", tmp_path / "wrapped.gguf", "f32", progress=False)
+    convert(tmp_path / "wrapped", tmp_path / "wrapped.gguf", "f32", progress=False, mtp=False)
     _assert_same_file(tmp_path / "plain.gguf", tmp_path / "wrapped.gguf")
 
 

@@ -20,7 +20,7 @@ import pytest
 from common.model.convert import convert
 from common.model.gguf_file import GGUFModel
 
-from .test_convert import build_checkpoint
+from .test_convert import LAYERS, add_mtp, build_checkpoint
 
 LLAMA_CPP = os.environ.get("FERMIUM_LLAMA_CPP_DIR")
 pytestmark = pytest.mark.skipif(
@@ -43,9 +43,9 @@ runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
 PRE = {"qwen3_5_moe_text": "qwen35", "qwen3_next": "qwen2"}
 
 
-def llama_cpp_convert(src: Path, out: Path, kind: str, out_type: str) -> None:
+def llama_cpp_convert(src: Path, out: Path, kind: str, out_type: str, mtp: bool = False) -> None:
     proc = subprocess.run([sys.executable, "-c", DRIVER, LLAMA_CPP, PRE[kind], str(src),
-                           "--outfile", str(out), "--outtype", out_type, "--no-mtp"],
+                           "--outfile", str(out), "--outtype", out_type, *([] if mtp else ["--no-mtp"])],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -57,24 +57,29 @@ def _fields(model: GGUFModel) -> dict:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    """(kind, out_type) -> (llama.cpp's file, ours), each converted once per module."""
-    made: dict[tuple[str, str], tuple[GGUFModel, GGUFModel]] = {}
+    """(kind, out_type, mtp) -> (llama.cpp's file, ours), each converted once per module; with
+    `mtp` the checkpoint has an MTP block and both converters keep it."""
+    made: dict[tuple[str, str, bool], tuple[GGUFModel, GGUFModel]] = {}
 
-    def get(kind: str, out_type: str) -> tuple[GGUFModel, GGUFModel]:
-        if (kind, out_type) not in made:
-            root = tmp_path_factory.mktemp(f"{kind}-{out_type}")
+    def get(kind: str, out_type: str, mtp: bool = False) -> tuple[GGUFModel, GGUFModel]:
+        if (kind, out_type, mtp) not in made:
+            root = tmp_path_factory.mktemp(f"{kind}-{out_type}{'-mtp' if mtp else ''}")
             build_checkpoint(kind, root / "hf")
-            llama_cpp_convert(root / "hf", root / "theirs.gguf", kind, out_type)
+            if mtp:
+                add_mtp(root / "hf")
+            llama_cpp_convert(root / "hf", root / "theirs.gguf", kind, out_type, mtp)
             convert(root / "hf", root / "ours.gguf", out_type, progress=False)
-            made[kind, out_type] = GGUFModel(root / "theirs.gguf"), GGUFModel(root / "ours.gguf")
-        return made[kind, out_type]
+            made[kind, out_type, mtp] = GGUFModel(root / "theirs.gguf"), GGUFModel(root / "ours.gguf")
+        return made[kind, out_type, mtp]
     return get
 
 
 @pytest.mark.parametrize("kind", list(PRE))
-@pytest.mark.parametrize("out_type", ["f32", "bf16", "q8_0"])
-def test_same_file_as_llama_cpp(pair, kind, out_type):
-    theirs, ours = pair(kind, out_type)
+@pytest.mark.parametrize("out_type,mtp", [("f32", False), ("bf16", False), ("q8_0", False),
+                                          ("f32", True), ("q8_0", True)])
+def test_same_file_as_llama_cpp(pair, kind, out_type, mtp):
+    theirs, ours = pair(kind, out_type, mtp)
+    assert any(".nextn." in n for n in theirs.tensors) == mtp
     assert _fields(ours) == _fields(theirs)
     assert set(ours.tensors) == set(theirs.tensors)
     for name, t in theirs.tensors.items():
@@ -96,3 +101,20 @@ def test_llama_cpp_file_gives_the_same_logits(pair, kind):
         logits.append(reference.prefill(tokens, reference.new_state(), all_logits=True))
     scale = np.abs(logits[1]).max()
     np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=LOGIT_RTOL * scale)
+
+
+@pytest.mark.parametrize("kind", list(PRE))
+def test_llama_cpp_mtp_file_drafts_as_ours(pair, kind):
+    from common.reference.model import ReferenceModel
+    out = []
+    for model in pair(kind, "f32", True):
+        reference = ReferenceModel(model)
+        assert reference.has_mtp and model.config.n_layers == LAYERS
+        state = reference.new_state()
+        reference.prefill(list(range(5, 25)), state)
+        _, hidden = reference.verify([[30, 31, 32]], [state], [reference.new_rollback(2)])
+        out.append(reference.draft([[31, 32, 33]], hidden, [reference.new_draft_state()]))
+    (theirs, h_theirs), (ours, h_ours) = out
+    assert np.isfinite(ours).all()
+    np.testing.assert_allclose(theirs, ours, rtol=0, atol=LOGIT_RTOL * np.abs(ours).max())
+    np.testing.assert_allclose(h_theirs, h_ours, rtol=0, atol=LOGIT_RTOL * np.abs(h_ours).max())

@@ -4,7 +4,7 @@ Weights are random bytes in valid blocks with scales chosen so each matrix has a
 deviation of about gain / sqrt(in): no quantizer runs, so a real-width file of a few GB takes
 seconds. Tensors stream to disk one at a time.
 
-    python tools/make_synthetic_gguf.py /tmp/syn-q4_0.gguf --layers 4 --type q4_0
+    python tools/make_synthetic_gguf.py /tmp/syn-q4_0.gguf --layers 4 --type q4_0 [--mtp]
 """
 from __future__ import annotations
 
@@ -125,20 +125,48 @@ FLOAT_SMALL = ("ffn_gate_inp.weight", "ssm_alpha.weight", "ssm_beta.weight", "ss
 ROUTER_GAIN = 4.0   # router logits of std ~4: clear top-k margins, so engines rarely disagree on a route
 
 
-def tensor_plan(w: Widths, layers: int, interval: int, arch: str = "qwen35moe"):
+def _full_attention(p: str, w: Widths, H: int) -> list:
+    return [(p + "attn_q.weight", (2 * w.heads * w.head_dim, H), "matrix"),
+            (p + "attn_k.weight", (w.kv_heads * w.head_dim, H), "matrix"),
+            (p + "attn_v.weight", (w.kv_heads * w.head_dim, H), "matrix"),
+            (p + "attn_output.weight", (H, w.heads * w.head_dim), "matrix"),
+            (p + "attn_q_norm.weight", (w.head_dim,), "norm"),
+            (p + "attn_k_norm.weight", (w.head_dim,), "norm")]
+
+
+def _moe(p: str, w: Widths, H: int) -> list:
+    return [(p + "ffn_gate_inp.weight", (w.experts, H), "router"),
+            (p + "ffn_gate_exps.weight", (w.experts, w.expert_ffn, H), "matrix"),
+            (p + "ffn_up_exps.weight", (w.experts, w.expert_ffn, H), "matrix"),
+            (p + "ffn_down_exps.weight", (w.experts, H, w.expert_ffn), "matrix"),
+            (p + "ffn_gate_inp_shexp.weight", (H,), "small"),
+            (p + "ffn_gate_shexp.weight", (w.shared_ffn, H), "matrix"),
+            (p + "ffn_up_shexp.weight", (w.shared_ffn, H), "matrix"),
+            (p + "ffn_down_shexp.weight", (H, w.shared_ffn), "matrix")]
+
+
+def _norms(p: str, H: int) -> list:
+    return [(p + "attn_norm.weight", (H,), "norm"), (p + "post_attention_norm.weight", (H,), "norm")]
+
+
+def mtp_plan(w: Widths, layers: int) -> list:
+    """The MTP block llama.cpp writes as blk.{layers}: the nextn tensors and a full-attention MoE layer.
+    Qwen3.5/3.6 checkpoints share the embedding and the LM head, so it has no embed_tokens or head."""
+    H, p = w.hidden, f"blk.{layers}."
+    return ([(p + "nextn.eh_proj.weight", (H, 2 * H), "matrix"), (p + "nextn.enorm.weight", (H,), "norm"),
+             (p + "nextn.hnorm.weight", (H,), "norm"), (p + "nextn.shared_head_norm.weight", (H,), "norm")]
+            + _norms(p, H) + _full_attention(p, w, H) + _moe(p, w, H))
+
+
+def tensor_plan(w: Widths, layers: int, interval: int, arch: str = "qwen35moe", mtp: bool = False):
     """(name, shape (numpy order), kind) for every tensor; kind 'matrix', 'norm' or a 1-D role."""
     H, C = w.hidden, 2 * w.k_heads * w.head_k + w.v_heads * w.head_v
     plan = [("token_embd.weight", (w.vocab, H), "embed")]
     for i in range(layers):
         p = f"blk.{i}."
-        plan += [(p + "attn_norm.weight", (H,), "norm"), (p + "post_attention_norm.weight", (H,), "norm")]
+        plan += _norms(p, H)
         if (i + 1) % interval == 0:
-            plan += [(p + "attn_q.weight", (2 * w.heads * w.head_dim, H), "matrix"),
-                     (p + "attn_k.weight", (w.kv_heads * w.head_dim, H), "matrix"),
-                     (p + "attn_v.weight", (w.kv_heads * w.head_dim, H), "matrix"),
-                     (p + "attn_output.weight", (H, w.heads * w.head_dim), "matrix"),
-                     (p + "attn_q_norm.weight", (w.head_dim,), "norm"),
-                     (p + "attn_k_norm.weight", (w.head_dim,), "norm")]
+            plan += _full_attention(p, w, H)
         else:
             plan += [(p + "attn_qkv.weight", (C, H), "matrix"),
                      (p + "attn_gate.weight", (w.v_heads * w.head_v, H), "matrix"),
@@ -150,15 +178,16 @@ def tensor_plan(w: Widths, layers: int, interval: int, arch: str = "qwen35moe"):
             else:
                 plan += [(p + "ssm_alpha.weight", (w.v_heads, H), "matrix"),
                          (p + "ssm_beta.weight", (w.v_heads, H), "matrix")]
-        plan += [(p + "ffn_gate_inp.weight", (w.experts, H), "router"),
-                 (p + "ffn_gate_exps.weight", (w.experts, w.expert_ffn, H), "matrix"),
-                 (p + "ffn_up_exps.weight", (w.experts, w.expert_ffn, H), "matrix"),
-                 (p + "ffn_down_exps.weight", (w.experts, H, w.expert_ffn), "matrix"),
-                 (p + "ffn_gate_inp_shexp.weight", (H,), "small"),
-                 (p + "ffn_gate_shexp.weight", (w.shared_ffn, H), "matrix"),
-                 (p + "ffn_up_shexp.weight", (w.shared_ffn, H), "matrix"),
-                 (p + "ffn_down_shexp.weight", (H, w.shared_ffn), "matrix")]
-    return plan + [("output_norm.weight", (H,), "norm"), ("output.weight", (w.vocab, H), "matrix")]
+        plan += _moe(p, w, H)
+    plan += [("output_norm.weight", (H,), "norm"), ("output.weight", (w.vocab, H), "matrix")]
+    return plan + (mtp_plan(w, layers) if mtp else [])    # last: the trunk's weights do not depend on mtp
+
+
+def _recipe_layer(layer: int, layers: int, interval: int) -> int:
+    # the MTP block is typed as the trunk's last full-attention layer is (the recipes vary by layer)
+    if layer < layers or layers < interval:
+        return layer
+    return layers // interval * interval - 1
 
 
 def _one_d(rng, kind: str, n: int) -> np.ndarray:
@@ -171,14 +200,14 @@ def _one_d(rng, kind: str, n: int) -> np.ndarray:
 
 def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", widths: Widths = REAL,
                     gain: float = 0.5, seed: int = 0, interval: int = 4, arch: str = "qwen35moe",
-                    byte_tokenizer: bool = False) -> Path:
+                    byte_tokenizer: bool = False, mtp: bool = False) -> Path:
     if recipe not in RECIPES:
         raise ValueError(f"unknown type {recipe!r}; choose one of {', '.join(RECIPES)}")
     if arch not in ARCHES:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHES)}")
     rng, w, path = np.random.default_rng(seed), widths, Path(path)
     writer = GGUFWriter(path, arch)
-    for key, value in [("block_count", layers), ("context_length", 262144), ("embedding_length", w.hidden),
+    for key, value in [("block_count", layers + int(mtp)), ("context_length", 262144), ("embedding_length", w.hidden),
                        ("attention.head_count", w.heads), ("attention.head_count_kv", w.kv_heads),
                        ("attention.key_length", w.head_dim), ("attention.value_length", w.head_dim),
                        ("rope.dimension_count", w.rope_dim), ("full_attention_interval", interval),
@@ -188,6 +217,8 @@ def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", 
                        ("expert_used_count", w.experts_used), ("expert_feed_forward_length", w.expert_ffn),
                        ("expert_shared_feed_forward_length", w.shared_ffn)]:
         writer.add_uint32(f"{arch}.{key}", value)
+    if mtp:   # as llama.cpp's converter: block_count counts the MTP block, this key says how many
+        writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{arch}.rope.freq_base", 1e7)
     if arch == "qwen35moe":   # multimodal RoPE sections, as converted checkpoints carry them (text: one position)
@@ -201,12 +232,12 @@ def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", 
         writer.add_string("tokenizer.ggml.model", "none")
 
     plan = []
-    for name, shape, kind in tensor_plan(w, layers, interval, arch):
+    for name, shape, kind in tensor_plan(w, layers, interval, arch, mtp):
         if len(shape) == 1 or kind == "conv" or name.endswith(FLOAT_SMALL):
             qtype = T.F32
         else:
             layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-            qtype = RECIPES[recipe](name, layer)
+            qtype = RECIPES[recipe](name, _recipe_layer(layer, layers, interval))
         block, nbytes = GGML_QUANT_SIZES[qtype]
         byte_shape = (*shape[:-1], shape[-1] // block * nbytes)
         writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
@@ -250,11 +281,14 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="small widths (hidden 256) instead of the real 35B ones")
     ap.add_argument("--arch", default="qwen35moe", choices=ARCHES)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mtp", action="store_true",
+                    help="add the MTP block (blk.N.nextn.* and its attention MoE layer), as llama.cpp writes it")
     ap.add_argument("--byte-tokenizer", action="store_true",
                     help="a byte-level vocabulary, so that `fermium up` serves the file (else none)")
     args = ap.parse_args()
     path = write_synthetic(args.out, layers=args.layers, recipe=args.recipe, widths=TINY if args.tiny else REAL,
-                           seed=args.seed, arch=args.arch, byte_tokenizer=args.byte_tokenizer)
+                           seed=args.seed, arch=args.arch, byte_tokenizer=args.byte_tokenizer,
+                           mtp=args.mtp)
     print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB)")
 
 

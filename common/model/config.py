@@ -38,7 +38,7 @@ class ModelConfig:
     vocab_size: int
     hidden_size: int
     n_layers: int                # trunk layers (block_count - nextn_predict_layers)
-    n_nextn_layers: int          # MTP blocks stored after the trunk; not run by the text path
+    n_nextn_layers: int          # MTP blocks stored after the trunk (the draft step runs the first)
     context_length: int
     rms_eps: float
     # gated full attention
@@ -72,6 +72,11 @@ class ModelConfig:
     @property
     def full_layers(self) -> list[int]:
         return [i for i in range(self.n_layers) if self.is_full_attention(i)]
+
+    @property
+    def has_mtp(self) -> bool:
+        """The metadata declares an MTP block (whether the file carries it, bind() says)."""
+        return self.n_nextn_layers > 0
 
     @property
     def has_shared_expert(self) -> bool:

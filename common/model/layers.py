@@ -2,8 +2,9 @@
 its shape as a function of ModelConfig; and `bind`, the one place that checks a file against it.
 
 Kinds: the globals, the Gated DeltaNet mixer (`linear`), the gated full-attention mixer
-(`full`), the MoE FFN with its shared expert (every trunk layer), and the MTP block (`nextn`)
-that llama.cpp files carry after the trunk: it is checked and accepted, and never bound.
+(`full`), the MoE FFN with its shared expert (every trunk layer), and the MTP block that
+llama.cpp files carry after the trunk: the `nextn` tensors plus a full-attention MoE layer,
+bound as `BoundModel.mtp` when the file has it (whole, or not at all).
 
 Architecture differences are ModelConfig flags (`fused_ba`, `v_head_layout`), so runners never
 tell the architectures apart by looking for a tensor. Roles are the runners' names for the
@@ -98,13 +99,16 @@ MOE = (
     TensorSpec("sh_gate_inp", "ffn_gate_inp_shexp.weight", _H, optional=True, vector=True, when=_shared),
 )
 
+# the MTP block's own tensors; the optional ones fall back to output_norm, token_embd and the LM head
 NEXTN = (
-    TensorSpec("eh_proj", "nextn.eh_proj.weight", lambda c: (c.hidden_size, 2 * c.hidden_size)),
-    TensorSpec("enorm", "nextn.enorm.weight", _H),
-    TensorSpec("hnorm", "nextn.hnorm.weight", _H),
-    TensorSpec("shared_head_norm", "nextn.shared_head_norm.weight", _H),
-    TensorSpec("embed_tokens", "nextn.embed_tokens.weight", lambda c: (c.vocab_size, c.hidden_size)),
-    TensorSpec("shared_head_head", "nextn.shared_head_head.weight", lambda c: (c.vocab_size, c.hidden_size)),
+    TensorSpec("eh_proj", "nextn.eh_proj.weight", lambda c: (c.hidden_size, 2 * c.hidden_size)),  # [emb | hidden]
+    TensorSpec("enorm", "nextn.enorm.weight", _H, vector=True),
+    TensorSpec("hnorm", "nextn.hnorm.weight", _H, vector=True),
+    TensorSpec("shared_head_norm", "nextn.shared_head_norm.weight", _H, optional=True, vector=True),
+    TensorSpec("embed_tokens", "nextn.embed_tokens.weight", lambda c: (c.vocab_size, c.hidden_size),
+               optional=True),
+    TensorSpec("shared_head_head", "nextn.shared_head_head.weight", lambda c: (c.vocab_size, c.hidden_size),
+               optional=True),
 )
 
 EXPERT_ROLES = ("gate_exps", "up_exps", "down_exps")
@@ -115,12 +119,11 @@ def layer_specs(cfg: ModelConfig, layer: int) -> tuple[TensorSpec, ...]:
     if layer < cfg.n_layers:
         mixer = FULL if cfg.is_full_attention(layer) else LINEAR
         return tuple(s for s in NORMS + mixer + MOE if s.when(cfg))
-    # MTP: not run, so every tensor is optional; its mixer is accepted in either kind's shape
-    return tuple(TensorSpec(s.role, s.suffix, s.shape, optional=True, vector=s.vector)
-                 for s in NEXTN + NORMS + FULL + LINEAR + MOE if s.when(cfg))
+    # MTP: its mixer is full attention, whatever the trunk's pattern says of this index
+    return tuple(s for s in NEXTN + NORMS + FULL + MOE if s.when(cfg))
 
 
-VECTOR_ROLES = frozenset(s.role for s in GLOBALS + NORMS + LINEAR + FULL + MOE if s.vector)
+VECTOR_ROLES = frozenset(s.role for s in GLOBALS + NORMS + LINEAR + FULL + MOE + NEXTN if s.vector)
 
 
 def head_name(names) -> str:
@@ -144,6 +147,7 @@ class BoundModel:
     """A model file's tensors by role, checked against the specification."""
     globals: Bound               # embd, out_norm, output (None: tied), head (output or embd)
     layers: list[Bound]          # trunk layers
+    mtp: Bound | None = None     # the first MTP block (NEXTN + NORMS + FULL + MOE roles); None: none in the file
 
 
 def _same_shape(found: tuple[int, ...], expected: tuple[int, ...]) -> bool:
@@ -159,7 +163,8 @@ def _same_shape(found: tuple[int, ...], expected: tuple[int, ...]) -> bool:
 def bind(model) -> BoundModel:
     """Every tensor of `model` (anything with `config`, `path` and `tensors`: name -> Tensor)
     checked against the specification. Raises one ModelConfigError naming the file and every
-    missing tensor, wrong shape and unknown tensor."""
+    missing tensor, wrong shape and unknown tensor. An MTP block that the metadata counts is
+    bound when the file has any of its tensors (then it must have all it needs), else skipped."""
     cfg: ModelConfig = model.config
     tensors: Mapping = model.tensors
     problems: list[str] = []
@@ -180,12 +185,19 @@ def bind(model) -> BoundModel:
 
     glob = {s.role: take(s.suffix, s, "global") for s in GLOBALS}
     glob["head"] = tensors.get(head_name(tensors))
-    layers = []
+    layers, mtp = [], []
     for i in range(cfg.n_layers + cfg.n_nextn_layers):
+        specs = layer_specs(cfg, i)
+        if i >= cfg.n_layers and not any(f"blk.{i}.{s.suffix}" in tensors for s in specs):
+            mtp.append(None)       # metadata counts an MTP block that the file does not carry
+            continue
         kind = "MTP" if i >= cfg.n_layers else "full" if cfg.is_full_attention(i) else "linear"
-        bound = {s.role: take(f"blk.{i}.{s.suffix}", s, f"{kind} layer {i}") for s in layer_specs(cfg, i)}
-        if i < cfg.n_layers:
-            layers.append(bound)
+        before = len(problems)
+        bound = {s.role: take(f"blk.{i}.{s.suffix}", s, f"{kind} layer {i}") for s in specs}
+        (layers if i < cfg.n_layers else mtp).append(bound)
+        if i >= cfg.n_layers and any(p.startswith("missing") for p in problems[before:]):
+            # first, so that it is listed however many tensors the block lacks
+            problems.insert(before, f"the MTP block blk.{i} is incomplete: a file carries all of it or none")
     unknown = [n for n in tensors if n not in seen]
     if unknown:
         names = ", ".join(unknown[:MAX_LISTED])
@@ -199,4 +211,4 @@ def bind(model) -> BoundModel:
         raise ModelConfigError(f"{model.path}: the tensors do not match the {cfg.arch} layer "
                                f"specification (common/model/layers.py):\n  "
                                + "\n  ".join(problems[:MAX_LISTED]) + more)
-    return BoundModel(globals=glob, layers=layers)
+    return BoundModel(globals=glob, layers=layers, mtp=mtp[0] if mtp else None)

@@ -5,6 +5,9 @@ so that it defines what a native engine with that cache computes.
 
 It is plain on purpose: one layer object per block, the chunked Gated DeltaNet for prefill and
 the recurrent form for decode, weights dequantized from the GGUF blocks as they are needed.
+Speculative decoding's verify runs the rows one at a time in the recurrent form, saving the
+recurrent state after each (common/reference/rollback.py); the draft step is the MTP block
+(common/reference/mtp.py).
 """
 from __future__ import annotations
 
@@ -15,10 +18,12 @@ import numpy as np
 from ..kv_cache import check_kv_type, check_same_kv_type
 from ..model.gguf_file import GGUFModel
 from ..model.layers import bind
-from ..state import SequenceState
+from ..state import DraftState, RollbackSlots, SequenceState
+from . import rollback as rb
 from .attention import GatedAttention
 from .deltanet import PREFILL_CHUNK, GatedDeltaNet
 from .moe import MoE
+from .mtp import MtpBlock
 from .ops import rms_norm
 from .weights import LayerWeights, Weights
 
@@ -37,6 +42,7 @@ class ReferenceModel:
         self.moes = [MoE(cfg, w) for w in self.layers]
         # layer -> its index among the linear or the full-attention layers (the state's order)
         self.slot = {i: n for n, i in enumerate(cfg.linear_layers)} | {i: n for n, i in enumerate(cfg.full_layers)}
+        self.mtp = MtpBlock(cfg, self.w, bound.mtp, self.globals, kv_type) if bound.mtp is not None else None
 
     def new_state(self) -> SequenceState:
         return SequenceState.empty(self.cfg, self.kv_type)
@@ -53,12 +59,14 @@ class ReferenceModel:
 
     def forward(self, tokens: Sequence[int], state: SequenceState, *, recurrent: bool,
                 chunk: int = PREFILL_CHUNK, all_logits: bool = True) -> np.ndarray:
+        x = self.hidden(tokens, state, recurrent=recurrent, chunk=chunk, last_only=not all_logits)
+        return self.w.matmul_rows_blocked(self.globals["head"], x)
+
+    def hidden(self, tokens: Sequence[int], state: SequenceState, *, recurrent: bool,
+               chunk: int = PREFILL_CHUNK, last_only: bool = False) -> np.ndarray:
+        """The trunk over `tokens` from state.pos: the hidden after output_norm, [T or 1, hidden]."""
         cfg = self.cfg
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.ndim != 1 or len(ids) == 0:
-            raise ValueError("forward needs a non-empty 1-D token sequence")
-        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
-            raise ValueError(f"token id out of range [0, {cfg.vocab_size})")
+        ids = self._ids(tokens)
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this runner")
         x = self.w.rows(self.globals["embd"], ids)                            # [T, hidden]
         for i in range(cfg.n_layers):
@@ -73,7 +81,83 @@ class ReferenceModel:
             h = rms_norm(x, w["post_norm"], cfg.rms_eps)
             x = x + self.moes[i].forward(h)
         state.pos += len(ids)
-        if not all_logits:
+        if last_only:
             x = x[-1:]
-        x = rms_norm(x, self.w.get(self.globals["out_norm"]), cfg.rms_eps)
-        return self.w.matmul_rows_blocked(self.globals["head"], x)
+        return rms_norm(x, self.w.get(self.globals["out_norm"]), cfg.rms_eps)
+
+    def _ids(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise ValueError("forward needs a non-empty 1-D token sequence")
+        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+        return ids
+
+    # ---- speculative decoding (the runner methods of issue #31)
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.mtp is not None
+
+    def new_draft_state(self) -> DraftState:
+        return self._mtp().new_state()
+
+    def draft_state_bytes(self, positions: int) -> int:
+        return self._mtp().state_bytes(positions)
+
+    def new_rollback(self, slots: int) -> RollbackSlots:
+        return rb.new_rollback(self.cfg, slots)
+
+    def rollback_bytes(self, slots: int) -> int:
+        return rb.rollback_bytes(self.cfg, slots)
+
+    def verify(self, tokens: list[list[int]], states: list[SequenceState],
+               rollbacks: list[RollbackSlots | None]) -> tuple[np.ndarray, np.ndarray]:
+        """Each sequence's tokens in order from its pos, row by row in the recurrent form, so that
+        row j's logits are decode()'s; rollbacks[b] slot j gets the recurrent state after row j
+        (j < len - 1). Returns (logits [R, vocab], hidden after output_norm [R, hidden])."""
+        if not len(tokens) == len(states) == len(rollbacks):
+            raise ValueError("verify: tokens, states and rollbacks differ in length")
+        for b, (seq, slots) in enumerate(zip(tokens, rollbacks)):
+            rb.check_rollback(slots, len(seq), b)
+        logits, hidden = [], []
+        for seq, state, slots in zip(tokens, states, rollbacks):
+            for j, token in enumerate(seq):
+                h = self.hidden([token], state, recurrent=True)                  # [1, hidden]
+                logits.append(self.w.matmul_rows_blocked(self.globals["head"], h)[0])
+                hidden.append(h[0])
+                if j < len(seq) - 1:
+                    rb.save_slot(state, slots, j)
+        return np.stack(logits).astype(np.float32), np.stack(hidden).astype(np.float32)
+
+    def keep(self, state: SequenceState, rollback: RollbackSlots | None, rows: int, ran: int) -> None:
+        rb.keep(state, rollback, rows, ran)
+
+    def set_draft_vocab(self, ids: np.ndarray | None) -> None:
+        if ids is None and self.mtp is None:
+            return                        # the default, on a model that cannot draft at all
+        self._mtp().set_vocab(ids)
+
+    def draft(self, tokens: list[list[int]], hidden: np.ndarray,
+              dstates: list[DraftState]) -> tuple[np.ndarray, np.ndarray]:
+        """The MTP block over each sequence's rows: row r is (tokens[b][j], hidden[r]), in order.
+        Returns (logits [R, V'], h_out [R, hidden]), h_out the next chained draft's hidden."""
+        mtp = self._mtp()
+        if len(tokens) != len(dstates):
+            raise ValueError("draft: tokens and draft states differ in length")
+        rows = sum(len(t) for t in tokens)
+        hidden = np.asarray(hidden, np.float32)
+        if hidden.shape != (rows, self.cfg.hidden_size):
+            raise ValueError(f"draft: hidden is {list(hidden.shape)}, the rows need [{rows}, {self.cfg.hidden_size}]")
+        out, r = [], 0
+        for seq, dstate in zip(tokens, dstates):
+            if len(seq):
+                out.append(mtp.forward(self._ids(seq), hidden[r:r + len(seq)], dstate))
+                r += len(seq)
+        h_out = np.concatenate(out).astype(np.float32) if out else np.zeros((0, self.cfg.hidden_size), np.float32)
+        return mtp.logits(h_out), h_out
+
+    def _mtp(self) -> MtpBlock:
+        if self.mtp is None:
+            raise ValueError(f"{self.model.path}: the model file has no MTP block (nextn), so it cannot draft")
+        return self.mtp

@@ -58,8 +58,10 @@ def rope_parameters(hp: dict) -> dict:
     return rope
 
 
-def metadata(arch: Arch, hp: dict, path: Path, file_type: int) -> list[tuple[str, Any, V, V | None]]:
-    """(key, value, type, array element type) in llama.cpp's order."""
+def metadata(arch: Arch, hp: dict, path: Path, file_type: int,
+             n_mtp: int = 0) -> list[tuple[str, Any, V, V | None]]:
+    """(key, value, type, array element type) in llama.cpp's order. `n_mtp` MTP blocks follow the
+    trunk: block_count counts them, nextn_predict_layers says how many, and they are not recurrent."""
     a = arch.gguf_arch
     req = lambda k: _require(hp, k, path)  # noqa: E731
     n_layers = int(req("num_hidden_layers"))
@@ -68,7 +70,7 @@ def metadata(arch: Arch, hp: dict, path: Path, file_type: int) -> list[tuple[str
     rope = rope_parameters(hp)
     u32 = lambda k, v: (f"{a}.{k}", int(v), V.UINT32, None)  # noqa: E731
     out = [
-        u32("block_count", n_layers),
+        u32("block_count", n_layers + n_mtp),
         u32("context_length", req("max_position_embeddings")),
         u32("embedding_length", req("hidden_size")),
     ]
@@ -89,6 +91,8 @@ def metadata(arch: Arch, hp: dict, path: Path, file_type: int) -> list[tuple[str
     ]
     if hp.get("shared_expert_intermediate_size") is not None:
         out.append(u32("expert_shared_feed_forward_length", hp["shared_expert_intermediate_size"]))
+    if n_mtp:
+        out.append(u32("nextn_predict_layers", n_mtp))
     n_v = int(req("linear_num_value_heads"))
     out += [
         u32("ssm.conv_kernel", req("linear_conv_kernel_dim")),
@@ -103,7 +107,7 @@ def metadata(arch: Arch, hp: dict, path: Path, file_type: int) -> list[tuple[str
             raise ConvertError(path / "config.json", f"layer_types has {len(layer_types)} "
                                                      f"entries for {n_layers} layers")
         out.append((f"{a}.attention.recurrent_layers",
-                    [t == "linear_attention" for t in layer_types], V.ARRAY, V.BOOL))
+                    [t == "linear_attention" for t in layer_types] + [False] * n_mtp, V.ARRAY, V.BOOL))
     out += [
         u32("full_attention_interval", hp.get("full_attention_interval", 4)),
         u32("rope.dimension_count", int(head_dim * rope.get("partial_rotary_factor", 0.25))),

@@ -20,8 +20,10 @@ INDEX_FILE = "model.safetensors.index.json"
 
 # The multimodal wrapper keeps the text model under this prefix.
 WRAPPER_PREFIX = "model.language_model."
+# The MTP block: `mtp.*`, which some checkpoints keep as `model.mtp.*`
+MTP_PREFIX, MTP_ALIAS = "mtp.", "model.mtp."
 # Parts of a checkpoint the text path does not use.
-SKIPPED_PREFIXES = ("mtp.", "model.mtp.", "model.visual.", "visual.")
+SKIPPED_PREFIXES = ("model.visual.", "visual.")
 
 _DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
@@ -86,7 +88,8 @@ def load_config(src: Path) -> tuple[dict, dict]:
 
 
 class Checkpoint:
-    """Tensors of a checkpoint directory, by their text-model names (`model.layers.0...`)."""
+    """Tensors of a checkpoint directory, by their text-model names (`model.layers.0...`, and
+    `mtp.*` for the MTP block)."""
 
     def __init__(self, src: str | Path):
         self.src = Path(src)
@@ -119,6 +122,8 @@ class Checkpoint:
     def _text_name(key: str) -> str | None:
         if key.startswith(WRAPPER_PREFIX):
             return "model." + key[len(WRAPPER_PREFIX):]
+        if key.startswith(MTP_ALIAS):
+            return MTP_PREFIX + key[len(MTP_ALIAS):]
         if key.startswith(SKIPPED_PREFIXES):
             return None
         return key

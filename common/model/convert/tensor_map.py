@@ -6,7 +6,11 @@
   p % n_k) in every tensor that has a V-head axis;
 - qwen3next: in_proj_qkvz (per key head [q, k, v, z]) splits into attn_qkv = [all q, all k,
   all v] and attn_gate = z; in_proj_ba stays as ssm_ba;
-- experts, per expert or fused, are stacked per layer into ffn_{gate,up,down}_exps.
+- experts, per expert or fused, are stacked per layer into ffn_{gate,up,down}_exps;
+- the MTP block, as llama.cpp's converter writes it: `mtp.layers.K.*` is block n_layers + K with
+  a trunk layer's names and transforms, and `mtp.fc` / `pre_fc_norm_embedding` /
+  `pre_fc_norm_hidden` / `norm` are that block's nextn eh_proj / enorm / hnorm /
+  shared_head_norm (the norms 1 + w).
 
 Each planned tensor knows its output shape before any data is read, so the writer can lay
 out the file first and then load, transform and write one tensor at a time.
@@ -21,7 +25,7 @@ import numpy as np
 
 from .arch import Arch
 from .errors import ConvertError
-from .hf_reader import Checkpoint
+from .hf_reader import MTP_PREFIX, Checkpoint
 
 Fn = Callable[[np.ndarray], np.ndarray]
 
@@ -127,8 +131,17 @@ GLOBAL_RULES: dict[str, tuple[str, Fn]] = {
     "lm_head.weight": ("output.weight", _identity),
 }
 
+# the MTP block's own tensors; its layer's are mtp.layers.K.* under LAYER_RULES
+NEXTN_RULES: dict[str, tuple[str, Fn]] = {
+    "mtp.fc.weight": ("nextn.eh_proj.weight", _identity),
+    "mtp.pre_fc_norm_embedding.weight": ("nextn.enorm.weight", _plus_one),
+    "mtp.pre_fc_norm_hidden.weight": ("nextn.hnorm.weight", _plus_one),
+    "mtp.norm.weight": ("nextn.shared_head_norm.weight", _plus_one),
+}
+
 IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_MTP_LAYER = re.compile(r"^mtp\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _FUSED_EXPERT = re.compile(r"^mlp\.experts\.(gate_up|down)_proj(\.weight)?$")
 
@@ -209,16 +222,38 @@ class _Planner:
                     (h.nk * h.r * h.dv, hidden))
 
 
-def plan(ckpt: Checkpoint, arch: Arch, hp: dict) -> list[OutTensor]:
-    """Output tensors in file order: token_embd, the layers, output_norm, output."""
+def mtp_blocks(ckpt: Checkpoint) -> int:
+    """How many MTP blocks the checkpoint carries (`mtp.layers.K`, K = 0 .. n-1); 0 without mtp.*."""
+    found = {int(m.group(1)) for hf in ckpt.names() if (m := _MTP_LAYER.match(hf))}
+    if found and found != set(range(len(found))):
+        raise ConvertError(ckpt.src, f"MTP layers {sorted(found)} are not numbered 0 .. {len(found) - 1}")
+    if not found and any(hf.startswith(MTP_PREFIX) for hf in ckpt.names()):
+        raise ConvertError(ckpt.src, "mtp.* tensors without an mtp.layers.0 block (convert with --no-mtp "
+                                     "to drop them)")
+    return len(found)
+
+
+def plan(ckpt: Checkpoint, arch: Arch, hp: dict, mtp: bool = True) -> list[OutTensor]:
+    """Output tensors in file order: token_embd, the layers, the MTP blocks (when `mtp` and the
+    checkpoint has them), output_norm, output."""
     p = _Planner(ckpt, arch, hp)
     layers: dict[int, dict[str, str]] = {}
     globals_: dict[str, str] = {}
+    nextn: list[str] = []
     n_layers = int(hp["num_hidden_layers"])
     for hf in ckpt.names():
         if IGNORED.search(hf):
             continue
-        if m := _LAYER.match(hf):
+        if hf.startswith(MTP_PREFIX):
+            if not mtp:
+                continue
+            if m := _MTP_LAYER.match(hf):
+                layers.setdefault(n_layers + int(m.group(1)), {})[m.group(2)] = hf
+            elif hf in NEXTN_RULES:
+                nextn.append(hf)
+            else:
+                raise ConvertError(ckpt.src, f"tensor {hf} has no GGUF mapping")
+        elif m := _LAYER.match(hf):
             i = int(m.group(1))
             if i >= n_layers:
                 raise ConvertError(ckpt.src, f"tensor {hf} is beyond num_hidden_layers={n_layers}")
@@ -233,6 +268,10 @@ def plan(ckpt: Checkpoint, arch: Arch, hp: dict) -> list[OutTensor]:
     gname, fn = GLOBAL_RULES[ordered[0]]
     p.single(gname, ordered[0], fn, ckpt.shape(ordered[0]))
     for i in sorted(layers):
+        if i == n_layers:                                      # the first MTP block: its nextn tensors first
+            for hf in nextn:
+                gname, fn = NEXTN_RULES[hf]
+                p.single(f"blk.{i}.{gname}", hf, fn, ckpt.shape(hf))
         p.layer(i, layers[i])
     for hf in ordered[1:]:
         gname, fn = GLOBAL_RULES[hf]

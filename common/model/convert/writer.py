@@ -19,8 +19,9 @@ from tqdm import tqdm
 from .arch import arch_for, metadata
 from .errors import ConvertError
 from .hf_reader import Checkpoint
+from .mtp_check import check_mtp_block
 from .quantize import TensorSlot, choose_type, file_type, quantize, stored_nbytes
-from .tensor_map import plan
+from .tensor_map import mtp_blocks, plan
 from .tokenizer_meta import add_tokenizer
 
 
@@ -45,14 +46,18 @@ def _add_kv(writer: GGUFWriter, key: str, value, vtype, sub_type) -> None:
 
 
 def convert(src: str | Path, out: str | Path, out_type: str = "f16", *,
-            progress: bool = True, name: str | None = None) -> ConvertResult:
+            progress: bool = True, name: str | None = None, mtp: bool = True) -> ConvertResult:
+    """`mtp`: keep the checkpoint's MTP block (`mtp.*`) as llama.cpp does; False drops it, as
+    llama.cpp's --no-mtp."""
     src, out = Path(src), Path(out)
     ft = file_type(out_type)
     ckpt = Checkpoint(src)
     arch = arch_for(ckpt.config, src)
     hp = ckpt.text_config
-    meta = metadata(arch, hp, src, ft.ftype)          # first: names any missing config key
-    tensors = plan(ckpt, arch, hp)
+    n_mtp = mtp_blocks(ckpt) if mtp else 0
+    meta = metadata(arch, hp, src, ft.ftype, n_mtp)   # first: names any missing config key
+    tensors = plan(ckpt, arch, hp, mtp=n_mtp > 0)
+    check_mtp_block(tensors, meta, arch.gguf_arch, int(hp["vocab_size"]), src)
     n_layers = int(hp["num_hidden_layers"])
     qtypes = [choose_type(TensorSlot(t.name, t.shape, n_layers), ft) for t in tensors]
 
