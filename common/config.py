@@ -139,26 +139,41 @@ class SequenceMemory:
     kv_bytes: int                # the full-attention layers' K and V up to `tokens`
     recurrent_bytes: int         # the linear layers' conv tails and DeltaNet matrices: fixed
     kv_type: str = "f32"         # common.kv_cache.KV_TYPES
+    # speculative decoding (common/speculative.py): the recurrent state's copies after each
+    # verified row (fixed), and the MTP block's K and V up to `tokens`
+    rollback_bytes: int = 0
+    draft_kv_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.kv_bytes + self.recurrent_bytes
+        return self.kv_bytes + self.recurrent_bytes + self.rollback_bytes + self.draft_kv_bytes
+
+    @property
+    def fixed_bytes(self) -> int:
+        """What does not grow with the context."""
+        return self.recurrent_bytes + self.rollback_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.kv_bytes // self.tokens if self.tokens else 0
+        return (self.kv_bytes + self.draft_kv_bytes) // self.tokens if self.tokens else 0
 
     def describe(self, batch: int) -> str:
+        spec = (f" + speculation {(self.rollback_bytes + self.draft_kv_bytes) / MIB:.1f} MiB (rollback slots "
+                f"{self.rollback_bytes / MIB:.1f} MiB, draft KV {self.draft_kv_bytes / MIB:.1f} MiB)"
+                if self.rollback_bytes or self.draft_kv_bytes else "")
         return (f"context {self.tokens} tokens: up to {self.total_bytes / MIB:.1f} MiB per sequence (KV "
-                f"{self.kv_type} {self.kv_bytes / MIB:.1f} MiB + recurrent state {self.recurrent_bytes / MIB:.1f} MiB)"
-                f"; batch of {batch}: {batch * self.total_bytes / 2**30:.2f} GiB")
+                f"{self.kv_type} {self.kv_bytes / MIB:.1f} MiB + recurrent state {self.recurrent_bytes / MIB:.1f} MiB"
+                f"{spec}); batch of {batch}: {batch * self.total_bytes / 2**30:.2f} GiB")
 
 
-def sequence_memory(cfg: "ModelConfig", tokens: int, kv_type: str = "f32") -> SequenceMemory:
+def sequence_memory(cfg: "ModelConfig", tokens: int, kv_type: str = "f32", draft_tokens: int = 0) -> SequenceMemory:
     """The bytes of a SequenceState of this model at position `tokens` with KV in `kv_type` (its
-    arrays' nbytes)."""
+    arrays' nbytes); with `draft_tokens` (speculative decoding), also its rollback slots (one
+    copy of the recurrent state per draft: runner.rollback_bytes) and the MTP block's KV, one
+    full-attention layer's (runner.draft_state_bytes)."""
     import numpy as np
 
+    from common.kv_cache import kv_dtype, kv_shape
     from common.state import state_specs
     kv = rec = 0
     for name, dtype, shape in state_specs(tokens, cfg, kv_type):
@@ -167,7 +182,9 @@ def sequence_memory(cfg: "ModelConfig", tokens: int, kv_type: str = "f32") -> Se
             kv += n
         else:
             rec += n
-    return SequenceMemory(tokens, kv, rec, kv_type)
+    draft_kv = (2 * int(np.prod(kv_shape(tokens, cfg.n_kv_heads, cfg.head_dim, kv_type))) * kv_dtype(kv_type).itemsize
+                if draft_tokens else 0)
+    return SequenceMemory(tokens, kv, rec, kv_type, draft_tokens * rec, draft_kv)
 
 
 def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
@@ -220,7 +237,7 @@ def check_memory(role: str, mem: SequenceMemory, sequences: int, model_bytes: in
     room = ram - model_bytes
     if mem.total_bytes > room:
         per_token = mem.kv_bytes_per_token
-        fit_ctx = (room - mem.recurrent_bytes) // per_token if per_token else 0
+        fit_ctx = (room - mem.fixed_bytes) // per_token if per_token else 0
         raise ContextSizeError(
             f"{role}: a context of {mem.tokens} tokens needs up to {size_text(mem.total_bytes)} per sequence (KV "
             f"{mem.kv_type} {size_text(mem.kv_bytes)} + recurrent state {size_text(mem.recurrent_bytes)}); with the "
@@ -239,14 +256,15 @@ def check_memory(role: str, mem: SequenceMemory, sequences: int, model_bytes: in
     return need
 
 
-def plan_context(role: str, model: Any, requested: int, sequences: int,
-                 batch_option: str | None = "--max-batch", kv_type: str = "f32") -> SequenceMemory:
+def plan_context(role: str, model: Any, requested: int, sequences: int, batch_option: str | None = "--max-batch",
+                 kv_type: str = "f32", draft_tokens: int = 0) -> SequenceMemory:
     """What a worker serves: the context `requested` (--ctx-size) resolves to for `model`, and
-    one sequence's memory there with KV in `kv_type`, checked against the RAM (check_memory)
-    before a runner loads."""
+    one sequence's memory there with KV in `kv_type` (and, with `draft_tokens`, speculative
+    decoding's rollback slots and draft KV), checked against the RAM (check_memory) before a
+    runner loads."""
     from common.kv_cache import check_kv_type
     kv_type = check_kv_type(kv_type, model.config.head_dim)
-    mem = sequence_memory(model.config, context_size(requested, model.config), kv_type)
+    mem = sequence_memory(model.config, context_size(requested, model.config), kv_type, draft_tokens)
     check_memory(role, mem, sequences, model_file_bytes(model), batch_option=batch_option)
     return mem
 

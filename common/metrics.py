@@ -38,6 +38,10 @@ decode
     fermium_decode_step_seconds                histogram  one batched decode step
     fermium_decode_batch_size                  histogram  sequences per step
     fermium_decode_grammar_mask_seconds        histogram  one step's allowed-token masks (common.grammar)
+    fermium_decode_spec_draft_tokens_total     counter  tokens the MTP block drafted and a verify judged
+                                                        (--speculative mtp, common/speculative.py)
+    fermium_decode_spec_accepted_tokens_total  counter  drafted tokens accepted
+    fermium_decode_spec_acceptance_rate        gauge    accepted over drafted since start (0 before any draft)
     fermium_num_requests_running / _waiting    gauge
 every service
     fermium_protocol_errors_total{service,reason}  counter  messages rejected at the inbox or by the
@@ -163,4 +167,18 @@ class DecodeMetrics(_Metrics):
                                          buckets=BATCH_BUCKETS)
         self.grammar_mask_time = self.histogram("fermium_decode_grammar_mask_seconds",
                                                 "Allowed-token masks of one decode step", buckets=MASK_BUCKETS)
+        self.draft_tokens = self.counter("fermium_decode_spec_draft_tokens", "Drafted tokens that a verify judged")
+        self.accepted_tokens = self.counter("fermium_decode_spec_accepted_tokens", "Drafted tokens accepted")
+        self.acceptance_rate = self.gauge("fermium_decode_spec_acceptance_rate",
+                                          "Accepted over drafted tokens since start")
+        self._drafted = self._accepted = 0
         self._load_gauges()
+
+    def speculation(self, drafted: int, accepted: int) -> None:
+        """Count one cycle's drafts and accepted drafts; the rate follows the counters."""
+        if drafted:
+            self.draft_tokens.inc(drafted)
+            self.accepted_tokens.inc(accepted)
+            self._drafted += drafted
+            self._accepted += accepted
+            self.acceptance_rate.set(self._accepted / self._drafted)

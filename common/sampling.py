@@ -173,7 +173,30 @@ class Sampler:
             at, there = _places(tokens, ids)
             logits[at[there]] -= p.presence_penalty + p.frequency_penalty * counts[there]
 
-    def _draw(self, z: np.ndarray) -> int:
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """(vocab,) float64 summing to 1: the distribution that `sample(logits, history)` draws
+        from, after logit_bias, the penalties, temperature, top-k, min-p and top-p; where sample
+        falls back to the argmax (greedy, or nothing left), all of the mass is on that token.
+        Speculative decoding accepts drafts against it (common.speculative)."""
+        p = self.params
+        z = self.processed(logits, history)
+        alive = z > -np.inf
+        out = np.zeros(z.size)
+        if p.temperature == 0.0 or not alive.any():
+            out[int(np.argmax(z))] = 1.0
+            return out
+        with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+            z = np.where(alive, np.clip(z, -LOGIT_LIMIT, LOGIT_LIMIT), -np.inf)
+            z = (z - z.max()) / p.temperature
+            probs = self._filtered(z)
+        total = probs.sum()
+        if not (total > 0 and math.isfinite(total)):
+            out[int(np.argmax(z))] = 1.0
+            return out
+        return probs / total
+
+    def _filtered(self, z: np.ndarray) -> np.ndarray:
+        """The unnormalized probabilities of tempered logits `z` (changed in place) after top-k, min-p, top-p."""
         p = self.params
         if p.top_k > 0 and p.top_k < z.size:
             kth = np.partition(z, -p.top_k)[-p.top_k]
@@ -183,6 +206,10 @@ class Sampler:
             probs[probs < p.min_p * probs.max()] = 0.0
         if p.top_p < 1.0:
             probs = top_p_filter(probs, p.top_p)
+        return probs
+
+    def _draw(self, z: np.ndarray) -> int:
+        probs = self._filtered(z)
         total = probs.sum()
         if not (total > 0 and math.isfinite(total)):
             return int(np.argmax(z))

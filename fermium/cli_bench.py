@@ -173,11 +173,26 @@ def decode_command(
                                            "beside the model (built on first use), as serving does."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     show_phases: bool = typer.Option(False, "--phases", help="Also print where a step's time goes."),
+    speculative: str = typer.Option("none", help="none, or mtp: time the speculative cycle (MTP drafts, one "
+                                                 "verify of 1 + k rows per sequence, rollback) against plain "
+                                                 "decode in alternating rounds; needs a file with an MTP block."),
+    draft_tokens: int = typer.Option(2, min=1, help="With --speculative mtp: tokens drafted a cycle, 1 to 3."),
+    accept_rate: float = typer.Option(0.7, min=0.0, max=1.0, help="With --speculative mtp: the probability that "
+                                      "each draft is accepted, up to the first refusal (forced, from a fixed seed: "
+                                      "random weights accept nothing)."),
+    draft_vocab: int = typer.Option(0, min=0, help="With --speculative mtp: the draft LM head's vocabulary "
+                                                   "(0: the whole; N: the N lowest ids and the special tokens)."),
 ):
-    """Decode tok/s, weight GB read per token, effective GB/s and its share of measured bandwidth."""
+    """Decode tok/s, weight GB read per token, effective GB/s and its share of measured bandwidth;
+    with --speculative mtp, speculative decode's tok/s against plain decode's."""
     from native import cpu_lib
 
     command = command_line()
+    if speculative != "none":
+        from fermium.cli_bench_spec import speculative_command
+        speculative_command(command, model, threads, isa, prefault, repack, kv_type, batch, tokens, rounds, context,
+                            speculative, draft_tokens, accept_rate, draft_vocab, as_json)
+        return
     runner = native_runner(model, threads, isa, prefault=prefault, repack=repack, kv_type=kv_type)
     # KV buffers made for the whole run, as the decode server makes them for its context size: no
     # timed step copies a cache to grow it (at 32,768 tokens one such copy cost more than 10 steps)

@@ -16,7 +16,8 @@ RUNNER = {"default": "reference", "help": "native, reference, or auto (native wh
 
 
 @command("model", "prompt", "chat", "max_tokens", options(SamplingParams, env=False), "think",
-         options(DecodeConfig, "runner", env=False, runner=RUNNER), options(DecodeConfig, "kv_type"))
+         options(DecodeConfig, "runner", env=False, runner=RUNNER), options(DecodeConfig, "kv_type"),
+         options(DecodeConfig, "speculative", "draft_tokens", "draft_vocab", env=False))
 def generate_command(
     model: Optional[Path] = typer.Option(None, help="GGUF model file (default: the bundled demo model)."),
     prompt: Optional[str] = typer.Option(None, help="Raw text to continue."),
@@ -27,17 +28,21 @@ def generate_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     **settings,
 ):
-    """Generate text from a prompt or a chat message, in this process."""
+    """Generate text from a prompt or a chat message, in this process; with --speculative mtp, the
+    acceptance rate of the drafts at the end (on stderr, or in the JSON)."""
     from common.kv_cache import check_kv_type
     from common.model.chat_template import render_chat
     from common.model.gguf_file import GGUFModel
     from common.model.tokenizer import Tokenizer
     from common.reference.generate import generate
+    from common.speculative import Speculator, check_mtp, check_settings, draft_vocab_ids
     from native.runners import load_runner
 
     if (prompt is None) == (chat is None):
         raise typer.BadParameter("give exactly one of --prompt or --chat")
     check_kv_type(settings["kv_type"])
+    speculative, k, draft_vocab = settings["speculative"], settings["draft_tokens"], settings["draft_vocab"]
+    check_settings(speculative, k, draft_vocab)
     if model is None:
         from common.model.default import default_model_path
         model = default_model_path()
@@ -54,16 +59,29 @@ def generate_command(
         params = config(SamplingParams, settings)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    if speculative == "mtp":
+        check_mtp(gguf_model)
     _, runner = load_runner(settings["runner"], gguf_model, threads=threads, kv_type=settings["kv_type"])
+    speculator = None
+    if speculative == "mtp":
+        check_mtp(gguf_model, runner)
+        speculator = Speculator(runner, k, draft_ids=draft_vocab_ids(gguf_model, draft_vocab))
     stop = tokenizer.eos_ids
     tokens, stream = [], tokenizer.stream()
-    for token in generate(runner, prompt_ids, params, max_tokens, stop):
+    for token in generate(runner, prompt_ids, params, max_tokens, stop, speculator=speculator):
         tokens.append(token)
         if not as_json and token not in stop:
             sys.stdout.write(stream.push(token))
             sys.stdout.flush()
     text_out = tokenizer.decode([t for t in tokens if t not in stop])
+    drafts = ({"draft_tokens": k, "drafted": speculator.drafted, "accepted": speculator.accepted,
+               "acceptance_rate": speculator.acceptance} if speculator else None)
     if as_json:
-        print(json.dumps({"prompt_tokens": prompt_ids, "tokens": tokens, "text": text_out}))
-    else:
-        sys.stdout.write("\n")
+        print(json.dumps({"prompt_tokens": prompt_ids, "tokens": tokens, "text": text_out,
+                          **({"speculative": drafts} if drafts else {})}))
+        return
+    sys.stdout.write("\n")
+    if drafts:
+        rate = "no drafts" if drafts["acceptance_rate"] is None else f"{100 * drafts['acceptance_rate']:.1f}%"
+        print(f"speculative mtp, {k} draft tokens: {drafts['accepted']} of {drafts['drafted']} drafts accepted "
+              f"({rate})", file=sys.stderr)

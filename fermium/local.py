@@ -11,6 +11,7 @@ ModelConfig (the state shapes the servers check). Prefill and decode each call t
 their own thread: `prefill_runner` gives prefill another one. The runners' `kv_type` (f32 where
 they have none) is the --kv-type of the router and both workers. `tokenizer` is the vocabulary
 decode builds grammars on (structured output, tool_choice); without one, a grammar is refused.
+`decode_settings` are more DecodeConfig settings (speculative decoding's, for one).
 """
 from __future__ import annotations
 
@@ -71,11 +72,12 @@ class RunnerBackend:
 class LocalDispatcher(Dispatcher):
     def __init__(self, runner, *, cfg: ModelConfig | None = None, prefill_runner=None,
                  cache: PrefixCache | None = None, metrics: RouterMetrics | None = None, name: str = "local",
-                 tokenizer=None):
+                 tokenizer=None, decode_settings: dict | None = None):
         n = next(_ids)
         self.model = LoadedModel(cfg if cfg is not None else runner.cfg, Path(name))
         self.runners = (prefill_runner if prefill_runner is not None else runner, runner)
         self.tokenizer = tokenizer
+        self.decode_settings = decode_settings or {}
         kv_type = runner_kv_type(runner)
         check_same_kv_type(runner_kv_type(self.runners[0]), kv_type, "the prefill runner", "the decode runner")
         self._names = (f"local://{name}-prefill-{n}", f"local://{name}-decode-{n}")
@@ -92,7 +94,8 @@ class LocalDispatcher(Dispatcher):
         self.servers = [
             PrefillServer(PrefillConfig(model=str(self.model.path), listen=self._names[0], **link),
                           model=self.model, backend=RunnerBackend(prefill_runner)),
-            DecodeServer(DecodeConfig(model=str(self.model.path), listen=self._names[1], **link),
+            DecodeServer(DecodeConfig(model=str(self.model.path), listen=self._names[1], **link,
+                                      **self.decode_settings),
                          model=self.model, runner=decode_runner, tokenizer=self.tokenizer)]
         for server in self.servers:
             thread = threading.Thread(target=self._serve, args=(server,), daemon=True,

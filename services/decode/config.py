@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.config import WorkerConfig, setting
+from common.speculative import MAX_DRAFT_TOKENS, check_settings
 
 
 @dataclass(frozen=True)
@@ -12,3 +13,15 @@ class DecodeConfig(WorkerConfig):
                           aliases=("engine",))
     max_batch: int = setting(16, "Sequences per decode step.")
     capacity: int = setting(64, "Sequences held at once.")   # running + waiting
+    speculative: str = setting("none", "Speculative decoding: none, or mtp (the model's MTP block drafts tokens "
+                                       "that one batched step verifies; the output is unchanged). mtp needs a "
+                                       "model with an MTP block.")
+    draft_tokens: int = setting(2, f"Tokens drafted per step with --speculative mtp, 1 to {MAX_DRAFT_TOKENS}.",
+                                min=1)
+    draft_vocab: int = setting(0, "With --speculative mtp: 0 drafts over the whole vocabulary; N keeps a reduced "
+                                  "draft LM head of the N most frequent tokens, taken as the N lowest ids (about "
+                                  "the most frequent in a byte-level BPE vocabulary), plus every special and "
+                                  "control token of the tokenizer.", min=0)
+
+    def __post_init__(self):
+        check_settings(self.speculative, self.draft_tokens, self.draft_vocab)

@@ -21,6 +21,7 @@ class Sequence:
     next_token: int = -1             # sampled, not yet fed to the runner
     logits: Any = None               # (vocab,) what next_token was sampled from
     matcher: Any = None              # common.grammar.Matcher when the request has a grammar
+    draft: Any = None                # common.speculative.Drafting when it speculates (never with a grammar)
 
 
 @dataclass

@@ -15,6 +15,13 @@ as the model gave them (common.logprobs).
 A request that fails the model's checks (common.protocol.checks), or whose sampler raises,
 fails alone with a Failed reply; a step that raises fails its batch. Nothing a
 request brings stops the loop.
+
+With --speculative mtp (a model with an MTP block), a step is a cycle of common.speculative:
+the batch's sequences verify their drafts in one runner.verify call and take 1 + accepted
+tokens each, sent as one Tokens message per token, exactly as one token a step would send
+them (the logprobs of each from the row it was sampled from); a sequence that ends inside an
+accepted run ends where a plain step would, with the same state and logits. A sequence with a
+grammar does not draft: it takes one token a cycle in the same verify.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ from common.protocol.checks import check_decode
 from common.protocol.decode import DecodeRequest
 from common.protocol.router import Finished, Tokens
 from common.sampling import Sampler
+from common.speculative import Speculator, check_mtp, draft_vocab_ids
 from common.worker import WorkerServer
 from native.runners import load_runner
 
@@ -51,13 +59,22 @@ class DecodeServer(WorkerServer):
         used instead of loading cfg.model and cfg.runner: the in-process stack hands in its own.
         `tokenizer` is the vocabulary grammars are built on, when not the model file's."""
         model = model if model is not None else GGUFModel(cfg.model)
+        speculative = cfg.speculative == "mtp"
+        if speculative:
+            check_mtp(model)
         # before the runner maps it
-        self.memory = plan_context("decode", model, cfg.ctx_size, cfg.max_batch, kv_type=cfg.kv_type)
+        self.memory = plan_context("decode", model, cfg.ctx_size, cfg.max_batch, kv_type=cfg.kv_type,
+                                   draft_tokens=cfg.draft_tokens if speculative else 0)
         self.ctx_size, self.kv_type = self.memory.tokens, self.memory.kv_type
         self.runner_name, self.runner = (("given", runner) if runner is not None
                                          else load_runner(cfg.runner, model, kv_type=self.kv_type))
         check_same_kv_type(getattr(self.runner, "kv_type", "f32"), self.kv_type, "the runner", "decode")
         reserve_context(self.runner, self.ctx_size)
+        self.speculator = None
+        if speculative:
+            check_mtp(model, self.runner)
+            self.speculator = Speculator(self.runner, cfg.draft_tokens, max_positions=self.ctx_size,
+                                         draft_ids=draft_vocab_ids(model, cfg.draft_vocab))
         log.info("decode: %s", self.memory.describe(cfg.max_batch))       # once nothing has refused to start
         self.sched = BatchScheduler(cfg.max_batch)
         super().__init__(cfg, ContextModel(model, self.ctx_size), DecodeMetrics(), capacity=cfg.capacity)
@@ -69,7 +86,12 @@ class DecodeServer(WorkerServer):
     def start(self) -> None:
         super().start()
         self.grammars.start()
-        log.info("decode runner: %s, max batch %d, KV cache %s", self.runner_name, self.cfg.max_batch, self.kv_type)
+        spec = ""
+        if self.speculator is not None:
+            vocab = f", draft vocabulary {len(self.speculator.ids)}" if self.speculator.ids is not None else ""
+            spec = f", speculative mtp with {self.cfg.draft_tokens} draft tokens{vocab}"
+        log.info("decode runner: %s, max batch %d, KV cache %s%s", self.runner_name, self.cfg.max_batch, self.kv_type,
+                 spec)
 
     # ---- messages
     def _take(self, timeout: float) -> None:
@@ -105,6 +127,8 @@ class DecodeServer(WorkerServer):
                        GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state)
         seq.logits = np.asarray(req.logits)
         seq.matcher = self.grammars.matcher(params.grammar)
+        if self.speculator is not None and seq.matcher is None:
+            seq.draft = self.speculator.start()
         allowed = self.grammars.masks([seq])[0]
         if self._accept(seq, seq.sampler.sample(seq.logits, seq.history, allowed)):
             self.sched.add(seq)
@@ -152,7 +176,10 @@ class DecodeServer(WorkerServer):
             return
         t0 = time.perf_counter()
         try:
-            logits = self.runner.decode([s.next_token for s in batch], [s.state for s in batch])
+            if self.speculator is not None:         # a cycle: the tokens are taken between its verify and draft
+                settled = self.speculator.step(batch, self._emit, self.grammars.masks(batch))
+            else:
+                logits = self.runner.decode([s.next_token for s in batch], [s.state for s in batch])
         except Exception as e:
             log.exception("decode step failed for %d sequences", len(batch))
             for seq in batch:
@@ -162,6 +189,13 @@ class DecodeServer(WorkerServer):
             return
         self.metrics.step_time.observe(time.perf_counter() - t0)
         self.metrics.batch_size.observe(len(batch))
+        if self.speculator is not None:
+            self._settle(batch, settled)
+        else:
+            self._sample(batch, logits)
+        self._gauges()
+
+    def _sample(self, batch: list[Sequence], logits: np.ndarray) -> None:
         masks = self.grammars.masks(batch)
         for seq, row, allowed in zip(batch, logits, masks):
             seq.logits = row
@@ -173,7 +207,21 @@ class DecodeServer(WorkerServer):
                 continue
             if not more:
                 self._finish(seq, seq.policy.finish_reason)
-        self._gauges()
+
+    def _emit(self, seq: Sequence, token: int, row: np.ndarray) -> bool:
+        """A token that a speculative cycle took (common.speculative), from logits `row`."""
+        seq.logits = row
+        return self._accept(seq, token)
+
+    def _settle(self, batch: list[Sequence], settled: list) -> None:
+        """After a speculative cycle: its drafts counted, the sequences it ended finished."""
+        for seq, done in zip(batch, settled):
+            self.metrics.speculation(done.drafted, done.accepted)
+            if done.error is not None:                      # this sequence's sampler: it alone fails
+                self.sched.retire(seq)
+                self._reject(seq.rid, f"sampling failed: {type(done.error).__name__}: {done.error}", trace=True)
+            elif done.finished:
+                self._finish(seq, seq.policy.finish_reason)
 
     def _gauges(self) -> None:
         self.metrics.running.set(len(self.sched.running))
