@@ -1,8 +1,9 @@
 """The CPU runner: the whole decode step (every layer, the LM head) runs in C
 (native/cpu/engine.c) on weights read in place from the memory-mapped GGUF.
 
-Same `prefill` / `decode` signatures and `SequenceState` as the reference model. The ISA
-choice is process-wide (see native.cpu_lib); `isa=` switches it.
+Same `prefill` / `decode` signatures and `SequenceState` as the reference model, and its
+speculative-decoding methods (native/cpu_speculative.py). The ISA choice is process-wide (see
+native.cpu_lib); `isa=` switches it.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from common.state import SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
 from native.cpu_repack import REPACK_LAYOUTS, open_cache, source_ranges
+from native.cpu_speculative import SpeculativeMethods
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1) (without max_context)
 # prompt tokens per native prefill chunk. Each weight is read once per chunk; at 8 experts a token,
@@ -51,7 +53,7 @@ def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool
     return True
 
 
-class CpuRunner:
+class CpuRunner(SpeculativeMethods):
     def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None,
                  prefault: bool = True, repack: bool | None = None, kv_type: str = "f32"):
         self.bound = bind(model)        # every tensor checked before anything is mapped
@@ -76,6 +78,7 @@ class CpuRunner:
         if engine == ffi.NULL:
             raise MemoryError("could not allocate the CPU runner's scratch buffers")
         self._engine = ffi.gc(engine, lib.fm_engine_free)
+        self._draft = None              # the MTP block's engine (cpu_speculative.py), made on first use
         self.last_bytes = 0.0           # weight bytes read by the last decode step
         # positions a KV buffer is made with (the decode and prefill servers set their context size):
         # it is then never copied to grow; 0: buffers double as they fill

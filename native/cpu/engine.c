@@ -1,7 +1,8 @@
 /* The native engine: scratch, matvec jobs and the step itself (embedding, every layer, final
- * norm, LM head) for n sequences at one token each, or for n tokens of one sequence. Matvecs of
- * a layer that share an input run as one batch of pool jobs. The layers' parts are in mixers.c
- * and moe.c. */
+ * norm, LM head) for n sequences at one token each, for n tokens of one sequence, or for runs of
+ * tokens of several sequences (a verify); and the MTP block's step, whose input mixes each token's
+ * embedding with the trunk's hidden. Matvecs of a layer that share an input run as one batch of
+ * pool jobs. The layers' parts are in mixers.c and moe.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,7 @@ void *eng_arena_alloc(fm_engine *e, size_t bytes) {
 }
 
 static void free_scratch(fm_engine *e) {
-    float **fs[] = { &e->x, &e->xn, &e->p_qkv, &e->p_z, &e->p_alpha, &e->p_beta, &e->p_k, &e->p_v,
+    float **fs[] = { &e->x, &e->xn, &e->cat, &e->p_qkv, &e->p_z, &e->p_alpha, &e->p_beta, &e->p_k, &e->p_v,
                      &e->conv_out, &e->core, &e->attn_out, &e->router, &e->probs, &e->rope,
                      &e->wts, &e->sg, &e->g, &e->u, &e->down };
     for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) { free(*fs[i]); *fs[i] = NULL; }
@@ -39,7 +40,7 @@ static int reserve(fm_engine *e, int n) {
     const size_t K1 = (size_t)m->n_experts_used + 1, F = MAX(m->expert_ffn, m->shared_ffn);
     const size_t nv2 = 2 * (size_t)m->n_v_heads, cap = (size_t)n;
     struct { float **p; size_t count; } plan[] = {
-        { &e->x, cap * H }, { &e->xn, cap * H }, { &e->p_qkv, cap * MAX(C, QG) }, { &e->p_z, cap * MAX(Z, KV) },
+        { &e->x, cap * H }, { &e->xn, cap * H }, { &e->cat, m->eh_proj.data ? cap * 2 * H : 0 }, { &e->p_qkv, cap * MAX(C, QG) }, { &e->p_z, cap * MAX(Z, KV) },
         { &e->p_alpha, cap * nv2 }, { &e->p_beta, cap * nv2 }, { &e->p_k, cap * KV }, { &e->p_v, cap * KV },
         { &e->conv_out, cap * C }, { &e->core, cap * MAX(Z, AO) }, { &e->attn_out, cap * H },
         { &e->router, cap * m->n_experts }, { &e->probs, m->n_experts },
@@ -171,19 +172,42 @@ void eng_norm_rows(fm_engine *e, const float *w, int n) {
         fm_rmsnorm(e->x + (size_t)b * e->m->hidden, w, e->xn + (size_t)b * e->m->hidden, e->m->hidden, e->m->rms_eps);
 }
 
-// ---- one step: a decode step (n sequences, one token each) or a prefill chunk (n tokens of one
-// sequence, in order); the logits of the last logit_rows rows
+// ---- one step: a decode step (n sequences, one token each), a prefill chunk (n tokens of one
+// sequence, in order) or a verify (runs of tokens of several sequences); the logits of the last
+// logit_rows rows, and their hidden after the final norm
 
-static int layers_and_head(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, int logit_rows, float *logits) {
-    const fm_model *m = e->m;
-    const double t0 = eng_seconds();
+static void begin_step(fm_engine *e) {
     e->bytes = 0.0;
+    e->arena_used = 0;
+    e->memo.rows = NULL;
     memset(e->phase_s, 0, sizeof e->phase_s);
     memset(e->phase_bytes, 0, sizeof e->phase_bytes);
+}
+
+static void embed_rows(fm_engine *e, int n, const int *tokens) {
+    const fm_model *m = e->m;
     for (int b = 0; b < n; b++)
         fm_dequant_row(m->embd.type, (const uint8_t *)m->embd.data + (size_t)tokens[b] * m->embd.row_bytes,
                        e->x + (size_t)b * m->hidden, m->hidden);
     e->bytes += (double)n * m->embd.row_bytes;
+}
+
+// the MTP block's input: x = eh_proj [rmsnorm(emb) * enorm; rmsnorm(h) * hnorm]
+static int mtp_input_rows(fm_engine *e, int n, const int *tokens, const float *hidden) {
+    const fm_model *m = e->m;
+    const size_t H = m->hidden;
+    embed_rows(e, n, tokens);
+    for (int b = 0; b < n; b++) {
+        fm_rmsnorm(e->x + b * H, m->enorm, e->cat + 2 * b * H, (int)H, m->rms_eps);
+        fm_rmsnorm(hidden + b * H, m->hnorm, e->cat + 2 * b * H + H, (int)H, m->rms_eps);
+    }
+    if (eng_dense(e, &m->eh_proj, e->cat, n, e->x)) return -1;
+    eng_run_jobs(e, PH_MIX_IN);
+    return 0;
+}
+
+static int layers_and_head(fm_engine *e, int n, const fm_seq *seqs, int logit_rows, float *logits, float *hidden) {
+    const fm_model *m = e->m;
     for (int i = 0; i < m->n_layers; i++) {
         const fm_layer *L = &m->layers[i];
         int err = L->is_full ? eng_full_layer(e, L, e->full_index[i], n, seqs) : eng_linear_layer(e, L, e->lin_index[i], n, seqs);
@@ -193,23 +217,31 @@ static int layers_and_head(fm_engine *e, int n, const int *tokens, const fm_seq 
         const size_t skip = (size_t)(n - logit_rows) * m->hidden;
         memmove(e->x, e->x + skip, sizeof(float) * (size_t)logit_rows * m->hidden);
         eng_norm_rows(e, m->out_norm, logit_rows);
+        if (hidden) memcpy(hidden, e->xn, sizeof(float) * (size_t)logit_rows * m->hidden);
         if (eng_dense(e, &m->output, e->xn, logit_rows, logits)) return -1;
         eng_run_jobs(e, PH_HEAD);
     }
-    e->step_s = eng_seconds() - t0;
     return 0;
 }
 
-static int step(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, int logit_rows, float *logits) {
+// mtp_hidden NULL: the rows start from the tokens' embeddings; else the MTP block's input
+static int step(fm_engine *e, int n, const int *tokens, const float *mtp_hidden, const fm_seq *seqs, int logit_rows,
+                float *logits, float *hidden) {
     if (reserve(e, n) != 0) return -1;
     const unsigned mxcsr = fm_flush_denormals();   // internal.h
-    const int err = layers_and_head(e, n, tokens, seqs, logit_rows, logits);
+    const double t0 = eng_seconds();
+    begin_step(e);
+    int err = 0;
+    if (mtp_hidden) err = mtp_input_rows(e, n, tokens, mtp_hidden);
+    else embed_rows(e, n, tokens);
+    err = err || layers_and_head(e, n, seqs, logit_rows, logits, hidden);
+    e->step_s = eng_seconds() - t0;
     _mm_setcsr(mxcsr);
-    return err;
+    return err ? -1 : 0;
 }
 
 int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float *logits) {
-    return step(e, n, tokens, seqs, n, logits);
+    return step(e, n, tokens, NULL, seqs, n, logits, NULL);
 }
 
 int fm_prefill(fm_engine *e, int n, const int *tokens, const fm_seq *seq, int logit_rows, float *logits) {
@@ -221,8 +253,34 @@ int fm_prefill(fm_engine *e, int n, const int *tokens, const fm_seq *seq, int lo
         rows[b].pos = seq->pos + b;
     }
     e->chain = 1;
-    const int err = step(e, n, tokens, rows, logit_rows, logits);
+    const int err = step(e, n, tokens, NULL, rows, logit_rows, logits, NULL);
     e->chain = 0;
     free(rows);
     return err;
+}
+
+int fm_verify(fm_engine *e, int n_runs, const int *run_rows, const int *tokens, const fm_seq *rows, float *logits,
+              float *hidden) {
+    if (n_runs < 1 || e->m->eh_proj.data) return -1;
+    int *first = malloc(sizeof(int) * (size_t)(n_runs + 1));
+    if (!first) return -1;
+    first[0] = 0;
+    for (int r = 0; r < n_runs; r++) {
+        if (run_rows[r] < 1) { free(first); return -1; }
+        first[r + 1] = first[r] + run_rows[r];
+    }
+    e->n_runs = n_runs;
+    e->run_first = first;
+    const int n = first[n_runs];
+    const int err = step(e, n, tokens, NULL, rows, n, logits, hidden);
+    e->run_first = NULL;
+    free(first);
+    return err;
+}
+
+int fm_draft(fm_engine *e, int n, const int *tokens, const float *hidden, const fm_seq *seqs, float *logits,
+             float *hidden_out) {
+    const fm_model *m = e->m;
+    if (n < 1 || !hidden || !m->eh_proj.data || m->n_layers != 1 || !m->layers[0].is_full) return -1;
+    return step(e, n, tokens, hidden, seqs, n, logits, hidden_out);
 }

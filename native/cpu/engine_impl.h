@@ -1,4 +1,5 @@
-/* The decode engine's state and the helpers its layer files share (engine.c, mixers.c, moe.c).
+/* The decode engine's state and the helpers its layer files share (engine.c, mixers.c, moe.c,
+ * attn_runs.c).
  * Internal to native/cpu. */
 #ifndef FERMIUM_ENGINE_IMPL_H
 #define FERMIUM_ENGINE_IMPL_H
@@ -30,9 +31,12 @@ struct fm_engine {
     fm_pool *pool;
     int cap;                      // batch capacity of the scratch below
     int chain;                    // 1 in a prefill: the rows are one sequence's tokens, in order
+    int n_runs;                   // in a verify: the sequences, each run_first[r]..run_first[r+1]-1 of the rows
+    const int *run_first;         // (n_runs + 1,), or NULL outside a verify
     int *lin_index, *full_index;  // (n_layers,) position among linear / full layers, or -1
     // scratch, each (cap, ...)
     float *x, *xn;                // (cap, H)
+    float *cat;                   // (cap, 2H) when the model has eh_proj: the MTP block's input
     float *p_qkv, *p_z, *p_alpha, *p_beta, *p_k, *p_v;
     float *conv_out, *core, *attn_out;
     float *router, *probs, *rope;
@@ -49,6 +53,15 @@ struct fm_engine {
     double phase_s[PH_COUNT], phase_bytes[PH_COUNT], step_s;   // the last step
 };
 
+// the runs of a step, each a sequence whose rows go in order: one per row in a decode step, the
+// whole chunk in a prefill, the verify's runs
+static inline int eng_runs(const fm_engine *e, int n) { return e->chain ? 1 : e->run_first ? e->n_runs : n; }
+static inline void eng_run_span(const fm_engine *e, int n, int r, int *b0, int *b1) {
+    if (e->chain) { *b0 = 0; *b1 = n; }
+    else if (e->run_first) { *b0 = e->run_first[r]; *b1 = e->run_first[r + 1]; }
+    else { *b0 = r; *b1 = r + 1; }
+}
+
 // ---- engine.c: scratch and matvec jobs
 void *eng_arena_alloc(fm_engine *e, size_t bytes);
 // n rows of x (stride floats apart) quantized for weights of `type`; NULL when out of arena
@@ -64,6 +77,26 @@ void eng_phase_since(fm_engine *e, int phase, double t0);
 void eng_add_rows(float *x, const float *y, int n, int H);
 // every phase starts from the norm of the residual: it also recycles the arena
 void eng_norm_rows(fm_engine *e, const float *w, int n);
+
+// ---- attn_runs.c: a verify's attention, runs of one sequence's consecutive query rows over the pool
+typedef struct {
+    int n_runs;
+    const int *first;             // (n_runs + 1,): run r is rows first[r] .. first[r+1]-1
+    const int *pos0;              // (n_runs,): the position of each run's first row
+    const float *q;               // row i's query head h at q + i * q_tok + h * q_head
+    size_t q_tok, q_head;
+    const void *const *k, *const *v;   // (n_runs,): each run's cache, positions kv_stride bytes apart
+    size_t kv_stride;
+    int kv_type;
+    float *o;                     // row i's head h at o + i * o_tok + h * o_head
+    size_t o_tok, o_head;
+    int nkv, group, hd;
+    float scale;
+    float *work;                  // eng_attn_runs_work floats
+    float *part;                  // set by eng_attn_runs: the splits' parts, inside work
+} eng_attn_runs_args;
+size_t eng_attn_runs_work(const eng_attn_runs_args *a, int threads);
+int eng_attn_runs(fm_pool *pool, eng_attn_runs_args *a);   // 0, or -1 where the ISA has no kernel
 
 // ---- mixers.c and moe.c: one layer's parts for n tokens; 0 or -1 (out of scratch)
 int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_seq *seqs);

@@ -1,6 +1,8 @@
-/* The token mixers of one decode step: Gated DeltaNet (conv update, recurrent delta rule,
- * gated norm) and gated full attention (q/k norms, partial RoPE, KV append, GQA, output
- * gate). Per-head work runs as pool tasks; the KV cache is kept in the model's kv_type. */
+/* The token mixers of one step: Gated DeltaNet (conv update, recurrent delta rule, gated norm)
+ * and gated full attention (q/k norms, partial RoPE, KV append, GQA, output gate). Per-head work
+ * runs as pool tasks, the recurrences per run of one sequence's rows in order (engine_impl.h:
+ * eng_runs); the KV cache is kept in the model's kv_type. Every row's keys and values are stored
+ * before any row attends, so a row attends to the earlier rows of its sequence in the same step. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +13,8 @@
 
 typedef struct { fm_engine *e; const fm_layer *L; const fm_seq *seqs; int li, n; } layer_ctx;
 
-// the conv update's channels split into runs of whole heads: per sequence in a decode step; in a
-// prefill, where the rows take turns through each run, more runs to share among the threads
+// the conv update's channels split into parts of whole heads: per sequence in a decode step; in a
+// prefill, where the rows take turns through each part, more parts to share among the threads
 #define CONV_TASKS 4
 #define CONV_TASKS_CHAIN 16
 
@@ -37,15 +39,27 @@ static void conv_run(const layer_ctx *c, int b, int part, int parts) {
         fm_l2norm_scale(co + (size_t)u * dk, dk, 1e-6f, u < nk ? 1.0f / sqrtf((float)dk) : 1.0f);
 }
 
-static void conv_task(void *arg, int task, int thread) {   // decode: (sequence, run)
-    (void)thread;
-    conv_run(arg, task / CONV_TASKS, task % CONV_TASKS, CONV_TASKS);
+// a verify's row b > b0 of a run starts from the state the row before it left, in its own buffer
+static int own_state(float *const *mine, float *const *before, int li) {
+    return mine[li] != before[li];
 }
 
-static void conv_chain_task(void *arg, int part, int thread) {   // prefill: one run, rows in order
+// (run, part): the run's rows in order through this part of the channels
+static void conv_task(void *arg, int task, int thread) {
     (void)thread;
     const layer_ctx *c = arg;
-    for (int b = 0; b < c->n; b++) conv_run(c, b, part, CONV_TASKS_CHAIN);
+    const fm_model *m = c->e->m;
+    const int parts = eng_runs(c->e, c->n) == c->n ? CONV_TASKS : CONV_TASKS_CHAIN, part = task % parts;
+    const int units = 2 * m->n_k_heads + m->n_v_heads, K1 = m->conv_kernel - 1;
+    int b0, b1;
+    eng_run_span(c->e, c->n, task / parts, &b0, &b1);
+    for (int b = b0; b < b1; b++) {
+        if (b > b0 && own_state(c->seqs[b].conv, c->seqs[b - 1].conv, c->li)) {
+            const size_t c0 = unit_channel(m, units * part / parts), c1 = unit_channel(m, units * (part + 1) / parts);
+            memcpy(c->seqs[b].conv[c->li] + c0 * K1, c->seqs[b - 1].conv[c->li] + c0 * K1, sizeof(float) * (c1 - c0) * K1);
+        }
+        conv_run(c, b, part, parts);
+    }
 }
 
 // the decay and the beta of value head p of sequence b
@@ -82,19 +96,23 @@ static void gdn_run(const layer_ctx *c, int b, int p) {
     fm_mul_silu(o, z, dv);
 }
 
-static void gdn_task(void *arg, int task, int thread) {   // decode: (sequence, head)
+// (run, head): the run's rows in order; a head's state stays in cache from row to row
+static void gdn_task(void *arg, int task, int thread) {
     (void)thread;
     const layer_ctx *c = arg;
-    gdn_run(c, task / c->e->m->n_v_heads, task % c->e->m->n_v_heads);
+    const fm_model *m = c->e->m;
+    const int p = task % m->n_v_heads;
+    const size_t head = (size_t)m->head_k_dim * m->head_v_dim;
+    int b0, b1;
+    eng_run_span(c->e, c->n, task / m->n_v_heads, &b0, &b1);
+    for (int b = b0; b < b1; b++) {
+        if (b > b0 && own_state(c->seqs[b].ssm, c->seqs[b - 1].ssm, c->li))
+            memcpy(c->seqs[b].ssm[c->li] + p * head, c->seqs[b - 1].ssm[c->li] + p * head, sizeof(float) * head);
+        gdn_run(c, b, p);
+    }
 }
 
-static void gdn_chain_task(void *arg, int p, int thread) {   // prefill: one head, rows in order
-    (void)thread;
-    const layer_ctx *c = arg;
-    for (int b = 0; b < c->n; b++) gdn_run(c, b, p);
-}
-
-// one pool task per (sequence, head), timed as the mixer heads with the bytes they move
+// one pool task per (run, head), timed as the mixer heads with the bytes they move
 static void run_heads(fm_engine *e, fm_task_fn fn, layer_ctx *c, int tasks, double bytes) {
     const double t0 = eng_seconds();
     fm_pool_run(e->pool, fn, c, tasks);
@@ -115,12 +133,17 @@ int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_se
     eng_run_jobs(e, PH_MIX_IN);
     const double t0 = eng_seconds();
     layer_ctx c = { e, L, seqs, li, n };
-    if (e->chain) fm_pool_run(e->pool, conv_chain_task, &c, CONV_TASKS_CHAIN);
-    else fm_pool_run(e->pool, conv_task, &c, n * CONV_TASKS);
+    const int runs = eng_runs(e, n);
+    fm_pool_run(e->pool, conv_task, &c, runs * (runs == n ? CONV_TASKS : CONV_TASKS_CHAIN));
     eng_phase_since(e, PH_MIX_PREP, t0);
-    const double state_bytes = 2.0 * sizeof(float) * nv * dk * dv;   // each state read and written
-    if (e->chain) run_heads(e, gdn_chain_task, &c, nv, state_bytes);   // a head's state stays in cache
-    else run_heads(e, gdn_task, &c, n * nv, n * state_bytes);
+    int states = runs;   // the states read and written: one per run, and one more per row that copies
+    for (int r = 0; r < runs; r++) {
+        int b0, b1;
+        eng_run_span(e, n, r, &b0, &b1);
+        for (int b = b0 + 1; b < b1; b++)
+            states += own_state(seqs[b].ssm, seqs[b - 1].ssm, li);
+    }
+    run_heads(e, gdn_task, &c, runs * nv, states * 2.0 * sizeof(float) * nv * dk * dv);
     if (eng_dense(e, &L->ssm_out, e->core, n, e->attn_out)) return -1;
     eng_run_jobs(e, PH_MIX_OUT);
     eng_add_rows(e->x, e->attn_out, n, m->hidden);
@@ -181,12 +204,15 @@ static void rope_table(fm_engine *e, int pos) {
     }
 }
 
-// the attention work: one kernel's per pool thread, and in a decode the parts of the splits
-static int reserve_scores(fm_engine *e, int n, const fm_seq *seqs) {
+// the attention work: one kernel's per pool thread, and in a decode or a verify the parts of the
+// splits (runs: a verify's, else NULL)
+static int reserve_scores(fm_engine *e, int n, const fm_seq *seqs, const eng_attn_runs_args *runs) {
     const fm_model *m = e->m;
     const int group = m->n_heads / m->n_kv_heads, threads = fm_pool_threads(e->pool);
     size_t need = (size_t)threads * fm_attn_tiled_work(group, m->head_dim);
-    if (!e->chain) {
+    if (runs) {
+        need = eng_attn_runs_work(runs, threads);
+    } else if (!e->chain) {
         int pos[n];
         for (int b = 0; b < n; b++) pos[b] = seqs[b].pos;
         need = fm_attn_decode_work(threads, n, pos, m->n_kv_heads, group, m->head_dim, 0);
@@ -225,23 +251,44 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
             fm_kv_store(m->kv_type, e->p_v + ((size_t)b * nkv + h) * hd, vc + h * head, hd);
         }
     }
-    if (reserve_scores(e, n, seqs)) return -1;
+    // a verify: each sequence's rows attend together, its cache read once for all of them
+    const int runs = e->run_first ? e->n_runs : 0, slots = runs > 0 ? runs : 1;
+    int pos0[slots];
+    const void *rk[slots], *rv[slots];
+    for (int r = 0; r < runs; r++) {
+        const fm_seq *s = &seqs[e->run_first[r]];
+        pos0[r] = s->pos;
+        rk[r] = s->k[fi];
+        rv[r] = s->v[fi];
+    }
+    eng_attn_runs_args ra = { runs, e->run_first, pos0, e->p_qkv, 2 * (size_t)nh * hd, 2 * (size_t)hd, rk, rv,
+                              nkv * head, m->kv_type, e->core, (size_t)nh * hd, hd, nkv, nh / nkv, hd,
+                              1.0f / sqrtf((float)hd), NULL, NULL };
+    if (reserve_scores(e, n, seqs, runs ? &ra : NULL)) return -1;
     eng_phase_since(e, PH_MIX_PREP, t0);
     layer_ctx c = { e, L, seqs, fi, n };
     const int bq = e->chain ? fm_attn_block_tokens(nh / nkv) : 1;
-    double kv_bytes = 0.0;   // the keys and values read: once per sequence, or per block of the chunk
-    for (int b = 0; b < n; b += bq)
-        kv_bytes += 2.0 * head * (seqs[(b + bq < n ? b + bq : n) - 1].pos + 1) * nkv;
+    double kv_bytes = 0.0;   // the keys and values read: once per sequence or run, or per block of the chunk
+    if (runs)
+        for (int r = 0; r < runs; r++) kv_bytes += 2.0 * head * (seqs[e->run_first[r + 1] - 1].pos + 1) * nkv;
+    else
+        for (int b = 0; b < n; b += bq)
+            kv_bytes += 2.0 * head * (seqs[(b + bq < n ? b + bq : n) - 1].pos + 1) * nkv;
     if (e->chain) {
         run_heads(e, attn_chain_task, &c, nkv * ((n + bq - 1) / bq), kv_bytes);
     } else {
         const double t1 = eng_seconds();
-        int pos[n];
-        const void *ks[n], *vs[n];
-        for (int b = 0; b < n; b++) { pos[b] = seqs[b].pos; ks[b] = seqs[b].k[fi]; vs[b] = seqs[b].v[fi]; }
-        fm_attn_decode(e->pool, -1, n, pos, e->p_qkv, 2 * (size_t)nh * hd, 2 * (size_t)hd, ks, vs, nkv * head,
-                       m->kv_type, e->core, (size_t)nh * hd, hd, nkv, nh / nkv, hd, 1.0f / sqrtf((float)hd), 0,
-                       e->scores);
+        if (runs) {
+            ra.work = e->scores;
+            if (eng_attn_runs(e->pool, &ra)) return -1;
+        } else {
+            int pos[n];
+            const void *ks[n], *vs[n];
+            for (int b = 0; b < n; b++) { pos[b] = seqs[b].pos; ks[b] = seqs[b].k[fi]; vs[b] = seqs[b].v[fi]; }
+            fm_attn_decode(e->pool, -1, n, pos, e->p_qkv, 2 * (size_t)nh * hd, 2 * (size_t)hd, ks, vs, nkv * head,
+                           m->kv_type, e->core, (size_t)nh * hd, hd, nkv, nh / nkv, hd, 1.0f / sqrtf((float)hd), 0,
+                           e->scores);
+        }
         fm_pool_run(e->pool, gate_task, &c, n * nkv);
         eng_phase_since(e, PH_HEADS, t1);
         e->phase_bytes[PH_HEADS] += kv_bytes;
