@@ -61,6 +61,8 @@ class ModelConfig:
     expert_ffn: int
     shared_ffn: int              # 0: no shared expert
     fused_ba: bool = False       # see ArchTraits
+    # mRoPE: how many of the rope_dim / 2 frequencies follow T, H and W (interleaved); () = none
+    rope_sections: tuple[int, ...] = ()
 
     def is_full_attention(self, layer: int) -> bool:
         return (layer + 1) % self.full_attention_interval == 0
@@ -145,4 +147,6 @@ class ModelConfig:
             expert_ffn=int(key("expert_feed_forward_length")),
             shared_ffn=int(key("expert_shared_feed_forward_length", 0)),
             fused_ba=traits.fused_ba,
+            rope_sections=tuple(int(s) for s in get(f"{arch}.rope.dimension_sections"))
+            if has(f"{arch}.rope.dimension_sections") else (),
         )

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..kv_cache import kv_decode, kv_encode
 from ..model.config import ModelConfig
-from .ops import rms_norm, rope_neox, sigmoid, softmax
+from .ops import rms_norm, rope_mrope, rope_neox, sigmoid, softmax
 from .weights import LayerWeights
 
 
@@ -16,10 +16,11 @@ class GatedAttention:
     def __init__(self, cfg: ModelConfig, w: LayerWeights, kv_type: str = "f32"):
         self.cfg, self.w, self.kv_type = cfg, w, kv_type
 
-    def forward(self, x: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def forward(self, x: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: int,
+                rope_pos: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """x: [T, hidden]; caches: kv_shape(pos, n_kv, hd) in kv_type -> ([T, hidden], new k cache,
-        new v cache)."""
+        new v cache). rope_pos: [3, T] mRoPE positions (T, H, W) for a prompt with images; None:
+        each row's position in the sequence."""
         cfg, w = self.cfg, self.w
         T, nh, nkv, hd = x.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qg = (x @ w["q"].T).reshape(T, nh, 2 * hd)                            # per head: [query | gate]
@@ -29,8 +30,12 @@ class GatedAttention:
         q = rms_norm(q, w["q_norm"], cfg.rms_eps)
         k = rms_norm(k, w["k_norm"], cfg.rms_eps)
         positions = np.arange(pos, pos + T)
-        q = rope_neox(q, positions, cfg.rope_dim, cfg.rope_theta)
-        k = rope_neox(k, positions, cfg.rope_dim, cfg.rope_theta)
+        if rope_pos is None:
+            q = rope_neox(q, positions, cfg.rope_dim, cfg.rope_theta)
+            k = rope_neox(k, positions, cfg.rope_dim, cfg.rope_theta)
+        else:
+            q = rope_mrope(q, rope_pos, cfg.rope_dim, cfg.rope_theta, cfg.rope_sections)
+            k = rope_mrope(k, rope_pos, cfg.rope_dim, cfg.rope_theta, cfg.rope_sections)
 
         k_cache = np.concatenate([k_cache, kv_encode(k, self.kv_type)], axis=0)   # [S, nkv, kv_width]
         v_cache = np.concatenate([v_cache, kv_encode(v, self.kv_type)], axis=0)

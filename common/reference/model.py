@@ -7,7 +7,9 @@ It is plain on purpose: one layer object per block, the chunked Gated DeltaNet f
 the recurrent form for decode, weights dequantized from the GGUF blocks as they are needed.
 Speculative decoding's verify runs the rows one at a time in the recurrent form, saving the
 recurrent state after each (common/reference/rollback.py); the draft step is the MTP block
-(common/reference/mtp.py).
+(common/reference/mtp.py). A prompt with images takes the vision encoder's rows in place of its
+image tokens' embeddings and mRoPE positions (common/reference/multimodal.py); text alone keeps
+the 1-D RoPE.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from .attention import GatedAttention
 from .deltanet import PREFILL_CHUNK, GatedDeltaNet
 from .moe import MoE
 from .mtp import MtpBlock
+from .multimodal import MropeInput
 from .ops import rms_norm
 from .weights import LayerWeights, Weights
 
@@ -48,9 +51,10 @@ class ReferenceModel:
         return SequenceState.empty(self.cfg, self.kv_type)
 
     def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = PREFILL_CHUNK,
-                all_logits: bool = False) -> np.ndarray:
-        """Chunked form over the prompt. Returns logits [vocab] of the last token, or [T, vocab]."""
-        logits = self.forward(tokens, state, recurrent=False, chunk=chunk, all_logits=all_logits)
+                all_logits: bool = False, mm: MropeInput | None = None) -> np.ndarray:
+        """Chunked form over the prompt. Returns logits [vocab] of the last token, or [T, vocab].
+        `mm`: the image embeddings and mRoPE positions of a prompt with images (multimodal.py)."""
+        logits = self.forward(tokens, state, recurrent=False, chunk=chunk, all_logits=all_logits, mm=mm)
         return logits if all_logits else logits[-1]
 
     def decode(self, tokens: Sequence[int], states: list[SequenceState]) -> np.ndarray:
@@ -58,22 +62,25 @@ class ReferenceModel:
         return np.stack([self.forward([t], s, recurrent=True)[-1] for t, s in zip(tokens, states)])
 
     def forward(self, tokens: Sequence[int], state: SequenceState, *, recurrent: bool,
-                chunk: int = PREFILL_CHUNK, all_logits: bool = True) -> np.ndarray:
-        x = self.hidden(tokens, state, recurrent=recurrent, chunk=chunk, last_only=not all_logits)
+                chunk: int = PREFILL_CHUNK, all_logits: bool = True, mm: MropeInput | None = None) -> np.ndarray:
+        x = self.hidden(tokens, state, recurrent=recurrent, chunk=chunk, last_only=not all_logits, mm=mm)
         return self.w.matmul_rows_blocked(self.globals["head"], x)
 
     def hidden(self, tokens: Sequence[int], state: SequenceState, *, recurrent: bool,
-               chunk: int = PREFILL_CHUNK, last_only: bool = False) -> np.ndarray:
+               chunk: int = PREFILL_CHUNK, last_only: bool = False, mm: MropeInput | None = None) -> np.ndarray:
         """The trunk over `tokens` from state.pos: the hidden after output_norm, [T or 1, hidden]."""
         cfg = self.cfg
         ids = self._ids(tokens)
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this runner")
         x = self.w.rows(self.globals["embd"], ids)                            # [T, hidden]
+        rope_pos = self._check_mm(mm, len(ids))
+        if mm is not None and len(mm.rows):
+            x[mm.rows] = mm.embeds                                            # image tokens: the encoder's rows
         for i in range(cfg.n_layers):
             w, n = self.layers[i], self.slot[i]
             h = rms_norm(x, w["attn_norm"], cfg.rms_eps)
             if cfg.is_full_attention(i):
-                h, state.k[n], state.v[n] = self.mixers[i].forward(h, state.k[n], state.v[n], state.pos)
+                h, state.k[n], state.v[n] = self.mixers[i].forward(h, state.k[n], state.v[n], state.pos, rope_pos)
             else:
                 h, state.conv[n], state.ssm[n] = self.mixers[i].forward(
                     h, state.conv[n], state.ssm[n], recurrent, chunk)
@@ -84,6 +91,20 @@ class ReferenceModel:
         if last_only:
             x = x[-1:]
         return rms_norm(x, self.w.get(self.globals["out_norm"]), cfg.rms_eps)
+
+    def _check_mm(self, mm: MropeInput | None, n: int) -> np.ndarray | None:
+        if mm is None:
+            return None
+        if mm.n_rows != n:
+            raise ValueError(f"mRoPE positions for {mm.n_rows} rows, the call has {n}")
+        sections = self.cfg.rope_sections
+        if len(sections) < 3 or sum(sections) != self.cfg.rope_dim // 2:
+            raise ValueError(f"{self.model.path}: {self.cfg.arch}.rope.dimension_sections is {list(sections)}; "
+                             f"mRoPE for images needs sections that sum to {self.cfg.rope_dim // 2}")
+        if len(mm.rows) and mm.embeds.shape != (len(mm.rows), self.cfg.hidden_size):
+            raise ValueError(f"image embeddings of shape {list(mm.embeds.shape)}; the model takes "
+                             f"[{len(mm.rows)}, {self.cfg.hidden_size}]")
+        return mm.rope_pos
 
     def _ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

@@ -22,8 +22,9 @@ INDEX_FILE = "model.safetensors.index.json"
 WRAPPER_PREFIX = "model.language_model."
 # The MTP block: `mtp.*`, which some checkpoints keep as `model.mtp.*`
 MTP_PREFIX, MTP_ALIAS = "mtp.", "model.mtp."
-# Parts of a checkpoint the text path does not use.
-SKIPPED_PREFIXES = ("model.visual.", "visual.")
+# The vision tower, which the mmproj file holds (common/model/convert/mmproj.py) and the text path skips.
+VISION_PREFIXES = ("model.visual.", "visual.")
+VISION_NAME = "visual."          # a vision tensor's name here: `visual.blocks.0.attn.qkv.weight`
 
 _DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
@@ -89,17 +90,18 @@ def load_config(src: Path) -> tuple[dict, dict]:
 
 class Checkpoint:
     """Tensors of a checkpoint directory, by their text-model names (`model.layers.0...`, and
-    `mtp.*` for the MTP block)."""
+    `mtp.*` for the MTP block); with `vision`, the vision tower's instead (`visual.*`)."""
 
-    def __init__(self, src: str | Path):
+    def __init__(self, src: str | Path, vision: bool = False):
         self.src = Path(src)
+        self.vision = vision
         if not self.src.is_dir():
             raise ConvertError(self.src, "not a directory")
         self.config, self.text_config = load_config(self.src)
         self.refs: dict[str, TensorRef] = {}
         for shard in self._shards():
             for key, ref in read_header(shard).items():
-                name = self._text_name(key)
+                name = self._vision_name(key) if vision else self._text_name(key)
                 if name is not None:
                     self.refs[name] = ref
         self._maps: dict[Path, np.memmap] = {}
@@ -124,9 +126,16 @@ class Checkpoint:
             return "model." + key[len(WRAPPER_PREFIX):]
         if key.startswith(MTP_ALIAS):
             return MTP_PREFIX + key[len(MTP_ALIAS):]
-        if key.startswith(SKIPPED_PREFIXES):
+        if key.startswith(VISION_PREFIXES):
             return None
         return key
+
+    @staticmethod
+    def _vision_name(key: str) -> str | None:
+        for prefix in VISION_PREFIXES:
+            if key.startswith(prefix):
+                return VISION_NAME + key[len(prefix):]
+        return None
 
     def __contains__(self, name: str) -> bool:
         return name in self.refs
