@@ -75,6 +75,11 @@ def ctx_size_setting() -> Any:
                    aliases=("max_model_len",), min=0)
 
 
+def mmproj_setting() -> Any:
+    return setting(None, "Vision tower: an mmproj GGUF (llama.cpp's, or fermium convert --mmproj); chat messages "
+                         "may then hold image_url parts. The same on router and prefill.", path=True)
+
+
 def kv_type_setting() -> Any:
     from common.kv_cache import DEFAULT_KV_TYPE, KV_TYPES
     return setting(DEFAULT_KV_TYPE, f"KV cache type: {', '.join(KV_TYPES)}. The same on router, prefill and decode.")

@@ -24,12 +24,17 @@ router
     fermium_snapshot_stored_total{source}      counter  source: prefill | decode
     fermium_snapshot_bytes{tier}               gauge    tier: ram | disk
     fermium_tool_call_parse_failures_total     counter  malformed spots in chat output, returned as content
+    fermium_images_total                       counter  images in admitted requests (image_url parts)
+    fermium_image_tokens_total                 counter  the image tokens they became
 prefill
     fermium_prefill_requests_total{outcome}    counter  outcome: ok | cancelled | error
     fermium_prefill_tokens_total               counter
     fermium_prefill_time_seconds               histogram  one prompt, backend compute
     fermium_prefill_weight_bytes_total         counter  weight bytes the backend moved (stats())
     fermium_prefill_backend_stat{key}          gauge    every numeric entry of backend.stats()
+    fermium_prefill_images_total               counter  images through the vision encoder
+    fermium_prefill_image_tokens_total         counter  the image tokens their rows filled
+    fermium_prefill_encoder_seconds            histogram  one image through the vision encoder
     fermium_num_requests_running / _waiting    gauge
     (fermium_prefill_backend_stat exists from startup for BACKEND_STAT_KEYS (0 until the backend reports them))
 decode
@@ -135,6 +140,8 @@ class RouterMetrics(_Metrics):
                                          ("ram", "disk"))
         self.tool_call_parse_failures = self.counter("fermium_tool_call_parse_failures",
                                                      "Malformed tool calls or reasoning tags in chat output")
+        self.images = self.counter("fermium_images", "Images in admitted requests")
+        self.image_tokens = self.counter("fermium_image_tokens", "Image tokens of admitted requests")
         self._load_gauges()
 
 
@@ -149,6 +156,9 @@ class PrefillMetrics(_Metrics):
         self.time = self.histogram("fermium_prefill_time_seconds", "Backend time of one prefill")
         self.weight_bytes = self.counter("fermium_prefill_weight_bytes", "Weight bytes moved by the backend")
         self.backend_stat = self.gauge("fermium_prefill_backend_stat", "Numeric backend stats", ("key",))
+        self.images = self.counter("fermium_prefill_images", "Images through the vision encoder")
+        self.image_tokens = self.counter("fermium_prefill_image_tokens", "Image tokens filled by the encoder")
+        self.encoder_time = self.histogram("fermium_prefill_encoder_seconds", "One image through the vision encoder")
         for key in BACKEND_STAT_KEYS:
             self.backend_stat.labels(key).set(0)
         self._load_gauges()

@@ -2,6 +2,9 @@
 
 Per linear-attention layer: the conv tail and the Gated DeltaNet matrix.
 Per full-attention layer: the K and V caches up to `pos`, in the cache's type (common.kv_cache).
+After an image, the rotary position of a text row is its sequence position plus `rope_delta`
+(an image of h x w tokens advances the mRoPE position by max(h, w), not by h * w:
+common/reference/multimodal.py), so decode carries on at `pos + rope_delta`.
 `check_state` holds arrays from the wire to the model's shapes before any native code reads
 them; `wire_limits` is the largest message that can legitimately carry a state.
 """
@@ -28,6 +31,12 @@ class SequenceState:
     k: list[np.ndarray] = field(default_factory=list)   # per full layer: kv_shape(pos, ...) in kv_type
     v: list[np.ndarray] = field(default_factory=list)   # per full layer: kv_shape(pos, ...) in kv_type
     kv_type: str = "f32"                      # common.kv_cache.KV_TYPES
+    rope_delta: int = 0                       # the next row's rotary position minus pos (images before it)
+
+    @property
+    def rope_pos(self) -> int:
+        """The rotary position of the next text row."""
+        return self.pos + self.rope_delta
 
     @classmethod
     def empty(cls, cfg: ModelConfig, kv_type: str = "f32") -> "SequenceState":
@@ -44,7 +53,7 @@ class SequenceState:
 
     def copy(self) -> "SequenceState":
         return SequenceState(self.pos, [a.copy() for a in self.conv], [a.copy() for a in self.ssm],
-                             [a.copy() for a in self.k], [a.copy() for a in self.v], self.kv_type)
+                             [a.copy() for a in self.k], [a.copy() for a in self.v], self.kv_type, self.rope_delta)
 
     def arrays(self) -> list[np.ndarray]:
         """All arrays in a fixed order: conv..., ssm..., k..., v... (the wire and disk order)."""
@@ -52,13 +61,15 @@ class SequenceState:
 
     @classmethod
     def from_arrays(cls, pos: int, arrays: list[np.ndarray], cfg: ModelConfig,
-                    kv_type: str = "f32") -> "SequenceState":
-        """Arrays in arrays() order at position `pos`, checked by check_state (ValueError)."""
+                    kv_type: str = "f32", rope_delta: int = 0) -> "SequenceState":
+        """Arrays in arrays() order at position `pos`, checked by check_state and check_rope_delta
+        (ValueError)."""
         check_state(pos, arrays, cfg, kv_type)
+        check_rope_delta(pos, rope_delta)
         n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
         a = list(arrays)
         return cls(pos, a[:n_lin], a[n_lin:2 * n_lin], a[2 * n_lin:2 * n_lin + n_full],
-                   a[2 * n_lin + n_full:], kv_type)
+                   a[2 * n_lin + n_full:], kv_type, int(rope_delta))
 
     @property
     def nbytes(self) -> int:
@@ -115,6 +126,16 @@ def check_state(pos: int, arrays, cfg: ModelConfig, kv_type: str = "f32") -> Non
                              f"{dtype}{list(shape)}" + (f" (KV cache type {kv_type})" if name[0] in "kv" else ""))
 
 
+def check_rope_delta(pos: int, rope_delta) -> None:
+    """Raise ValueError unless `rope_delta` is an int with pos + rope_delta in [0, pos]: images only
+    hold the rotary position back (an image of h x w tokens advances it by max(h, w) <= h * w)."""
+    if isinstance(rope_delta, bool) or not isinstance(rope_delta, (int, np.integer)):
+        raise ValueError(f"rope_delta must be an integer, got {type(rope_delta).__name__}")
+    if not 0 <= pos + rope_delta <= pos:
+        raise ValueError(f"rope_delta {rope_delta} at position {pos} puts the rotary position outside "
+                         f"[0, {pos}]")
+
+
 def check_logits(logits, cfg: ModelConfig) -> None:
     """Raise ValueError unless `logits` is (vocab,) float32. Non-finite values pass: the sampler
     meets them like the runner's own, and fails only that sequence."""
@@ -123,14 +144,22 @@ def check_logits(logits, cfg: ModelConfig) -> None:
         raise ValueError(f"logits are {got}, the model needs float32[{cfg.vocab_size}]")
 
 
-def wire_limits(cfg: ModelConfig) -> WireLimits:
+def wire_limits(cfg: ModelConfig, vision=None) -> WireLimits:
     """The largest message a service of this model can legitimately receive: a whole state at the
     context length plus logits (a Snapshot, Finished or DecodeRequest), and a header holding two
     token lists of that length (a PrefillRequest's tokens and history). f32, the widest KV type,
-    bounds every type."""
+    bounds every type. With `vision` (a VisionConfig: a prefill worker's --mmproj), a PrefillRequest
+    may also hold a context of images: RGB pixels, factor^2 of them per image token, and as many
+    images as the smallest image fits in the context."""
     specs = [(d, s) for _, d, s in state_specs(cfg.context_length, cfg)] + [(np.dtype(STATE_DTYPE), (cfg.vocab_size,))]
     shapes = [s for _, s in specs]
     sizes = [int(np.prod(s)) * d.itemsize for d, s in specs]
     header = 2 * cfg.context_length * MSGPACK_INT + HEADER_SLACK
-    return WireLimits(frame_bytes=max(*sizes, header), message_bytes=sum(sizes) + header,
-                      frames=1 + len(shapes))
+    limits = WireLimits(frame_bytes=max(*sizes, header), message_bytes=sum(sizes) + header, frames=1 + len(shapes))
+    if vision is None:
+        return limits
+    token_pixels = vision.factor ** 2
+    images = cfg.context_length // max(1, vision.min_pixels // token_pixels)
+    return WireLimits(frame_bytes=max(limits.frame_bytes, 3 * vision.max_pixels),
+                      message_bytes=limits.message_bytes + 3 * token_pixels * cfg.context_length,
+                      frames=limits.frames + images)

@@ -161,7 +161,7 @@ class WorkerServer(abc.ABC):
     ROLE: ClassVar[str] = ""
     REQUEST: ClassVar[type] = Message
 
-    def __init__(self, cfg: WorkerConfig, model: Any, metrics: Any, *, capacity: int):
+    def __init__(self, cfg: WorkerConfig, model: Any, metrics: Any, *, capacity: int, limits: WireLimits | None = None):
         self.cfg, self.model, self.metrics = cfg, model, metrics
         self.log = logging.getLogger(f"fermium.{self.ROLE}")
         self.cancelled = CancelledIds()
@@ -169,7 +169,7 @@ class WorkerServer(abc.ABC):
         self._running = True
         self.link = WorkerLink(self.ROLE, router_address=cfg.router, inbox_address=cfg.listen,
                                token=cfg.worker_token, kv_type=cfg.kv_type, advertise=cfg.advertise, capacity=capacity,
-                               model=model.path.name, load=self.load, limits=wire_limits(model.config),
+                               model=model.path.name, load=self.load, limits=limits or wire_limits(model.config),
                                errors=metrics.protocol_error)
 
     @abc.abstractmethod

@@ -11,7 +11,8 @@ ModelConfig (the state shapes the servers check). Prefill and decode each call t
 their own thread: `prefill_runner` gives prefill another one. The runners' `kv_type` (f32 where
 they have none) is the --kv-type of the router and both workers. `tokenizer` is the vocabulary
 decode builds grammars on (structured output, tool_choice); without one, a grammar is refused.
-`decode_settings` are more DecodeConfig settings (speculative decoding's, for one).
+`decode_settings` are more DecodeConfig settings (speculative decoding's, for one). `mmproj` is
+prefill's vision tower (--mmproj): the router's side of images is the API's (services/router/vision.py).
 """
 from __future__ import annotations
 
@@ -60,10 +61,11 @@ class RunnerBackend:
         self.runner = runner
         self.kv_type = runner_kv_type(runner)
 
-    def prefill(self, tokens, state, *, all_logits: bool = False):
+    def prefill(self, tokens, state, *, all_logits: bool = False, mm=None):
+        extra = {"mm": mm} if mm is not None else {}      # runners without images keep their signature
         if all_logits:
-            return self.runner.prefill(tokens, state, all_logits=True)
-        return self.runner.prefill(tokens, state)
+            return self.runner.prefill(tokens, state, all_logits=True, **extra)
+        return self.runner.prefill(tokens, state, **extra)
 
     def stats(self) -> dict:
         return {}
@@ -72,12 +74,13 @@ class RunnerBackend:
 class LocalDispatcher(Dispatcher):
     def __init__(self, runner, *, cfg: ModelConfig | None = None, prefill_runner=None,
                  cache: PrefixCache | None = None, metrics: RouterMetrics | None = None, name: str = "local",
-                 tokenizer=None, decode_settings: dict | None = None):
+                 tokenizer=None, decode_settings: dict | None = None, mmproj: str | None = None):
         n = next(_ids)
         self.model = LoadedModel(cfg if cfg is not None else runner.cfg, Path(name))
         self.runners = (prefill_runner if prefill_runner is not None else runner, runner)
         self.tokenizer = tokenizer
         self.decode_settings = decode_settings or {}
+        self.mmproj = mmproj
         kv_type = runner_kv_type(runner)
         check_same_kv_type(runner_kv_type(self.runners[0]), kv_type, "the prefill runner", "the decode runner")
         self._names = (f"local://{name}-prefill-{n}", f"local://{name}-decode-{n}")
@@ -92,7 +95,7 @@ class LocalDispatcher(Dispatcher):
         link = dict(router=self.address, worker_token=self.token, kv_type=self.kv_type)
         prefill_runner, decode_runner = self.runners
         self.servers = [
-            PrefillServer(PrefillConfig(model=str(self.model.path), listen=self._names[0], **link),
+            PrefillServer(PrefillConfig(model=str(self.model.path), listen=self._names[0], mmproj=self.mmproj, **link),
                           model=self.model, backend=RunnerBackend(prefill_runner)),
             DecodeServer(DecodeConfig(model=str(self.model.path), listen=self._names[1], **link,
                                       **self.decode_settings),

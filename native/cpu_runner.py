@@ -2,7 +2,10 @@
 (native/cpu/engine.c) on weights read in place from the memory-mapped GGUF.
 
 Same `prefill` / `decode` signatures and `SequenceState` as the reference model, and its
-speculative-decoding methods (native/cpu_speculative.py). The ISA choice is process-wide (see
+speculative-decoding methods (native/cpu_speculative.py). A prompt with images comes as the
+reference's `mm=` (common/reference/multimodal.py): its rows' (T, H, W) rotary positions and the
+vision encoder's rows for its image tokens; a state's `rope_delta` moves the rotary position of
+the text rows after them. The ISA choice is process-wide (see
 native.cpu_lib); `isa=` switches it.
 """
 from __future__ import annotations
@@ -19,6 +22,7 @@ from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel, Tensor
 from common.model.layers import VECTOR_ROLES, bind
 from common.progress import byte_progress
+from common.reference.multimodal import MropeInput
 from common.state import SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
@@ -124,6 +128,7 @@ class CpuRunner(SpeculativeMethods):
         m.hidden, m.vocab, m.n_layers, m.rms_eps = cfg.hidden_size, cfg.vocab_size, cfg.n_layers, cfg.rms_eps
         m.n_heads, m.n_kv_heads, m.head_dim, m.rope_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim
         m.rope_theta, m.conv_kernel = cfg.rope_theta, cfg.conv_kernel
+        m.rope_sections = (list(cfg.rope_sections[:3]) + [0, 0, 0])[:3]
         m.n_k_heads, m.n_v_heads = cfg.n_k_heads, cfg.n_v_heads
         m.head_k_dim, m.head_v_dim = cfg.head_k_dim, cfg.head_v_dim
         m.v_tiled = int(cfg.v_head_layout == "tiled")
@@ -180,7 +185,7 @@ class CpuRunner(SpeculativeMethods):
         lists = [ffi.new(f"{ctype} *[]", [ffi.cast(f"{ctype} *", a.ctypes.data) for a in arrays] or 1)
                  for ctype, arrays in (("float", s.conv), ("float", s.ssm), ("void", kbufs), ("void", vbufs))]
         keep += lists
-        seq.pos = s.pos
+        seq.pos, seq.rope_delta = s.pos, s.rope_delta
         seq.conv, seq.ssm, seq.k, seq.v = lists
         return kbufs, vbufs
 
@@ -234,17 +239,39 @@ class CpuRunner(SpeculativeMethods):
         out["step"] = (p[2 * len(PHASES)], self.last_bytes)
         return out
 
+    def _mrope_rows(self, mm: MropeInput | None, n: int) -> np.ndarray | None:
+        """mm's positions as (n, 3) int32 rows for fm_prefill's `mrope`, checked as the reference
+        checks them; None for text alone."""
+        if mm is None:
+            return None
+        if mm.n_rows != n:
+            raise ValueError(f"mRoPE positions for {mm.n_rows} rows, the call has {n}")
+        sections = self.cfg.rope_sections
+        if len(sections) < 3 or sum(sections) != self.cfg.rope_dim // 2:
+            raise ValueError(f"{self.model.path}: rope.dimension_sections is {list(sections)}; mRoPE for "
+                             f"images needs sections that sum to {self.cfg.rope_dim // 2}")
+        if len(mm.rows) and mm.embeds.shape != (len(mm.rows), self.cfg.hidden_size):
+            raise ValueError(f"image embeddings of shape {list(mm.embeds.shape)}; the model takes "
+                             f"[{len(mm.rows)}, {self.cfg.hidden_size}]")
+        if len(mm.rows) and (mm.rows.min() < 0 or mm.rows.max() >= n):
+            raise ValueError(f"image rows outside the call's {n} rows")
+        if mm.rope_pos.min() < 0 or mm.rope_pos.max() >= 2 ** 31:
+            raise ValueError("mRoPE positions outside [0, 2^31)")
+        return np.ascontiguousarray(mm.rope_pos.T, np.int32)
+
     def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = NATIVE_CHUNK,
-                all_logits: bool = False) -> np.ndarray:
+                all_logits: bool = False, mm: MropeInput | None = None) -> np.ndarray:
         """The prompt through the runner `chunk` tokens at a time (fm_prefill): every weight is
         read once per chunk, the recurrences run token by token. Advances the state in place.
-        Returns the last token's logits (vocab,), or every token's (T, vocab)."""
+        Returns the last token's logits (vocab,), or every token's (T, vocab). `mm`: the image
+        rows and mRoPE positions of a prompt with images (fm_prefill_embd)."""
         ids = self._token_ids(tokens)
         if ids.size == 0:
             raise ValueError("prefill needs at least one token")
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1, got {chunk}")
         self._check_kv_type(state)
+        rope = self._mrope_rows(mm, ids.size)
         out = np.empty((ids.size if all_logits else 1, self.cfg.vocab_size), np.float32)
         self.last_bytes = 0.0   # the weight bytes of all chunks
         for start in range(0, ids.size, chunk):
@@ -256,7 +283,20 @@ class CpuRunner(SpeculativeMethods):
             seq = ffi.new("fm_seq *")
             kbufs, vbufs = self._seq(state, seq, keep, rows=n)
             tok = ffi.new("int[]", [int(t) for t in part])
-            if lib.fm_prefill(self._engine, n, tok, seq, logit_rows, ffi.cast("float *", dest.ctypes.data)) != 0:
+            out_c = ffi.cast("float *", dest.ctypes.data)
+            if rope is None:
+                err = lib.fm_prefill(self._engine, n, tok, seq, logit_rows, out_c)
+            else:
+                rows = np.ascontiguousarray(rope[start:start + n])
+                seq.mrope = ffi.cast("const int *", rows.ctypes.data)
+                mine = (mm.rows >= start) & (mm.rows < start + n)
+                at = np.ascontiguousarray(mm.rows[mine] - start, np.int32)
+                embd = np.ascontiguousarray(mm.embeds[mine], np.float32)
+                keep += [rows, at, embd]
+                err = lib.fm_prefill_embd(self._engine, n, tok, seq, int(at.size),
+                                          ffi.cast("const int *", at.ctypes.data),
+                                          ffi.cast("const float *", embd.ctypes.data), logit_rows, out_c)
+            if err != 0:
                 raise MemoryError("native prefill ran out of scratch memory")
             self.last_bytes += lib.fm_engine_bytes(self._engine)
             self._advance(state, n, kbufs, vbufs)

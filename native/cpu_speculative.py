@@ -91,7 +91,7 @@ class SpeculativeMethods:
                          for arrays in (slots.conv[j - 1], slots.ssm[j - 1])]
                 keep += lists
                 row = rows[r + j]
-                row.pos, row.k, row.v = s.pos + j, rows[r].k, rows[r].v
+                row.pos, row.k, row.v, row.rope_delta = s.pos + j, rows[r].k, rows[r].v, s.rope_delta
                 row.conv, row.ssm = lists
             r += n
         logits = np.empty((R, self.cfg.vocab_size), np.float32)

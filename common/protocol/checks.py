@@ -15,7 +15,7 @@ import numpy as np
 from common.kv_cache import check_same_kv_type
 from common.model.config import ModelConfig
 from common.sampling import SamplingParams
-from common.state import SequenceState, check_logits, check_state
+from common.state import SequenceState, check_logits, check_rope_delta, check_state
 
 from .decode import DecodeRequest
 from .prefill import PrefillRequest
@@ -60,7 +60,7 @@ def check_decode(req: DecodeRequest, cfg: ModelConfig, kv_type: str) -> tuple[Se
         raise ValueError("state is missing")
     check_logits(req.logits, cfg)
     check_same_kv_type(req.kv_type, kv_type, "the state sent to decode", "this decode worker")
-    return SequenceState.from_arrays(req.pos, list(req.state), cfg, kv_type), params
+    return SequenceState.from_arrays(req.pos, list(req.state), cfg, kv_type, req.rope_delta), params
 
 
 def check_prefill(req: PrefillRequest, cfg: ModelConfig, kv_type: str) -> SequenceState:
@@ -79,6 +79,8 @@ def check_prefill(req: PrefillRequest, cfg: ModelConfig, kv_type: str) -> Sequen
         raise ValueError("history must be the prompt, ending with tokens at start_pos")
     if req.snapshot_every < 0:
         raise ValueError("snapshot_every must be >= 0")
+    check_rope_delta(req.start_pos, req.rope_delta)
+    check_images(req, cfg)
     if not is_endpoint(req.decode_address):
         raise ValueError(f"decode_address {req.decode_address!r:.80} is not tcp://host:port or ipc://path")
     if req.start_state is None:
@@ -86,4 +88,19 @@ def check_prefill(req: PrefillRequest, cfg: ModelConfig, kv_type: str) -> Sequen
             raise ValueError(f"start_pos is {req.start_pos} but no start_state was given")
         return SequenceState.empty(cfg, kv_type)
     check_state(req.start_pos, req.start_state, cfg, kv_type)
-    return SequenceState.from_arrays(req.start_pos, [a.copy() for a in req.start_state], cfg, kv_type)
+    return SequenceState.from_arrays(req.start_pos, [a.copy() for a in req.start_state], cfg, kv_type,
+                                     req.rope_delta)
+
+
+def check_images(req: PrefillRequest, cfg: ModelConfig) -> None:
+    """The images are uint8 (height, width, 3) pixels, one per run of `image_token` in `tokens`; their
+    sizes are held to the vision tower's by the prefill worker, which has it."""
+    images = req.images or []
+    if not images:
+        return
+    token_ids("image_token", [req.image_token], cfg.vocab_size)
+    if req.start_pos and req.tokens[0] == req.image_token == req.history[req.start_pos - 1]:
+        raise ValueError("tokens start inside an image: a prefill resumes before or after an image, not inside one")
+    for n, a in enumerate(images):
+        if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3 or min(a.shape[:2]) < 1:
+            raise ValueError(f"images[{n}] is {a.dtype}{list(a.shape)}, not uint8 (height, width, 3) pixels")

@@ -19,7 +19,8 @@ and with any message's fields (held exactly): 2 made `sampling` a whole Sampling
 dict of some of its fields; 3 added `kv_type` (common.kv_cache) to every message that carries a state,
 and to Hello and Heartbeat; 4 added `grammar` (common.grammar) to SamplingParams; 5 added log-probabilities
 (`logprobs`, `top_ids`, `top_logprobs`) to Tokens, and the presence and frequency penalties, `logit_bias`,
-`logprobs` and `top_logprobs` to SamplingParams.
+`logprobs` and `top_logprobs` to SamplingParams; 6 added `rope_delta` (common.state) to every message
+that carries a state, and the images of a prompt (`images`) to PrefillRequest.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from typing import Any, ClassVar, get_type_hints
 import msgpack
 import numpy as np
 
-VERSION = 5
+VERSION = 6
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}

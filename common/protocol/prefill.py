@@ -1,6 +1,6 @@
 """Messages a prefill worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 5).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 6).
 
     0x20 PrefillRequest  router -> prefill: tokens to run, where to ship the result
 
@@ -10,6 +10,10 @@ prompt that is cached whole skips prefill: the router sends decode.DecodeRequest
 `snapshot_every` > 0 asks for Snapshot messages (router.py) at absolute positions that are
 multiples of it, and at the end of the prompt.
 `history` is the whole prompt, which the sampler may need (repetition penalty).
+`rope_delta` is start_state's (common.state). `images` are the pixels of the images whose image
+tokens lie in `tokens`, in order: uint8 (height, width, 3), already resized to whole image tokens
+(common/vision/preprocess.py smart_resize), which prefill's vision encoder turns into the rows that
+those image tokens take, one run of `image_token`s per image.
 """
 from __future__ import annotations
 
@@ -31,4 +35,7 @@ class PrefillRequest(Message):
     start_state: list | None
     snapshot_every: int          # send the router a Snapshot every this many tokens and at the end; 0: never
     kv_type: str                 # the type of start_state's K and V arrays, and of the state to ship
-    ARRAYS = ("start_state",)
+    rope_delta: int = 0          # start_state's rotary position minus start_pos
+    images: list | None = None   # uint8 (height, width, 3) per image in `tokens`; None: none
+    image_token: int = -1        # the id of the image tokens (<|image_pad|>) that the images' rows replace
+    ARRAYS = ("start_state", "images")

@@ -1,6 +1,6 @@
 """Messages the router receives, on its PULL inbox (workers PUSH to it).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 5).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 6).
 
     0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
     0x11 Heartbeat    worker -> router: alive, with its load; also re-registers after a router restart
@@ -89,6 +89,7 @@ class Finished(Message):
     state: list | None
     logits: object
     kv_type: str         # the type of the state's K and V arrays (common.kv_cache)
+    rope_delta: int = 0  # the state's rotary position minus pos (common.state)
     ARRAYS = ("state", "logits")
 
 
@@ -107,4 +108,5 @@ class Snapshot(Message):
     state: list
     logits: object
     kv_type: str
+    rope_delta: int = 0
     ARRAYS = ("state", "logits")

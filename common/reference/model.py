@@ -26,7 +26,7 @@ from .attention import GatedAttention
 from .deltanet import PREFILL_CHUNK, GatedDeltaNet
 from .moe import MoE
 from .mtp import MtpBlock
-from .multimodal import MropeInput
+from .multimodal import MropeInput, text_input
 from .ops import rms_norm
 from .weights import LayerWeights, Weights
 
@@ -73,6 +73,8 @@ class ReferenceModel:
         ids = self._ids(tokens)
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this runner")
         x = self.w.rows(self.globals["embd"], ids)                            # [T, hidden]
+        if mm is None and state.rope_delta:                                   # text after an image
+            mm = text_input(state.pos + state.rope_delta, len(ids))
         rope_pos = self._check_mm(mm, len(ids))
         if mm is not None and len(mm.rows):
             x[mm.rows] = mm.embeds                                            # image tokens: the encoder's rows

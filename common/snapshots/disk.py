@@ -6,7 +6,8 @@ File layout (little-endian):
     header_len           u32
     header_sum           32 bytes: blake2b-256 of the 16 bytes above and of the header
     header               msgpack: {"pos", "key" (hex, also the file's name), "meta" (the index
-                         entry: "base" key and "blocks" chain, hex), "arrays": [[dtype, shape], ...],
+                         entry: "base" key and "blocks" chain, hex, and "rope_delta", the state's
+                         (common.state; a file without it is text alone, 0)), "arrays": [[dtype, shape], ...],
                          "checksum": blake2b-256 of the payload}
     payload              the arrays' bytes back to back, in header order
 
@@ -120,9 +121,12 @@ def _validate(path: Path, header) -> dict:
         raise CorruptSnapshot(f"{path}: bad pos {pos!r:.40}")
     if not _is_hex(key, 16) or key != path.stem:
         raise CorruptSnapshot(f"{path}: key {key!r:.40} is not the file's name")
-    if not (isinstance(meta, dict) and set(meta) == {"base", "blocks"} and _is_hex(meta["base"], 16)
+    if not (isinstance(meta, dict) and set(meta) - {"rope_delta"} == {"base", "blocks"} and _is_hex(meta["base"], 16)
             and isinstance(meta["blocks"], list) and all(_is_hex(b, 16) for b in meta["blocks"])):
         raise CorruptSnapshot(f"{path}: bad meta")
+    delta = meta.get("rope_delta", 0)
+    if type(delta) is not int or not 0 <= pos + delta <= pos:
+        raise CorruptSnapshot(f"{path}: bad rope_delta {delta!r:.40}")
     if not _is_hex(header["checksum"], 32):
         raise CorruptSnapshot(f"{path}: bad checksum field")
     header["specs"] = _specs(path, header["arrays"])

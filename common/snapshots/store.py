@@ -7,7 +7,8 @@ prefix. The tokens past the last full block (the tail) keep their KV inside the 
 stays in the store's cache type (--kv-type, common.kv_cache) in RAM and on disk.
 
 Lookup walks the query's chain: at each known block it tries the tail lengths stored under that
-block, so a hit can end at any position, not only at block boundaries.
+block, so a hit can end at any position, not only at block boundaries. A prompt with images keys
+each image's content too (`marks`, keys.py), and its snapshots keep the state's rope_delta.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..kv_cache import check_kv_type, check_same_kv_type
 from ..model.config import ModelConfig
 from ..state import STATE_DTYPE, SequenceState, state_specs
 from . import disk
-from .keys import ROOT, chain, tail_key
+from .keys import ROOT, Marks, chain, marks_in, tail_key
 
 log = logging.getLogger("fermium.snapshots")
 
@@ -38,6 +39,7 @@ class Snapshot:
     logits: np.ndarray | None            # [vocab] logits of the last token
     tail_k: list[np.ndarray] = field(default_factory=list)   # per full layer: kv_shape(tail, ...) in kv_type
     tail_v: list[np.ndarray] = field(default_factory=list)
+    rope_delta: int = 0                  # the state's (common.state)
 
     @property
     def ram_bytes(self) -> int:
@@ -101,15 +103,16 @@ class SnapshotStore:
         return total
 
     # ---- put
-    def put(self, tokens: Sequence[int], state: SequenceState, logits: np.ndarray) -> bytes:
-        """Store the state after `tokens` (state.pos == len(tokens)). Returns the snapshot key."""
+    def put(self, tokens: Sequence[int], state: SequenceState, logits: np.ndarray, marks: Marks = ()) -> bytes:
+        """Store the state after `tokens` (state.pos == len(tokens)), whose images start where
+        `marks` say (keys.py). Returns the snapshot key."""
         if state.pos != len(tokens):
             raise ValueError(f"state is at {state.pos}, tokens are {len(tokens)}")
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this snapshot store")
         B = self.block
-        blocks = list(chain(tokens, B))
+        blocks = list(chain(tokens, B, marks))
         base = blocks[-1] if blocks else ROOT
-        key = tail_key(base, tokens[len(blocks) * B:])
+        key = tail_key(base, tokens[len(blocks) * B:], marks_in(marks, len(blocks) * B, len(tokens)))
         with self.lock:
             if key in self.snaps:
                 if self.snaps[key].recurrent is not None:
@@ -125,12 +128,13 @@ class SnapshotStore:
             snap = Snapshot(state.pos, base, blocks, [a.copy() for a in state.arrays()[:2 * n_lin]],
                             np.asarray(logits, np.float32).copy(),
                             [k[len(blocks) * B:].copy() for k in state.k],
-                            [v[len(blocks) * B:].copy() for v in state.v])
+                            [v[len(blocks) * B:].copy() for v in state.v], int(state.rope_delta))
             self._index(key, snap)
             if self.disk_dir:
                 try:
                     disk.write_atomic(self._path(key), snap.pos, key, [*state.arrays(), snap.logits],
-                                      {"base": base.hex(), "blocks": [b.hex() for b in blocks]})
+                                      {"base": base.hex(), "blocks": [b.hex() for b in blocks],
+                                       "rope_delta": snap.rope_delta})
                 except OSError as exc:            # the RAM tier still holds it
                     log.error("snapshot at position %d not written to disk: %s", snap.pos, exc)
             self._evict()
@@ -142,12 +146,13 @@ class SnapshotStore:
         self.known_blocks.update(snap.blocks)
 
     # ---- lookup
-    def lookup(self, tokens: Sequence[int]) -> tuple[SequenceState, np.ndarray] | None:
-        """The state after the longest stored prefix of `tokens` and its last logits, or None."""
+    def lookup(self, tokens: Sequence[int], marks: Marks = ()) -> tuple[SequenceState, np.ndarray] | None:
+        """The state after the longest stored prefix of `tokens` (with the images `marks` says)
+        and its last logits, or None."""
         with self.lock:
             self.stats.lookups += 1
             found = None
-            while found is None and (best := self._longest(tokens)) is not None:
+            while found is None and (best := self._longest(tokens, marks)) is not None:
                 found = self._materialise(best)   # None: its file was corrupt and is gone; try the next
             if found is None:
                 self.stats.misses += 1
@@ -156,10 +161,10 @@ class SnapshotStore:
             self.stats.tokens_saved += found[0].pos
             return found
 
-    def _longest(self, tokens: Sequence[int]) -> bytes | None:
+    def _longest(self, tokens: Sequence[int], marks: Marks) -> bytes | None:
         B, best, best_pos = self.block, None, -1
         bases = [ROOT]
-        for bkey in chain(tokens, B):
+        for bkey in chain(tokens, B, marks):
             if bkey not in self.known_blocks:
                 break
             bases.append(bkey)
@@ -168,7 +173,7 @@ class SnapshotStore:
                 pos = j * B + tail
                 if pos > len(tokens) or pos <= best_pos:
                     continue
-                key = tail_key(base, tokens[j * B:pos])
+                key = tail_key(base, tokens[j * B:pos], marks_in(marks, j * B, pos))
                 if key in self.snaps:
                     best, best_pos = key, pos
         return best
@@ -184,7 +189,7 @@ class SnapshotStore:
         vs = [np.concatenate([*(self.kv_blocks[b][1][i] for b in snap.blocks), snap.tail_v[i]])
               for i in range(len(snap.tail_v))]
         state = SequenceState(snap.pos, [a.copy() for a in snap.recurrent[:n_lin]],
-                              [a.copy() for a in snap.recurrent[n_lin:]], ks, vs, self.kv_type)
+                              [a.copy() for a in snap.recurrent[n_lin:]], ks, vs, self.kv_type, snap.rope_delta)
         return state, snap.logits.copy()
 
     # ---- eviction
@@ -244,17 +249,20 @@ class SnapshotStore:
                 continue
             meta = header["meta"]
             snap = Snapshot(header["pos"], bytes.fromhex(meta["base"]),
-                            [bytes.fromhex(b) for b in meta["blocks"]], None, None)
+                            [bytes.fromhex(b) for b in meta["blocks"]], None, None,
+                            rope_delta=meta.get("rope_delta", 0))
             self._index(bytes.fromhex(header["key"]), snap)
 
     def _read_fitting(self, path: Path, snap: Snapshot) -> tuple[SequenceState, np.ndarray]:
         header, arrays = disk.read_checked(path)
         self._fits(path, header)
         meta = header["meta"]
-        if (header["pos"], meta["base"], meta["blocks"]) != (snap.pos, snap.base.hex(), [b.hex() for b in snap.blocks]):
+        if ((header["pos"], meta["base"], meta["blocks"], meta.get("rope_delta", 0))
+                != (snap.pos, snap.base.hex(), [b.hex() for b in snap.blocks], snap.rope_delta)):
             raise disk.CorruptSnapshot(f"{path}: not the snapshot that was indexed under its name")
         try:
-            return SequenceState.from_arrays(snap.pos, arrays[:-1], self.cfg, self.kv_type), arrays[-1]
+            return (SequenceState.from_arrays(snap.pos, arrays[:-1], self.cfg, self.kv_type, snap.rope_delta),
+                    arrays[-1])
         except ValueError as exc:
             raise disk.CorruptSnapshot(f"{path}: {exc}") from exc
 

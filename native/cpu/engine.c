@@ -224,9 +224,12 @@ static int layers_and_head(fm_engine *e, int n, const fm_seq *seqs, int logit_ro
     return 0;
 }
 
-// mtp_hidden NULL: the rows start from the tokens' embeddings; else the MTP block's input
+// rows given from outside (an image's, from the vision encoder): n_embd rows of embd at rows `at`
+typedef struct { int n; const int *at; const float *embd; } given_rows;
+
+// mtp_hidden NULL: the rows start from the tokens' embeddings (but the given rows); else the MTP block's input
 static int step(fm_engine *e, int n, const int *tokens, const float *mtp_hidden, const fm_seq *seqs, int logit_rows,
-                float *logits, float *hidden) {
+                float *logits, float *hidden, given_rows given) {
     if (reserve(e, n) != 0) return -1;
     const unsigned mxcsr = fm_flush_denormals();   // internal.h
     const double t0 = eng_seconds();
@@ -234,6 +237,9 @@ static int step(fm_engine *e, int n, const int *tokens, const float *mtp_hidden,
     int err = 0;
     if (mtp_hidden) err = mtp_input_rows(e, n, tokens, mtp_hidden);
     else embed_rows(e, n, tokens);
+    for (int j = 0; j < given.n; j++)
+        memcpy(e->x + (size_t)given.at[j] * e->m->hidden, given.embd + (size_t)j * e->m->hidden,
+               sizeof(float) * (size_t)e->m->hidden);
     err = err || layers_and_head(e, n, seqs, logit_rows, logits, hidden);
     e->step_s = eng_seconds() - t0;
     _mm_setcsr(mxcsr);
@@ -241,19 +247,27 @@ static int step(fm_engine *e, int n, const int *tokens, const float *mtp_hidden,
 }
 
 int fm_decode(fm_engine *e, int n, const int *tokens, const fm_seq *seqs, float *logits) {
-    return step(e, n, tokens, NULL, seqs, n, logits, NULL);
+    return step(e, n, tokens, NULL, seqs, n, logits, NULL, (given_rows){ 0, NULL, NULL });
 }
 
 int fm_prefill(fm_engine *e, int n, const int *tokens, const fm_seq *seq, int logit_rows, float *logits) {
-    if (n < 1 || logit_rows < 0 || logit_rows > n) return -1;
+    return fm_prefill_embd(e, n, tokens, seq, 0, NULL, NULL, logit_rows, logits);
+}
+
+int fm_prefill_embd(fm_engine *e, int n, const int *tokens, const fm_seq *seq, int n_embd, const int *embd_rows,
+                    const float *embd, int logit_rows, float *logits) {
+    if (n < 1 || logit_rows < 0 || logit_rows > n || n_embd < 0 || (n_embd && (!embd_rows || !embd))) return -1;
+    for (int j = 0; j < n_embd; j++)
+        if (embd_rows[j] < 0 || embd_rows[j] >= n) return -1;
     fm_seq *rows = malloc(sizeof(fm_seq) * (size_t)n);   // row b: the same buffers at position pos + b
     if (!rows) return -1;
     for (int b = 0; b < n; b++) {
         rows[b] = *seq;
         rows[b].pos = seq->pos + b;
+        rows[b].mrope = seq->mrope ? seq->mrope + 3 * (size_t)b : NULL;
     }
     e->chain = 1;
-    const int err = step(e, n, tokens, NULL, rows, logit_rows, logits, NULL);
+    const int err = step(e, n, tokens, NULL, rows, logit_rows, logits, NULL, (given_rows){ n_embd, embd_rows, embd });
     e->chain = 0;
     free(rows);
     return err;
@@ -272,7 +286,7 @@ int fm_verify(fm_engine *e, int n_runs, const int *run_rows, const int *tokens, 
     e->n_runs = n_runs;
     e->run_first = first;
     const int n = first[n_runs];
-    const int err = step(e, n, tokens, NULL, rows, n, logits, hidden);
+    const int err = step(e, n, tokens, NULL, rows, n, logits, hidden, (given_rows){ 0, NULL, NULL });
     e->run_first = NULL;
     free(first);
     return err;
@@ -282,5 +296,5 @@ int fm_draft(fm_engine *e, int n, const int *tokens, const float *hidden, const 
              float *hidden_out) {
     const fm_model *m = e->m;
     if (n < 1 || !hidden || !m->eh_proj.data || m->n_layers != 1 || !m->layers[0].is_full) return -1;
-    return step(e, n, tokens, hidden, seqs, n, logits, hidden_out);
+    return step(e, n, tokens, hidden, seqs, n, logits, hidden_out, (given_rows){ 0, NULL, NULL });
 }

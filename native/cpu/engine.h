@@ -39,6 +39,9 @@ typedef struct {
     float rms_eps;
     int n_heads, n_kv_heads, head_dim, rope_dim;
     float rope_theta;
+    // mRoPE: how many of the rope_dim / 2 frequencies follow T, H and W, interleaved (frequency j is H
+    // when j % 3 == 1 and j < 3 sections[1], W when j % 3 == 2 and j < 3 sections[2], else T)
+    int rope_sections[3];
     int conv_kernel, n_k_heads, n_v_heads, head_k_dim, head_v_dim, v_tiled;
     int n_experts, n_experts_used, expert_ffn, shared_ffn;
     int kv_type;               // the KV cache's type: ggml id 0 f32, 1 f16, 8 q8_0
@@ -56,6 +59,10 @@ typedef struct {
     float *const *ssm;         // per linear layer: (nv, dk, dv)
     // per full layer: (>= pos+1, nkv, fm_kv_head_bytes(kv_type, hd) bytes); row pos is written
     void *const *k, *const *v;
+    int rope_delta;            // a text row rotates at pos + rope_delta (images earlier hold it back)
+    // NULL, or the row's (T, H, W) rotary positions (an image's rows, and the text of a prompt with
+    // images); fm_prefill and fm_prefill_embd: (n, 3), row b's at mrope + 3 b
+    const int *mrope;
 } fm_seq;
 
 typedef struct fm_engine fm_engine;
@@ -68,6 +75,10 @@ int fm_decode(fm_engine *engine, int n, const int *tokens, const fm_seq *seqs, f
 // up to pos + n - 1); logits: (logit_rows, vocab), those of the last logit_rows tokens (0..n).
 // Each weight is read once for all n tokens. Returns 0, or -1 (bad arguments, out of memory)
 int fm_prefill(fm_engine *engine, int n, const int *tokens, const fm_seq *seq, int logit_rows, float *logits);
+// fm_prefill whose rows embd_rows[0..n_embd-1] (in [0, n)) take embd (n_embd, hidden) in place of their
+// tokens' embeddings: an image's rows from the vision encoder
+int fm_prefill_embd(fm_engine *engine, int n, const int *tokens, const fm_seq *seq, int n_embd, const int *embd_rows,
+                    const float *embd, int logit_rows, float *logits);
 // verify: n_runs sequences of run_rows[r] tokens each, run after run in tokens and rows (one fm_seq per
 // row). A run's row j goes to position rows[j].pos = rows[0].pos + j and shares row 0's KV buffers;
 // row 0 updates its recurrent state in place, row j > 0 first copies row j-1's conv and ssm into its

@@ -195,9 +195,18 @@ static void attn_chain_task(void *arg, int task, int thread) {
     for (int i = i0; i < i0 + ni; i++) attn_gate(c, i, task % nkv);
 }
 
-static void rope_table(fm_engine *e, int pos) {
+// which of a row's (T, H, W) positions frequency i follows (engine.h: rope_sections)
+static int mrope_axis(const fm_model *m, int i) {
+    if (i % 3 == 1 && i < 3 * m->rope_sections[1]) return 1;
+    if (i % 3 == 2 && i < 3 * m->rope_sections[2]) return 2;
+    return 0;
+}
+
+// the row's cos and sin: text at pos + rope_delta, a row with (T, H, W) positions frequency by frequency
+static void rope_table(fm_engine *e, const fm_seq *s) {
     const int half = e->m->rope_dim / 2;
     for (int i = 0; i < half; i++) {
+        const int pos = s->mrope ? s->mrope[mrope_axis(e->m, i)] : s->pos + s->rope_delta;
         const double angle = pos * pow((double)e->m->rope_theta, -2.0 * i / e->m->rope_dim);
         e->rope[i] = (float)cos(angle);
         e->rope[half + i] = (float)sin(angle);
@@ -235,7 +244,7 @@ int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq 
     eng_run_jobs(e, PH_MIX_IN);
     const double t0 = eng_seconds();
     for (int b = 0; b < n; b++) {
-        rope_table(e, seqs[b].pos);
+        rope_table(e, &seqs[b]);
         for (int h = 0; h < nh; h++) {
             float *q = e->p_qkv + (size_t)b * 2 * nh * hd + (size_t)h * 2 * hd;
             fm_rmsnorm(q, L->q_norm, q, hd, m->rms_eps);

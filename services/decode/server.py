@@ -166,7 +166,7 @@ class DecodeServer(WorkerServer):
         keep = seq.return_state and reason != "cancelled"
         state, logits = (seq.state.arrays(), np.asarray(seq.logits, np.float32)) if keep else (None, None)
         self.link.send(Finished(seq.rid, self.link.worker_id, reason, seq.policy.generated, seq.state.pos,
-                                state, logits, self.kv_type))
+                                state, logits, self.kv_type, seq.state.rope_delta))
 
     def step(self, timeout: float = 0.05) -> None:
         self._take(timeout if not len(self.sched) else 0)

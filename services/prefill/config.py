@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.config import GIB, WorkerConfig, setting
+from common.config import GIB, WorkerConfig, mmproj_setting, setting
 
 
 @dataclass(frozen=True)
@@ -11,6 +11,7 @@ class PrefillConfig(WorkerConfig):
     backend: str = setting("cpu", "Prefill backend: cpu, cuda.")
     device: int = setting(0, "GPU index (cuda backend).")
     vram_budget: int | None = setting(None, "GiB of GPU memory to use (cuda backend).", unit=GIB)   # bytes
+    mmproj: str | None = mmproj_setting()      # the vision encoder runs here
     backend_options: dict = field(default_factory=dict)      # more keyword arguments of the backend
 
     def backend_kwargs(self, ctx_size: int | None = None) -> dict:

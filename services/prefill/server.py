@@ -2,8 +2,11 @@
 
 Loop: take every queued message; Cancels first, then one PrefillRequest at a time:
 state (empty, or the snapshot it was given) -> backend.prefill -> DecodeRequest to the decode
-worker the router chose, PrefillDone to the router. Any failure becomes a Failed reply: a
-request is checked against the model (common.protocol.checks) before the backend sees it.
+worker the router chose, PrefillDone to the router. A request with images (--mmproj) first runs
+them through the vision encoder (vision.py); their rows take the image tokens' places, at mRoPE
+positions, and the state's rope_delta goes on with the snapshots and to decode. No checkpoint
+falls inside an image. Any failure becomes a Failed reply: a request is checked against the
+model (common.protocol.checks) before the backend sees it.
 Connections to decode workers are kept for reuse, at most MAX_DECODERS of them, and one
 unused for IDLE_DECODER_S is closed.
 """
@@ -16,6 +19,7 @@ from collections import OrderedDict, deque
 from common.config import ContextModel, plan_context, reserve_context
 from common.kv_cache import check_same_kv_type
 from common.metrics import PrefillMetrics
+from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel
 from common.mp import PushQueue
 from common.mp_local import push_queue
@@ -23,11 +27,13 @@ from common.protocol.checks import check_prefill
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
 from common.protocol.router import PrefillDone, Snapshot
-from common.state import SequenceState
+from common.reference.multimodal import MropeInput
+from common.state import SequenceState, wire_limits
 from common.worker import WorkerServer
 
 from .backends import create_backend
 from .config import PrefillConfig
+from .vision import ImageRows, inside_image, request_rows, segment
 
 log = logging.getLogger("fermium.prefill")
 MAX_DECODERS = 8           # decode workers one prefill worker ships to; the least recently used goes
@@ -53,7 +59,13 @@ class PrefillServer(WorkerServer):
         self.queue: deque[PrefillRequest] = deque()
         self.decoders: OrderedDict[str, tuple[PushQueue, float]] = OrderedDict()   # address -> (queue, last use)
         self.busy = 0
-        super().__init__(cfg, ContextModel(model, self.ctx_size), PrefillMetrics(), capacity=1)
+        metrics = PrefillMetrics()
+        self.vision = ImageRows(cfg.mmproj, metrics=metrics) if cfg.mmproj else None
+        if self.vision and self.vision.cfg.projection_dim != model.config.hidden_size:
+            raise ModelConfigError(f"--mmproj {cfg.mmproj}: the tower projects to {self.vision.cfg.projection_dim}, "
+                                   f"the model is {model.config.hidden_size} wide")
+        super().__init__(cfg, ContextModel(model, self.ctx_size), metrics, capacity=1,
+                         limits=wire_limits(model.config, self.vision.cfg if self.vision else None))
 
     def load(self) -> tuple[int, int]:
         return self.busy, len(self.queue) + self.link.pending()
@@ -96,32 +108,44 @@ class PrefillServer(WorkerServer):
 
     def _run(self, req: PrefillRequest) -> None:
         state = check_prefill(req, self.model.config, self.kv_type)
+        mm = request_rows(self.vision, req.tokens, req.images, req.image_token, state.rope_pos, state.rope_delta)
         before = self.backend.stats()
         t0 = time.perf_counter()
-        logits = self._prefill_with_snapshots(req, state)
+        logits = self._prefill_with_snapshots(req, state, mm)
         seconds = time.perf_counter() - t0
         self._export_stats(before)
         self.metrics.tokens.inc(len(req.tokens))
         self.metrics.time.observe(seconds)
         out = DecodeRequest(req.rid, state.pos, req.history, req.sampling, req.max_tokens, req.stop_ids,
-                            req.return_state, state.arrays(), logits.astype("float32", copy=False), state.kv_type)
+                            req.return_state, state.arrays(), logits.astype("float32", copy=False), state.kv_type,
+                            state.rope_delta)
         self._decoder(req.decode_address).put(out)
         self.link.send(PrefillDone(req.rid, self.link.worker_id, len(req.tokens), seconds))
 
-    def _prefill_with_snapshots(self, req: PrefillRequest, state: SequenceState):
-        """Prefill req.tokens; with snapshot_every, in segments ending at its multiples, each one's
-        state (and the end of the prompt's) going back to the router as a Snapshot."""
-        every, end = req.snapshot_every, state.pos + len(req.tokens)
+    def _prefill_with_snapshots(self, req: PrefillRequest, state: SequenceState, mm: MropeInput | None):
+        """Prefill req.tokens; with snapshot_every, in segments ending at its multiples (those outside
+        an image), each one's state (and the end of the prompt's) going back to the router as a Snapshot."""
+        every, start, end = req.snapshot_every, req.start_pos, state.pos + len(req.tokens)
         if every <= 0:
-            return self.backend.prefill(list(req.tokens), state)
-        cuts = [p for p in range((state.pos // every + 1) * every, end, every)] + [end]
+            return self._segment(req.tokens, state, mm, 0, len(req.tokens))
+        cuts = [p for p in range((state.pos // every + 1) * every, end, every)
+                if not inside_image(mm, p - start)] + [end]
         done = state.pos
         for cut in cuts:
-            logits = self.backend.prefill(list(req.tokens[done - req.start_pos:cut - req.start_pos]), state)
+            logits = self._segment(req.tokens, state, mm, done - start, cut - start)
             done = cut
             # copies: the frames leave on the IO thread while the backend may reuse its arrays
             self.link.send(Snapshot(req.rid, self.link.worker_id, cut, [a.copy() for a in state.arrays()],
-                                    logits.astype("float32", copy=True), state.kv_type))
+                                    logits.astype("float32", copy=True), state.kv_type, state.rope_delta))
+        return logits
+
+    def _segment(self, tokens: list[int], state: SequenceState, mm: MropeInput | None, a: int, b: int):
+        """tokens[a:b] through the backend (with their rows of `mm`); the state's rope_delta follows."""
+        if mm is None:
+            return self.backend.prefill(list(tokens[a:b]), state)
+        part = segment(mm, a, b)
+        logits = self.backend.prefill(list(tokens[a:b]), state, mm=part)
+        state.rope_delta = part.next_pos - state.pos
         return logits
 
     def _export_stats(self, before: dict) -> None:

@@ -41,6 +41,7 @@ from .errors import RETRY_AFTER_S, APIError, CatchAll, failure, http_exception
 from .generation import Delta, Generation
 from .replies import ChatStream, TextStream, choice
 from .schema import Job, check_model, parse_body, validate
+from .vision import VisionInput
 
 log = logging.getLogger("fermium.router")
 
@@ -64,9 +65,10 @@ class API:
     def __init__(self, generation: Generation, *, served: tuple[str, ...], context: int, vocab: int,
                  encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
                  health: Callable[[], dict], max_body: int = RouterConfig.max_body_bytes,
-                 decode: Callable[[list[int]], str] | None = None, tokenizer: Vocab | None = None):
+                 decode: Callable[[list[int]], str] | None = None, tokenizer: Vocab | None = None,
+                 vision: VisionInput | None = None):
         self.gen, self.served, self.context, self.vocab = generation, served, context, vocab
-        self.tokenizer = tokenizer
+        self.tokenizer, self.vision = tokenizer, vision
         self.encode, self.decode, self.render, self.health_info = encode, decode, render, health
         self.max_body = max_body
         self.draining = False
@@ -224,7 +226,8 @@ class API:
 
     def _job(self, raw: bytes, chat: bool) -> Job:
         return validate(parse_body(raw), chat=chat, served=self.served, context=self.context, vocab=self.vocab,
-                        encode=self.encode, render=self.render, decode=self.decode, tokenizer=self.tokenizer)
+                        encode=self.encode, render=self.render, decode=self.decode, tokenizer=self.tokenizer,
+                        vision=self.vision)
 
     async def _stream(self, job: Job, cid: str, head: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
         outs = [ChatStream(job, cid, self.gen.metrics, i, self.gen.tokenizer) if job.chat

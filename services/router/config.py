@@ -10,6 +10,7 @@ from common.config import (
     kv_type_setting,
     log_level_setting,
     metrics_port_setting,
+    mmproj_setting,
     model_setting,
     setting,
     worker_token_setting,
@@ -38,6 +39,9 @@ class RouterConfig:
     snapshot_dir: str | None = setting(None, "Disk tier for snapshots; survives restarts.", path=True)
     snapshot_every: int = setting(1024, "Prefill checkpoint interval, a multiple of 64; 0: only at prompt "
                                         "and generation ends.")
+    mmproj: str | None = mmproj_setting()      # image parts are sized and expanded to image tokens here
+    allow_image_urls: bool = setting(False, "Fetch http(s) image URLs of image_url parts; without it only data: "
+                                            "URIs are read.")
     preserve_thinking: bool = setting(True, "Render earlier reasoning as generated, so each chat turn extends "
                                             "the last one's snapshot.")
     drain_timeout: float = setting(30.0, "Seconds in-flight requests get to finish after SIGTERM; new ones "

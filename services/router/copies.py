@@ -31,7 +31,7 @@ class Copies:
     keep: bool
 
     def send(self, state: list | None, logits, kv_type: str, link: Callable[[str], object | None],
-             live: Callable[[str], bool]) -> None:
+             live: Callable[[str], bool], rope_delta: int = 0) -> None:
         """One DecodeRequest per copy still `live` (by rid), to the decode worker `link` gives
         for its worker id (None: gone, and the copy fails)."""
         for track, sampling in zip(self.tracks, self.sampling):
@@ -42,7 +42,7 @@ class Copies:
                 track.events.put_nowait(Failed(track.rid, track.decode, "its decode worker went away"))
                 continue
             out.put(DecodeRequest(track.rid, len(self.history), self.history, sampling, self.max_tokens,
-                                  self.stops, self.keep, state, logits, kv_type))
+                                  self.stops, self.keep, state, logits, kv_type, rope_delta))
 
     def fail(self, why: str) -> None:
         for track in self.tracks:

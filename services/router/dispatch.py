@@ -66,6 +66,7 @@ class Track:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     generated: list[int] = field(default_factory=list)
     cached: int = 0                  # prompt tokens the prefix cache served
+    marks: list = field(default_factory=list)   # the prompt's images for the snapshot keys (keys.py)
 
 
 class Dispatcher:
@@ -125,34 +126,42 @@ class Dispatcher:
             if w is None:
                 raise NoWorkers(f"no {role} worker is connected; start one with "
                                 f"`fermium {role} --router {self.address}`")
-        start, state, logits = self.cache.lookup(job.prompt_ids)
+        images = job.images
+        marks = images.marks() if images else []
+        # a cache without images keeps its signature; prefill resumes before or after an image, never inside
+        start, state, logits = self.cache.lookup(job.prompt_ids, marks) if marks else self.cache.lookup(job.prompt_ids)
+        if images and images.inside(start):
+            start, state, logits = 0, None, None
+        delta = images.rope_delta(start) if images else 0
         whole = start == len(job.prompt_ids)             # cached whole: straight to decode
         history, stops, keep = list(job.prompt_ids), list(stop_ids), self.cache.wants_final_state
         tracks = []
         for i in range(n):
             w = decode if i == 0 else self.registry.pick("decode") or decode
             track = Track(uuid.uuid4().hex, job.prompt_ids, "" if whole else prefill.worker_id, w.worker_id)
-            track.cached = start
+            track.cached, track.marks = start, marks
             self.tracks[track.rid] = track
             w.inflight.add(track.rid)
             tracks.append(track)
         pending = Copies(tracks, [job.sampling.for_choice(i) for i in range(n)], history, job.max_tokens, stops, keep)
         if whole:
-            self._send_copies(pending, state, logits)
+            self._send_copies(pending, state, logits, delta)
             return tracks
         rid = tracks[0].rid
         every = snapshot_every(self.cache.snapshot_every, len(history), n)
         prefill.inflight.add(rid)
+        pixels = images.after(start) if images else []
         prefill.link.put(PrefillRequest(rid, history[start:], history, start, decode.address, pending.sampling[0],
-                                        job.max_tokens, stops, keep, state, every, self.kv_type))
+                                        job.max_tokens, stops, keep, state, every, self.kv_type, delta,
+                                        pixels or None, images.image_token if images else -1))
         if n > 1:
             pending.tracks, pending.sampling = tracks[1:], pending.sampling[1:]
             self.copies[rid] = pending
         return tracks
 
-    def _send_copies(self, c: Copies, state: list | None, logits) -> None:
+    def _send_copies(self, c: Copies, state: list | None, logits, rope_delta: int = 0) -> None:
         c.send(state, logits, self.kv_type, lambda wid: getattr(self.registry.workers.get(wid), "link", None),
-               lambda rid: rid in self.tracks)
+               lambda rid: rid in self.tracks, rope_delta)
 
     def _fail_copies(self, rid: str, why: str) -> None:
         if rid in self.copies:
@@ -185,14 +194,14 @@ class Dispatcher:
             self._hello(msg)
             return
         if isinstance(msg, Snapshot) and msg.rid in self.copies and msg.pos == len(self.copies[msg.rid].history):
-            self._send_copies(self.copies.pop(msg.rid), msg.state, msg.logits)
+            self._send_copies(self.copies.pop(msg.rid), msg.state, msg.logits, msg.rope_delta)
         track = self.tracks.get(msg.rid)
         if track is None:   # a request that already ended, or one of the router before a restart
             if isinstance(msg, Tokens):
                 self._cancel_orphan(msg)
             return
         if isinstance(msg, Snapshot):
-            self.cache.store_state(track.prompt, msg.pos, msg.state, msg.logits, "prefill", msg.kv_type)
+            self._store(track, track.prompt, msg, "prefill")
             return
         if isinstance(msg, (PrefillDone, Failed)):
             self._fail_copies(msg.rid, msg.error if isinstance(msg, Failed) else "the prefill sent no state to copy")
@@ -204,12 +213,16 @@ class Dispatcher:
             track.generated.extend(msg.tokens)
         elif isinstance(msg, Finished):
             if msg.state is not None and msg.logits is not None:
-                self.cache.store_state(track.prompt + tuple(track.generated), msg.pos, msg.state, msg.logits,
-                                       "decode", msg.kv_type)
+                self._store(track, track.prompt + tuple(track.generated), msg, "decode")
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return
         track.events.put_nowait(msg)
+
+    def _store(self, track: Track, ids: tuple[int, ...], msg: Snapshot | Finished, source: str) -> None:
+        # a cache without images keeps its signature
+        extra = {"marks": track.marks, "rope_delta": msg.rope_delta} if track.marks else {}
+        self.cache.store_state(ids, msg.pos, msg.state, msg.logits, source, msg.kv_type, **extra)
 
     def _cancel_orphan(self, msg: Tokens) -> None:
         w = self.registry.workers.get(msg.worker_id)

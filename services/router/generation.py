@@ -151,6 +151,9 @@ class Generation:
         for track in tracks:
             self.active[track.rid] = track
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+        if job.images is not None:
+            self.metrics.images.inc(len(job.images.images))
+            self.metrics.image_tokens.inc(sum(im.n_tokens for im in job.images.images))
         clock = _Clock(arrived, time.perf_counter())
         follows = [self._follow(job, i, track, clock) for i, track in enumerate(tracks)]
         deltas = follows[0] if len(follows) == 1 else _merge(follows)

@@ -17,6 +17,7 @@ from common.metrics import RouterMetrics
 from common.model.config import ModelConfig
 from common.reference.deltanet import PREFILL_CHUNK
 from common.snapshots import KV_BLOCK, SnapshotStore
+from common.snapshots.keys import Marks
 from common.state import SequenceState
 
 log = logging.getLogger("fermium.router")
@@ -26,9 +27,11 @@ class PrefixCache(Protocol):
     wants_final_state: bool
     snapshot_every: int          # prefill checkpoints every this many tokens; 0: none
 
-    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]: ...
+    # marks: a prompt's images (common/snapshots/keys.py); rope_delta: the state's (common.state)
+    def lookup(self, ids: tuple[int, ...], marks: Marks = ()) -> tuple[int, list[np.ndarray] | None,
+                                                                        np.ndarray | None]: ...
     def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
-                    source: str, kv_type: str) -> None: ...
+                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> None: ...
 
 
 class NoPrefixCache:
@@ -37,11 +40,12 @@ class NoPrefixCache:
     wants_final_state = False
     snapshot_every = 0
 
-    def lookup(self, ids: tuple[int, ...]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]:
+    def lookup(self, ids: tuple[int, ...], marks: Marks = ()) -> tuple[int, list[np.ndarray] | None,
+                                                                        np.ndarray | None]:
         return 0, None, None
 
     def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
-                    source: str, kv_type: str) -> None:
+                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> None:
         return None
 
 
@@ -58,11 +62,13 @@ class SnapshotCache:
         metrics.snapshot_bytes.labels("ram").set_function(lambda: store.ram_bytes)
         metrics.snapshot_bytes.labels("disk").set_function(lambda: store.disk_bytes)
 
-    def lookup(self, ids: Sequence[int]) -> tuple[int, list[np.ndarray] | None, np.ndarray | None]:
-        """(start position, state arrays, logits at the start) — (0, None, None) on a miss."""
+    def lookup(self, ids: Sequence[int], marks: Marks = ()) -> tuple[int, list[np.ndarray] | None,
+                                                                       np.ndarray | None]:
+        """(start position, state arrays, logits at the start) — (0, None, None) on a miss. The
+        state's rope_delta follows from the images before the start, which the caller knows."""
         self.metrics.snapshot_lookups.inc()
         try:
-            found = self.store.lookup(ids)
+            found = self.store.lookup(ids, marks)
         except Exception:                         # a cache must never fail the request it would speed up
             log.exception("snapshot lookup failed; serving it cold")
             found = None
@@ -75,13 +81,13 @@ class SnapshotCache:
         return state.pos, state.arrays(), logits
 
     def store_state(self, ids: Sequence[int], pos: int, arrays: list[np.ndarray],
-                    logits: np.ndarray, source: str, kv_type: str) -> None:
-        """Keep the state after ids[:pos], its KV in `kv_type` (the store's own, else refused);
-        `logits` are those of token pos-1."""
+                    logits: np.ndarray, source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> None:
+        """Keep the state after ids[:pos] (its images at `marks`), its KV in `kv_type` (the store's
+        own, else refused); `logits` are those of token pos-1."""
         try:
             check_same_kv_type(kv_type, self.store.kv_type, f"the state from {source}", "the router")
-            state = SequenceState.from_arrays(pos, list(arrays), self.cfg, self.store.kv_type)
-            self.store.put(list(ids[:pos]), state, logits)
+            state = SequenceState.from_arrays(pos, list(arrays), self.cfg, self.store.kv_type, rope_delta)
+            self.store.put(list(ids[:pos]), state, logits, marks)
         except (ValueError, OSError) as exc:
             log.error("snapshot at position %d not stored: %s", pos, exc)
             return

@@ -6,7 +6,8 @@ and logit_bias among them, are read in sampling_args.py. A field OpenAI does not
 is refused, as OpenAI does, except the sampling extensions vLLM accepts too. Chat messages are
 checked in messages.py; tools and tool_choice, and the prompt they steer, in tools.py;
 `response_format` and a forced tool_choice become the request's grammar (structured.py); `n` > 1
-asks for that many choices, which share the prompt's prefill (copies.py).
+asks for that many choices, which share the prompt's prefill (copies.py). With a vision tower
+(`vision`, vision.py), `image_url` parts of user messages become their images' runs of image tokens.
 
 The body as a whole is checked before any field is read: valid UTF-8 and JSON, nesting at most
 MAX_DEPTH deep, no lone surrogate in any string, every float finite (Python's json reads `NaN`,
@@ -31,6 +32,7 @@ from .sampling_args import INT64, sampling_params
 from .sampling_args import number as _num
 from .structured import request_grammar
 from .tools import ToolPlan, steer, tool_plan
+from .vision import PLACEHOLDER, PromptImages, VisionInput
 
 COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
                  "presence_penalty", "seed", "stop", "stream", "stream_options", "temperature",
@@ -65,6 +67,7 @@ class Job:
     forced: str = ""                # the start of the answer the prompt already holds
     echo: str = ""                  # a completion's prompt text, sent before its answer
     n: int = 1                      # choices, each its own sequence from the one prefill
+    images: PromptImages | None = None   # the prompt's images, where its image tokens are
 
 
 def parse_body(raw: bytes) -> dict:
@@ -169,9 +172,10 @@ def _template_kwargs(body: dict) -> dict:
 
 
 def chat_prompt(body: dict, plan: ToolPlan, render: Callable[[list[dict], dict], str],
-                prefill: str = "") -> tuple[str, bool]:
+                prefill: str = "", read_image=None) -> tuple[str, bool]:
     """The rendered, steered prompt and whether the answer opens in a think block. `prefill` is the
-    start of the answer written by the client, which the answer continues after any reasoning."""
+    start of the answer written by the client, which the answer continues after any reasoning;
+    `read_image(part, where)` takes an image part's place (messages.py)."""
     variables = dict(_template_kwargs(body))
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in REASONING_EFFORTS:
@@ -180,7 +184,7 @@ def chat_prompt(body: dict, plan: ToolPlan, render: Callable[[list[dict], dict],
         variables.setdefault("enable_thinking", False)
     variables["tools"] = list(plan.tools) or None    # the request's, never a template kwarg's
     try:
-        text = render(chat_messages(body), variables)
+        text = render(chat_messages(body, read_image), variables)
     except ValueError as e:                      # the chat template refused the conversation
         raise bad_request(str(e), "messages") from None
     if prefill:
@@ -214,10 +218,10 @@ def _echo(body: dict, prompt_ids: list[int], decode: Callable[[list[int]], str] 
 def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, vocab: int,
              encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
              decode: Callable[[list[int]], str] | None = None, prefill: str = "", clamp: bool = False,
-             tokenizer: Vocab | None = None) -> Job:
+             tokenizer: Vocab | None = None, vision: VisionInput | None = None) -> Job:
     """`prefill`: the start of the answer the client wrote (chat_prompt); `clamp`: a max_tokens past
     the context is cut to what is left, where the Anthropic API asks for it; `tokenizer`: what
-    grammars are built on (structured.py)."""
+    grammars are built on (structured.py); `vision`: the reader of image parts (None: refused)."""
     allowed = (CHAT_FIELDS if chat else COMPLETION_FIELDS) | EXTENSION_FIELDS
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -234,11 +238,18 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
     sampling = sampling_params(body, chat=chat, vocab=vocab)
-    plan, reasoning = ToolPlan(), False
+    plan, reasoning, images = ToolPlan(), False, None
     if chat:
         plan = tool_plan(body)
-        text, reasoning = chat_prompt(body, plan, render, prefill)
+        read: list = []
+
+        def reader(part: dict, where: str) -> str:
+            read.append(vision.read(part, where))
+            return PLACEHOLDER
+        text, reasoning = chat_prompt(body, plan, render, prefill, reader if vision is not None else None)
         prompt_ids = encode(text)
+        if read:
+            prompt_ids, images = vision.expand(prompt_ids, read)
     else:
         prompt_ids = _prompt(body, encode, vocab)
     grammar = request_grammar(body, plan, tokenizer, reasoning)
@@ -262,4 +273,4 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     if echo and sampling.logprobs:
         raise bad_request("'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed", "echo")
     return Job(chat, model, tuple(prompt_ids), max_tokens, sampling, _stop(body), stream,
-               bool(options.get("include_usage")), plan, reasoning, plan.forced, echo, body.get("n") or 1)
+               bool(options.get("include_usage")), plan, reasoning, plan.forced, echo, body.get("n") or 1, images)

@@ -21,6 +21,7 @@ from common.config import context_size
 from common.kv_cache import check_kv_type
 from common.metrics import RouterMetrics
 from common.model.chat_template import render_chat
+from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
 from common.state import wire_limits
@@ -33,6 +34,7 @@ from .dispatch import Dispatcher, PrefixCache
 from .generation import Generation
 from .prefix_cache import build_snapshot_cache
 from .structured import warm
+from .vision import VisionInput
 from .workers import ROLES
 
 log = logging.getLogger("fermium.router")
@@ -95,7 +97,7 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     api = API(generation, served=served, context=context,
               vocab=tokenizer.vocab_size, encode=tokenizer.encode, decode=tokenizer.decode,
               render=chat_renderer(template, cfg.preserve_thinking), health=health,
-              max_body=cfg.max_body_bytes, tokenizer=tokenizer)
+              max_body=cfg.max_body_bytes, tokenizer=tokenizer, vision=_vision(cfg, model, tokenizer))
     warm(tokenizer)
 
     @contextlib.asynccontextmanager
@@ -106,6 +108,25 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
         await dispatcher.close()
 
     return api.app(lifespan=lifespan, middleware=api_key_middleware(cfg.api_key)), dispatcher, api
+
+
+def _vision(cfg: RouterConfig, model: GGUFModel, tokenizer: Tokenizer) -> VisionInput | None:
+    """The reader of image parts, with --mmproj; refused at start for a text model that cannot take them."""
+    if not cfg.mmproj:
+        return None
+    sections, half = model.config.rope_sections, model.config.rope_dim // 2
+    if len(sections) < 3 or sum(sections) != half:
+        raise ModelConfigError(f"{cfg.model}: rope.dimension_sections is {list(sections)}; images need mRoPE sections "
+                        f"that sum to {half} (a Qwen3.5/3.6 vision-language model)")
+    try:
+        vision = VisionInput.from_file(cfg.mmproj, tokenizer.token_to_id, cfg.allow_image_urls)
+    except ValueError as e:
+        raise ModelConfigError(f"--mmproj {cfg.mmproj}: {e}") from None
+    if vision.cfg.projection_dim != model.config.hidden_size:
+        raise ModelConfigError(f"--mmproj {cfg.mmproj}: the tower projects to {vision.cfg.projection_dim}, the model "
+                        f"{cfg.model} is {model.config.hidden_size} wide")
+    log.info("router: images through %s%s", cfg.mmproj, ", image URLs fetched" if cfg.allow_image_urls else "")
+    return vision
 
 
 class DrainingServer(uvicorn.Server):

@@ -2,7 +2,8 @@
 
 A backend class has `name`, a classmethod `availability() -> (ok, reason)`, a `kv_type`
 (common.kv_cache: its constructor takes it, and the states it fills keep KV in it), the reference
-model's `prefill(tokens, state, *, all_logits=False) -> logits`, and `stats() -> dict` of
+model's `prefill(tokens, state, *, all_logits=False, mm=None) -> logits` (`mm`: a prompt's images,
+common/reference/multimodal.py), and `stats() -> dict` of
 cumulative numbers that the service exports as metrics. Modules listed in BACKEND_MODULES
 register themselves on import; one that fails to import is reported as unavailable.
 """

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from common.model.gguf_file import GGUFModel
+from common.reference.multimodal import MropeInput
 from common.state import SequenceState
 from native.runners import load_runner
 
@@ -34,10 +35,12 @@ class CPUBackend:
     def availability(cls) -> tuple[bool, str]:
         return True, "native engine, or numpy where it does not load"
 
-    def prefill(self, tokens: list[int], state: SequenceState, *, all_logits: bool = False) -> np.ndarray:
+    def prefill(self, tokens: list[int], state: SequenceState, *, all_logits: bool = False,
+                mm: MropeInput | None = None) -> np.ndarray:
+        """`mm`: the image rows and mRoPE positions of a prompt with images (multimodal.py)."""
         t0 = time.perf_counter()
         chunk = {"chunk": self.chunk} if self.chunk else {}   # else the runner's own
-        logits = self.runner.prefill(tokens, state, all_logits=all_logits, **chunk)
+        logits = self.runner.prefill(tokens, state, all_logits=all_logits, mm=mm, **chunk)
         self._stats["compute_seconds"] += time.perf_counter() - t0
         # the native runner counts what it read (per chunk: the dense weights, the routed experts)
         self._stats["weight_bytes"] += self.runner.last_bytes if self.runner_name == "native" else self._bytes_per_call

@@ -7,6 +7,9 @@ counted on the GPU and read back; only the experts some token routes to are copi
 on a copy stream that overlap the GEMMs of the chunks already there. See native/cuda/plan.py for what
 is resident, and native/cuda/stream.py for the ring of slot regions. The GPU keeps KV in f32: a
 state's KV goes up kv_decode'd, and the rows it adds come back kv_encode'd into its kv_type.
+A prompt with images (`mm`, common/reference/multimodal.py) differs only on the host: its rows'
+rotary table follows their (T, H, W) positions frequency by frequency (the rope kernel reads one
+table row per token either way), and the image rows go up over their tokens' embedding rows.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import time
 import numpy as np
 
 from common.kv_cache import check_same_kv_type, kv_decode, kv_encode
+from common.reference.multimodal import MropeInput, text_input
+from common.reference.ops import mrope_axes
 from common.state import SequenceState
 from native.cuda.layers import F32, LayerRunner, StateBlock
 from native.cuda.plan import DEFAULT_BUDGET, head_rows, layout, make_plan, parse_size, workspace_bytes
@@ -39,11 +44,16 @@ def dense_tiles(T: int) -> np.ndarray:
                      np.zeros_like(starts)], axis=1).astype(np.int32)
 
 
-def rope_table(positions: np.ndarray, rope_dim: int, theta: float) -> np.ndarray:
-    """[T, rope_dim/2, 2] (cos, sin), computed in float64 like the reference."""
+def rope_table(positions: np.ndarray, rope_dim: int, theta: float, sections: tuple[int, ...] = ()) -> np.ndarray:
+    """[T, rope_dim/2, 2] (cos, sin), computed in float64 like the reference. positions: [T], or
+    [3, T] mRoPE positions (T, H, W), each frequency following its axis of `sections`."""
     half = rope_dim // 2
     inv = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
-    ang = positions.astype(np.float64)[:, None] * inv[None, :]
+    if positions.ndim == 2:
+        pos = positions.astype(np.float64)[mrope_axes(rope_dim, sections)].T            # [T, half]
+    else:
+        pos = positions.astype(np.float64)[:, None]
+    ang = pos * inv[None, :]
     return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
 
 
@@ -147,14 +157,46 @@ class CUDABackend:
         return buf
 
     # ------------------------------------------------------------------ prefill
-    def prefill(self, tokens, state: SequenceState, *, all_logits: bool = False) -> np.ndarray:
+    def prefill(self, tokens, state: SequenceState, *, all_logits: bool = False,
+                mm: MropeInput | None = None) -> np.ndarray:
         self.ctx.push()
         try:
-            return self._prefill(tokens, state, all_logits)
+            return self._prefill(tokens, state, all_logits, mm)
         finally:
             self.ctx.pop()
 
-    def _prefill(self, tokens, state: SequenceState, all_logits: bool) -> np.ndarray:
+    def _rows_of(self, mm: MropeInput | None, state: SequenceState, n: int) -> MropeInput | None:
+        if mm is None:
+            return text_input(state.pos + state.rope_delta, n) if state.rope_delta else None
+        cfg = self.cfg
+        if mm.n_rows != n:
+            raise ValueError(f"mRoPE positions for {mm.n_rows} rows, the call has {n}")
+        if len(cfg.rope_sections) < 3 or sum(cfg.rope_sections) != cfg.rope_dim // 2:
+            raise ValueError(f"rope.dimension_sections is {list(cfg.rope_sections)}; mRoPE for images needs "
+                             f"sections that sum to {cfg.rope_dim // 2}")
+        if len(mm.rows) and mm.embeds.shape != (len(mm.rows), cfg.hidden_size):
+            raise ValueError(f"image embeddings of shape {list(mm.embeds.shape)}; the model takes "
+                             f"[{len(mm.rows)}, {cfg.hidden_size}]")
+        return mm
+
+    def _image_rows(self, mm: MropeInput | None, p0: int, T: int) -> None:
+        """The pass's image rows over its embedding rows in keep["x"], one copy per run of rows."""
+        if mm is None or not len(mm.rows):
+            return
+        mine = np.flatnonzero((mm.rows >= p0) & (mm.rows < p0 + T))
+        if not mine.size:
+            return
+        H = self.cfg.hidden_size
+        if getattr(self, "image_h", None) is None:
+            self.image_h = self._host((self.plan.pass_tokens, H), np.float32)
+        # reused by the next pass as embed_h is: each layer's routing wait has seen this copy through
+        self.image_h[:mine.size] = mm.embeds[mine]
+        rows = mm.rows[mine] - p0
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        for a, b in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [rows.size]])):
+            self.cuda.memcpy_htod_async(self.ws["keep"]["x"] + int(rows[a]) * H * F32, self.image_h[a:b], self.compute)
+
+    def _prefill(self, tokens, state: SequenceState, all_logits: bool, mm: MropeInput | None) -> np.ndarray:
         cuda, cfg, s = self.cuda, self.cfg, self.compute
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.ndim != 1 or len(ids) == 0:
@@ -162,6 +204,7 @@ class CUDABackend:
         if ids.min() < 0 or ids.max() >= cfg.vocab_size:
             raise ValueError(f"token id out of range [0, {cfg.vocab_size})")
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this backend")
+        mm = self._rows_of(mm, state, len(ids))
         pos = start = state.pos
         if pos + len(ids) > self.plan.max_context:
             raise ValueError(f"context of {pos + len(ids)} tokens exceeds this backend's max_context "
@@ -180,11 +223,13 @@ class CUDABackend:
             self.embed_h[:T * rb] = self.embd.raw[chunk].reshape(-1)
             cuda.memcpy_htod_async(keep["xn"], self.embed_h[:T * rb], s)
             self.kernels.dequant_rows(s, self.embd.qtype, keep["xn"], rb, 0, keep["x"], T, H)
+            self._image_rows(mm, p0, T)
             tiles = dense_tiles(T).reshape(-1)
             self.tiles_h[:tiles.size] = tiles
             cuda.memcpy_htod_async(keep["tiles"], self.tiles_h[:tiles.size], s)
             if cfg.full_layers:
-                table = rope_table(np.arange(pos, pos + T), cfg.rope_dim, cfg.rope_theta).reshape(-1)
+                positions = np.arange(pos, pos + T) if mm is None else mm.rope_pos[:, p0:p0 + T]
+                table = rope_table(positions, cfg.rope_dim, cfg.rope_theta, cfg.rope_sections).reshape(-1)
                 self.rope_h[:table.size] = table
                 cuda.memcpy_htod_async(keep["rope"], self.rope_h[:table.size], s)
             last = p0 + T >= len(ids)

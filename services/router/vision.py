@@ -1,0 +1,121 @@
+"""Images in chat prompts, on the router's side (--mmproj): each `image_url` part decoded and held
+to the limits (images.py), resized to whole image tokens as the vision tower's preprocessing does
+(common/vision/preprocess.py smart_resize), and its place in the prompt.
+
+The chat template sees each image as `<|vision_start|><|image_pad|><|vision_end|>`, as the
+Qwen3.6 template renders an image part; after tokenizing, each image's one `<|image_pad|>`
+becomes rows x cols of them, one per image token of its grid. The resized pixels go to prefill,
+whose encoder turns them into those tokens' rows; the digest of each image's bytes keys its
+snapshots (common/snapshots/keys.py marks), and the grids give the rotary delta after each image.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from common.reference.multimodal import image_runs
+from common.vision.config import VisionConfig
+from common.vision.preprocess import smart_resize
+from common.vision.tensors import MmprojFile
+
+from .errors import bad_request
+from .images import ImageLimits, image_part
+
+VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+PLACEHOLDER = VISION_START + IMAGE_PAD + VISION_END
+
+
+@dataclass(frozen=True)
+class PromptImage:
+    pixels: np.ndarray           # uint8 (height, width, 3), resized to whole image tokens
+    rows: int                    # the image-token grid
+    cols: int
+    digest: bytes                # blake2b of the bytes the client sent
+
+    @property
+    def n_tokens(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def rope_delta(self) -> int:
+        """What the image moves the rotary position by, less its token count (<= 0)."""
+        return max(self.rows, self.cols) - self.n_tokens
+
+
+@dataclass(frozen=True)
+class PromptImages:
+    """A prompt's images and where their runs of image tokens start."""
+    images: tuple[PromptImage, ...]
+    starts: tuple[int, ...]
+    image_token: int
+
+    def marks(self) -> list[tuple[int, bytes]]:
+        return [(s, im.digest) for s, im in zip(self.starts, self.images)]
+
+    def inside(self, pos: int) -> bool:
+        """Whether a prefix of `pos` tokens ends inside an image's run."""
+        return any(s < pos < s + im.n_tokens for s, im in zip(self.starts, self.images))
+
+    def rope_delta(self, pos: int) -> int:
+        """The state's rope_delta after the first `pos` tokens (pos not inside an image)."""
+        return sum(im.rope_delta for s, im in zip(self.starts, self.images) if s + im.n_tokens <= pos)
+
+    def after(self, pos: int) -> list[np.ndarray]:
+        """The pixels of the images whose runs start at or after `pos`."""
+        return [im.pixels for s, im in zip(self.starts, self.images) if s >= pos]
+
+
+class VisionInput:
+    """The router's reader of image parts for one vision tower."""
+
+    def __init__(self, cfg: VisionConfig, token_to_id: Callable[[str], int | None],
+                 limits: ImageLimits = ImageLimits(), fetch: Callable[[str, int], bytes] | None = None):
+        self.cfg, self.limits, self.fetch = cfg, limits, fetch
+        ids = {name: token_to_id(name) for name in (VISION_START, IMAGE_PAD, VISION_END)}
+        missing = [name for name, i in ids.items() if i is None]
+        if missing:
+            raise ValueError(f"the model's tokenizer has no {', '.join(missing)}: it cannot take images")
+        self.start_id, self.pad_id, self.end_id = ids[VISION_START], ids[IMAGE_PAD], ids[VISION_END]
+
+    @classmethod
+    def from_file(cls, mmproj: str | Path, token_to_id: Callable[[str], int | None], allow_urls: bool = False):
+        from .images import fetch_url
+        return cls(MmprojFile(mmproj).config, token_to_id, ImageLimits(allow_urls=allow_urls),
+                   fetch_url if allow_urls else None)
+
+    def read(self, part: dict, where: str) -> PromptImage:
+        """One image_url part -> the resized image, or a 400 naming the part."""
+        decoded = image_part(part, where, self.limits, self.fetch)
+        width, height = decoded.size
+        cfg = self.cfg
+        try:
+            h, w = smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+        except ValueError as e:
+            raise bad_request(f"{where}: {e}", f"{where}.image_url", "invalid_image") from None
+        image = decoded.image
+        if (h, w) != (height, width):
+            image = image.resize((w, h), resample=Image.Resampling.BICUBIC)
+        return PromptImage(np.asarray(image, np.uint8), h // cfg.factor, w // cfg.factor,
+                           bytes.fromhex(decoded.digest))
+
+    def expand(self, ids: Sequence[int], images: Sequence[PromptImage]) -> tuple[list[int], PromptImages]:
+        """The tokenized prompt with each image's one image token made its whole run."""
+        singles = [i for i, t in enumerate(ids) if t == self.pad_id]
+        if len(singles) != len(images):
+            raise bad_request(f"the prompt holds {len(singles)} image tokens for {len(images)} images; "
+                              f"{IMAGE_PAD} cannot be sent as text", "messages")
+        out: list[int] = []
+        at = 0
+        for i, image in zip(singles, images):
+            out += ids[at:i] + [self.pad_id] * image.n_tokens
+            at = i + 1
+        out += ids[at:]
+        starts = tuple(s for s, _ in image_runs(out, self.pad_id))
+        if len(starts) != len(images):
+            raise bad_request(f"the prompt's image tokens run together: {len(starts)} runs for {len(images)} "
+                              "images", "messages")
+        return out, PromptImages(tuple(images), starts, self.pad_id)
