@@ -246,7 +246,8 @@ def test_bad_requests_are_refused(files):
 
 # The demo model (Q8_0): 8-bit activations move a typical token's logits by about 0.5% of the
 # largest one; a near-tie in the router (top-2 of a few experts) moves one token's by a few
-# percent. Neither changes a greedy token.
+# percent. A greedy token may then differ only where the reference's top two are closer than
+# twice the logits' difference on that row.
 
 
 def test_demo_model_matches_reference_and_greedy_tokens():
@@ -258,8 +259,17 @@ def test_demo_model_matches_reference_and_greedy_tokens():
     model = GGUFModel(path)
     ids = np.random.default_rng(5).integers(0, model.config.vocab_size, 32).tolist()
     ref_tokens, ref = greedy(ReferenceModel(model), ids, 16)
-    tokens, got = greedy(CpuRunner(model, threads=2), ids, 16)
-    assert tokens == ref_tokens
+    cpu = CpuRunner(model, threads=2)
+    state = cpu.new_state()
+    # the native runner fed the reference's tokens, so both score the same sequence
+    got = np.concatenate([cpu.prefill(ids, state, all_logits=True)]
+                         + [cpu.decode([t], [state]) for t in ref_tokens])
+    rows = ref[len(ids) - 1:]                          # the rows greedy chose from, and the last
+    top2 = np.sort(rows, axis=-1)[:, -2:]
+    gap, diff = top2[:, 1] - top2[:, 0], np.abs(got[len(ids) - 1:] - rows).max(axis=-1)
+    same = got[len(ids) - 1:].argmax(-1) == rows.argmax(-1)
+    assert np.all(same | (gap < 2 * diff)), (same, gap, diff)
+    assert same.mean() >= QUANT_MIN_ARGMAX_AGREEMENT
     err = rel_err(got, ref)
     assert np.median(err) <= QUANT_MEDIAN_REL_TOL and err.max() <= QUANT_MAX_REL_TOL, err
 

@@ -101,7 +101,7 @@ def test_a_valid_document_is_accepted_and_then_the_grammar_is_done(tok):
 def test_the_mask_forbids_what_breaks_the_schema(tok):
     spec = compile_response_format(schema_format(SCHEMA), tok)
     ok = allowed_now(Matcher(spec, grammar.engine_tokenizer(tok)), tok)
-    assert ok[tok.encode("{")[0]] and not ok[tok.encode("[")[0]] and not ok[tok.encode(" ")[0]]
+    assert ok[tok.encode('{"')[0]] and not ok[tok.encode("[")[0]] and not ok[tok.encode(" ")[0]]
     m = follow(spec, tok, '{"name": "x", "age": ')
     ok = allowed_now(m, tok)
     assert not ok[tok.encode('"')[0]] and not ok[tok.encode("t")[0]]

@@ -17,9 +17,7 @@ from common.model.config import ModelConfig
 from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
-from common.reference.generate import generate
 from common.reference.model import ReferenceModel
-from common.sampling import SamplingParams
 from common.snapshots import SnapshotStore
 from common.state import SequenceState
 from fermium.options import command, config, defaults, options
@@ -33,12 +31,13 @@ from tests.conftest import fermium_cli
 HELD_OUT = Path(__file__).resolve().parents[1] / "models" / "heldout_sample.txt"
 GREEDY_TOKENS = 256
 PROMPT_TOKENS = 384
-# f16 keeps 11 significant bits of each K/V value: the logits move in their fourth decimal
-F16_LOGIT_ATOL = 5e-3
+# f16 keeps 11 significant bits of each K/V value: the demo model's logits (up to about 15)
+# move in their third decimal
+F16_LOGIT_ATOL = 2e-2
 # q8_0 rounds each K/V value by up to half its block's step (max|x| / 254); through attention
-# that moves the demo model's logits by hundredths at most, where a broken conversion (a wrong
+# that moves the demo model's logits by a few tenths at most, where a broken conversion (a wrong
 # scale, blocks out of order) moves them by whole units
-Q8_0_LOGIT_ATOL = 0.05
+Q8_0_LOGIT_ATOL = 0.3
 
 # a store-sized model whose head size q8_0 can hold (32), with one full-attention layer of four
 CFG = ModelConfig(arch="qwen35moe", vocab_size=50, hidden_size=8, n_layers=4, n_nextn_layers=0,
@@ -97,17 +96,33 @@ def test_a_state_of_another_type_is_refused_by_the_reference(demo):
         ReferenceModel(demo, kv_type="f16").prefill([1, 2], SequenceState.empty(demo.config, "f32"))
 
 
+def greedy_with_gaps(engine, ids: list[int], steps: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens, and at each step the gap between the two best logits."""
+    state = engine.new_state()
+    row = engine.prefill(ids, state).reshape(-1)
+    tokens, gaps = [], []
+    for _ in range(steps):
+        top2 = np.sort(row)[-2:]
+        tokens.append(int(np.argmax(row)))
+        gaps.append(float(top2[1] - top2[0]))
+        row = engine.decode([tokens[-1]], [state]).reshape(-1)
+    return tokens, gaps
+
+
 @pytest.mark.parametrize("runner", ["reference", "native"])
 def test_f16_greedy_tokens_are_those_of_f32(demo, runner):
-    """The demo model's 256 greedy tokens, each runner against itself."""
+    """The demo model's 256 greedy tokens, each runner against itself: the same, or the same up
+    to a step where f32's two best logits are closer than f16's cache can move them."""
     ids = Tokenizer.from_gguf(demo).encode("ROMEO:")
     runs = {}
     for kv_type in ("f32", "f16"):
         name, engine = load_runner(runner, demo, kv_type=kv_type)
         assert name == runner and engine.new_state().kv_type == kv_type
-        runs[kv_type] = list(generate(engine, ids, SamplingParams(temperature=0.0), GREEDY_TOKENS))
-    assert len(runs["f32"]) == GREEDY_TOKENS
-    assert runs["f16"] == runs["f32"]
+        runs[kv_type] = greedy_with_gaps(engine, ids, GREEDY_TOKENS)
+    (want, gaps), (got, _) = runs["f32"], runs["f16"]
+    assert len(want) == GREEDY_TOKENS and got[:8] == want[:8]
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    assert first is None or gaps[first] < 2 * F16_LOGIT_ATOL, (first, gaps[first])
 
 
 # ---- snapshots in the cache's type -----------------------------------------------------------
