@@ -459,3 +459,29 @@ def test_the_cycles_sample_is_samplers_token_for_token():
         for params in (SamplingParams(), SamplingParams(logit_bias={3: 50.0}), SamplingParams(repetition_penalty=2.0)):
             history = [3, 4, 4]
             assert sample(Sampler(params), row, history) == Sampler(params).sample(row, history)
+
+
+@pytest.fixture(scope="module")
+def demo_native():
+    from common.model.default import default_model_path
+    from common.model.gguf_file import GGUFModel
+    from native.cpu_runner import CpuRunner
+    model = GGUFModel(default_model_path())
+    return model, CpuRunner(model, threads=1)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_generate_on_the_demo_model_is_plain_generate_whatever_cycle_max_tokens_ends_in(demo_native, k):
+    """The demo model's own MTP head drafts (it accepts a good share); `fermium generate`'s loop
+    yields every token of the cycle that reached max_tokens, and the tokens are plain decoding's."""
+    from common.reference.generate import generate
+    from common.speculative import Speculator
+    _, runner = demo_native
+    prompt = [100, 200]
+    for max_tokens in (1, 2, 7, 30):
+        plain = list(generate(runner, prompt, SamplingParams(), max_tokens))
+        spec = Speculator(runner, k)
+        fast = list(generate(runner, prompt, SamplingParams(), max_tokens, speculator=spec))
+        assert fast == plain, (k, max_tokens)
+        assert len(fast) == max_tokens
+    assert spec.accepted > 0

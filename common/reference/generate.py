@@ -50,9 +50,10 @@ def _speculative(speculator: Speculator, lane: Lane) -> Iterator[int]:
     more = emit(lane, lane.sampler.sample(lane.logits, lane.history), lane.logits)
     lane.draft = speculator.start()
     while True:
+        reason = lane.policy.finish_reason     # the cycle's own end (max_tokens, a stop id) keeps its tokens
         for token in taken:
             yield token
-            if lane.policy.finished:        # a stop string the caller fed in ends it here, as one token a step
+            if lane.policy.finish_reason != reason:   # a stop string the caller fed in ends it here
                 return
         taken.clear()
         if not more:
