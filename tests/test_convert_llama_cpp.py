@@ -118,3 +118,20 @@ def test_llama_cpp_mtp_file_drafts_as_ours(pair, kind):
     assert np.isfinite(ours).all()
     np.testing.assert_allclose(theirs, ours, rtol=0, atol=LOGIT_RTOL * np.abs(ours).max())
     np.testing.assert_allclose(h_theirs, h_ours, rtol=0, atol=LOGIT_RTOL * np.abs(h_ours).max())
+
+
+@pytest.mark.parametrize("kind", list(PRE))
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_greedy_on_llama_cpp_mtp_file_is_plain_greedy(pair, kind, k):
+    """llama.cpp's file with MTP kept: the native runner's speculative greedy tokens are its plain ones."""
+    from common.reference.generate import generate
+    from common.sampling import SamplingParams
+    from common.speculative import Speculator
+    from native.cpu_runner import CpuRunner
+    theirs, _ = pair(kind, "f32", True)
+    runner = CpuRunner(theirs, threads=1)
+    prompt = list(range(5, 25))
+    plain = list(generate(runner, prompt, SamplingParams(), 24))
+    spec = Speculator(runner, k)
+    assert list(generate(runner, prompt, SamplingParams(), 24, speculator=spec)) == plain
+    assert spec.drafted > 0
