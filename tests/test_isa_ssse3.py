@@ -50,7 +50,8 @@ def test_ssse3_objects_have_no_avx(ssse3_objects):
         bad += [ln for ln in body if AVX_MNEMONIC.search(ln.split("\t")[-1])]
         assert not bad, f"{obj.name} holds AVX instructions:\n" + "\n".join(bad[:10])
         mnemonics = " ".join(ln.split("\t")[-1] for ln in body)
-        float_kernel = obj.stem.startswith(("float", "gdn", "attn"))   # float dots, DeltaNet, attention
+        # float dots, DeltaNet, attention, the vision tower
+        float_kernel = obj.stem.startswith(("float", "gdn", "attn", "vision"))
         expected = "mulps" if float_kernel else "pmaddubsw"
         assert expected in mnemonics, f"{obj.name}: no {expected}: is it really the SSSE3 kernel?"
 

@@ -16,7 +16,8 @@ The references of the repacked layouts are in repack.c, and the other per-ISA fi
 family (gdn_*.c: the DeltaNet head and conv updates, whose generic sibling is in ops.c;
 attn_tiled_*.c: the causal attention of prefill chunks and decode steps over a KV cache in f32,
 f16 or q8_0, beside attn_tiled_generic.c; attn_decode.c splits a decode step's keys across the
-pool, and kv_cache_generic.c converts the cache types in plain C).
+pool, and kv_cache_generic.c converts the cache types in plain C; vision_gemm_*.c: the vision
+tower's GEMM microkernel and row ops, beside vision_gemm.c, whose header vision.h cffi reads too).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 MODULE = "native._fermium_cpu"
-HEADERS = ["fermium_cpu.h", "engine.h"]
+HEADERS = ["fermium_cpu.h", "engine.h", "vision.h"]
 COMMON_FLAGS = ["-O2", "-fPIC", "-std=c11", "-D_GNU_SOURCE", "-Wall"]
 ISA_FLAGS: dict[str, list[str]] = {
     "ssse3": ["-mssse3"],
