@@ -6,7 +6,12 @@ next token x_{i+1} and the trunk's hidden h_i and guesses x_{i+2}. Two figures:
 - greedy agreement: the guess is the trunk's own greedy choice after x_{i+1}, which is what a
   greedy verify accepts (k = 1) when x_{i+1} was the trunk's choice too.
 
+With --speculate K..., the real speculative loop instead (native runner, greedy, auto-off off):
+each prompt is a stretch of the held-out text, each continuation --gen tokens; printed per k are
+the drafts accepted over those made and the tokens a cycle takes.
+
     .venv/bin/python tools/eval_mtp.py models/shakespeare-demo-f32.gguf models/shakespeare-demo-q8_0.gguf
+    .venv/bin/python tools/eval_mtp.py models/shakespeare-demo-q8_0.gguf --speculate 1 2 3
 """
 from __future__ import annotations
 
@@ -37,17 +42,47 @@ def mtp_hits(reference, window: list[int]) -> tuple[int, int, int]:
     return int((guess == text).sum()), int((guess == greedy).sum()), rows - 1
 
 
+def speculate(model, ids: list[int], ks: list[int], prompts: int, prompt_len: int, gen: int) -> None:
+    """Acceptance of the speculative loop on prompts cut from the held-out ids."""
+    from common.reference.generate import generate
+    from common.sampling import SamplingParams
+    from common.speculative import Speculator
+    from native.cpu_runner import CpuRunner
+    runner = CpuRunner(model)
+    starts = range(0, prompts * prompt_len, prompt_len)
+    for k in ks:
+        spec, tokens = Speculator(runner, k, auto_off=False), 0
+        for start in starts:
+            out = generate(runner, ids[start:start + prompt_len], SamplingParams(), gen, speculator=spec)
+            tokens += len(list(out)) - 1            # the first token of each comes from the prompt's logits
+        cycles = tokens - spec.accepted             # each cycle takes its accepted drafts and one more
+        print(f"{model.path.name:<36} k={k}  acceptance {spec.accepted / spec.drafted:.4f} "
+              f"({spec.accepted}/{spec.drafted})  tokens a cycle {tokens / cycles:.3f}  "
+              f"({prompts} prompts of {prompt_len} held-out tokens, {gen} generated each)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("gguf", type=Path, nargs="+", help="GGUF files with an MTP block")
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the training text; its last 10%% is scored")
     ap.add_argument("--tokens", type=int, default=4096, help="held-out tokens to score, from the start")
     ap.add_argument("--window", type=int, default=512, help="tokens per window, each from an empty state")
+    ap.add_argument("--speculate", type=int, nargs="*", help="draft tokens k: run the speculative loop")
+    ap.add_argument("--prompts", type=int, default=32, help="with --speculate: prompts")
+    ap.add_argument("--prompt-len", type=int, default=64, help="with --speculate: tokens per prompt")
+    ap.add_argument("--gen", type=int, default=64, help="with --speculate: tokens generated per prompt")
     args = ap.parse_args()
 
     from common.model.gguf_file import GGUFModel
     from common.model.tokenizer import Tokenizer
     from common.reference.model import ReferenceModel
+    if args.speculate:
+        for path in args.gguf:
+            model = GGUFModel(path)
+            need = args.prompts * args.prompt_len
+            speculate(model, held_out_ids(Tokenizer.from_gguf(model).encode, args.data, need), args.speculate,
+                      args.prompts, args.prompt_len, args.gen)
+        return
     print(f"{'model':<36} {'text top-1':>10} {'greedy agreement':>17} {'positions':>9}")
     for path in args.gguf:
         model = GGUFModel(path)
