@@ -1,5 +1,5 @@
 # Fermium: the two commands a fresh machine needs.
-#   make demo  - set up, bring the stack up on the bundled demo model, stream one chat answer
+#   make demo  - set up, bring the stack up on the bundled demo model, stream a chat turn with a tool call
 #   make test  - set up and run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
