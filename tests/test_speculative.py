@@ -485,3 +485,36 @@ def test_generate_on_the_demo_model_is_plain_generate_whatever_cycle_max_tokens_
         assert fast == plain, (k, max_tokens)
         assert len(fast) == max_tokens
     assert spec.accepted > 0
+
+
+def two_sample_chi2(a: dict, b: dict) -> tuple[float, int]:
+    """Pearson's statistic that two equal-sized samples come from one distribution (cells with
+    fewer than 2 * MIN_EXPECTED samples in all pooled), and its degrees of freedom."""
+    cells = [c for c in set(a) | set(b) if a.get(c, 0) + b.get(c, 0) >= 2 * MIN_EXPECTED]
+    rest = [c for c in set(a) | set(b) if c not in cells]
+    obs = [(a.get(c, 0), b.get(c, 0)) for c in cells]
+    pooled = (sum(a.get(c, 0) for c in rest), sum(b.get(c, 0) for c in rest))
+    if sum(pooled) >= 2 * MIN_EXPECTED:
+        obs.append(pooled)
+    return sum((x - y) ** 2 / (x + y) for x, y in obs), len(obs) - 1
+
+
+def test_demo_model_sampled_tokens_keep_their_distribution_under_speculation(demo_native):
+    """Temperature 0.8 on the demo model and its own MTP head: the third token (the first that a
+    verify decides against a draft; max_tokens leaves room for two) over 2,000 seeded runs with
+    k = 2, against 2,000 runs of plain sampling with other seeds."""
+    from common.reference.generate import generate
+    from common.speculative import Speculator
+    _, runner = demo_native
+    prompt, n = [100, 200, 300], 2000
+    spec = Speculator(runner, 2, auto_off=False)
+    samples = {"spec": {}, "plain": {}}
+    for seed in range(n):
+        for kind, offset in (("spec", 0), ("plain", n)):
+            params = SamplingParams(temperature=0.8, seed=seed + offset)
+            out = list(generate(runner, prompt, params, 6, speculator=spec if kind == "spec" else None))
+            samples[kind][out[2]] = samples[kind].get(out[2], 0) + 1
+    stat, df = two_sample_chi2(samples["spec"], samples["plain"])
+    assert df >= 10
+    assert stat < chi2_critical(df), (stat, df)
+    assert 0 < spec.accepted < spec.drafted          # both acceptance and rejection were exercised
