@@ -239,9 +239,7 @@ class Speculator:
         runner, dstates = self.runner, [s.draft.state for s in seqs]
         toks = [[t for _, t in s.draft.pending] for s in seqs]
         hidden = np.stack([h for s in seqs for h, _ in s.draft.pending])
-        logits, h_out = runner.draft(toks, hidden, dstates)
-        last = np.cumsum([len(t) for t in toks]) - 1
-        rows, h_last = list(logits[last]), list(h_out[last])
+        rows, h_last = (list(a) for a in runner.draft(toks, hidden, dstates, last_only=True))
         kept = [d.pos for d in dstates]
         budgets = [self._budget(s) for s in seqs]
         for s in seqs:

@@ -193,10 +193,11 @@ class SpeculativeMethods:
         buf[:pos] = a[:pos]
         return buf
 
-    def draft(self, tokens: list[list[int]], hidden: np.ndarray,
-              dstates: list[DraftState]) -> tuple[np.ndarray, np.ndarray]:
+    def draft(self, tokens: list[list[int]], hidden: np.ndarray, dstates: list[DraftState],
+              last_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The MTP block over every sequence's rows in one native step: row r is (tokens[b][j],
-        hidden[r]) at dstates[b].pos + j. Returns (logits (R, V'), hidden_out (R, hidden))."""
+        hidden[r]) at dstates[b].pos + j. Returns (logits (R, V'), hidden_out (R, hidden)); with
+        `last_only`, those of each sequence's last row alone (its earlier rows only fill the KV)."""
         engine = self._mtp_engine()
         if len(tokens) != len(dstates):
             raise ValueError("draft: tokens and draft states differ in length")
@@ -206,8 +207,10 @@ class SpeculativeMethods:
         if hidden.shape != (R, H):
             raise ValueError(f"draft: hidden is {list(hidden.shape)}, the rows need [{R}, {H}]")
         vocab = self.cfg.vocab_size if self._draft_vocab is None else self._draft_vocab[1].size
-        logits = np.empty((R, vocab), np.float32)
-        hidden_out = np.empty((R, H), np.float32)
+        last = np.cumsum([len(seq) for seq in tokens])[[bool(seq) for seq in tokens]] - 1
+        out = last.size if last_only else R
+        logits = np.empty((out, vocab), np.float32)
+        hidden_out = np.empty((out, H), np.float32)
         if R == 0:
             return logits, hidden_out
         rows, keep, r = ffi.new("fm_seq[]", R), [], 0
@@ -222,8 +225,10 @@ class SpeculativeMethods:
                 rows[r + j].pos, rows[r + j].k, rows[r + j].v = d.pos + j, k, v
                 rows[r + j].conv = rows[r + j].ssm = empty
             r += len(seq)
+        out_rows = ffi.new("int[]", [int(i) for i in last]) if last_only else ffi.NULL
         err = lib.fm_draft(engine, R, ffi.new("int[]", [int(t) for t in ids]), ffi.cast("float *", hidden.ctypes.data),
-                           rows, ffi.cast("float *", logits.ctypes.data), ffi.cast("float *", hidden_out.ctypes.data))
+                           rows, out, out_rows, ffi.cast("float *", logits.ctypes.data),
+                           ffi.cast("float *", hidden_out.ctypes.data))
         if err != 0:
             raise MemoryError("native draft step ran out of scratch memory")
         for seq, d in zip(tokens, dstates):

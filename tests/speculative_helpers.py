@@ -83,11 +83,11 @@ class ToyRunner:
         state.conv[0], rollback.conv[j][0] = rollback.conv[j][0], state.conv[0]
         state.ssm[0], rollback.ssm[j][0] = rollback.ssm[j][0], state.ssm[0]
 
-    def draft(self, tokens, hidden, dstates):
+    def draft(self, tokens, hidden, dstates, last_only=False):
         self.calls["draft"] += 1
         logits, h_out, r = [], [], 0
         for toks, d in zip(tokens, dstates):
-            for t in toks:
+            for j, t in enumerate(toks):
                 self.calls["draft_rows"] += 1
                 h = hidden[r]
                 ctx = d.v[:d.pos].mean(axis=0) if d.pos else np.zeros(self.H)
@@ -98,9 +98,11 @@ class ToyRunner:
                 noise = np.random.default_rng([d.pos, t]).normal(size=self.V) * self.noise
                 d.pos += 1
                 row = self.W @ (u + 0.1 * ctx) + noise
+                r += 1
+                if last_only and j < len(toks) - 1:
+                    continue
                 logits.append(row if self.ids is None else row[self.ids])
                 h_out.append(u)
-                r += 1
         return np.stack(logits), np.stack(h_out)
 
     def set_draft_vocab(self, ids):
@@ -195,9 +197,9 @@ class OracleDrafts:
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
-    def draft(self, tokens, hidden, dstates):
+    def draft(self, tokens, hidden, dstates, last_only=False):
         starts = [d.pos for d in dstates]
-        logits, h_out = self.runner.draft(tokens, hidden, dstates)
+        logits, h_out = self.runner.draft(tokens, hidden, dstates, last_only=last_only)
         logits = np.array(logits)
         r = 0
         for toks, d, start in zip(tokens, dstates, starts):
@@ -205,6 +207,8 @@ class OracleDrafts:
             del seen[start:]
             for j, t in enumerate(toks):
                 seen.append(t)
+                if last_only and j < len(toks) - 1:
+                    continue
                 i = start + j
                 guess = next((o[i + 2] for o in self.oracles if len(o) > i + 2 and o[1:i + 2] == seen), None)
                 if guess is not None and np.random.default_rng([self.seed, i]).random() < self.rate:

@@ -250,3 +250,29 @@ def test_demo_model_draft_matches_reference(path):
     for (got_logits, got_h), (want_logits, want_h) in steps:
         err = np.abs(got_logits - want_logits).max(axis=-1) / np.abs(want_logits).max()
         assert np.median(err) <= QUANT_MEDIAN_REL_TOL and err.max() <= QUANT_MAX_REL_TOL
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_draft_of_last_rows_only_is_the_full_drafts_last_rows(files, isa):
+    """last_only skips the MoE and the head for every row but each sequence's last; those rows
+    still fill the KV, so the KV and the last rows' outputs are the full step's."""
+    model = GGUFModel(files["f32"])
+    rng = np.random.default_rng(7)
+    with kernel_calls.isa_restored():
+        eng = CpuRunner(model, threads=2, isa=isa)
+        V, H = eng.cfg.vocab_size, eng.cfg.hidden_size
+        tokens = [ids(3, 1, V), [], ids(2, 2, V)]
+        hidden = rng.standard_normal((5, H)).astype(np.float32)
+        full_states, last_states = ([eng.new_draft_state() for _ in tokens] for _ in range(2))
+        full = eng.draft(tokens, hidden, full_states)
+        last = eng.draft(tokens, hidden, last_states, last_only=True)
+        ref = ReferenceModel(model).draft(tokens, hidden, [ReferenceModel(model).new_draft_state() for _ in tokens],
+                                          last_only=True)
+    for got, want, r in zip(last, full, ref):
+        assert got.shape == (2, want.shape[1])
+        np.testing.assert_array_equal(got, want[[2, 4]])
+        assert max_rel(got, r) <= FLOAT_REL_TOL
+    for a, b in zip(full_states, last_states):
+        assert a.pos == b.pos
+        np.testing.assert_array_equal(a.k[:a.pos], b.k[:b.pos])
+        np.testing.assert_array_equal(a.v[:a.pos], b.v[:b.pos])

@@ -161,10 +161,11 @@ class ReferenceModel:
             return                        # the default, on a model that cannot draft at all
         self._mtp().set_vocab(ids)
 
-    def draft(self, tokens: list[list[int]], hidden: np.ndarray,
-              dstates: list[DraftState]) -> tuple[np.ndarray, np.ndarray]:
+    def draft(self, tokens: list[list[int]], hidden: np.ndarray, dstates: list[DraftState],
+              last_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The MTP block over each sequence's rows: row r is (tokens[b][j], hidden[r]), in order.
-        Returns (logits [R, V'], h_out [R, hidden]), h_out the next chained draft's hidden."""
+        Returns (logits [R, V'], h_out [R, hidden]), h_out the next chained draft's hidden; with
+        `last_only`, those of each sequence's last row alone."""
         mtp = self._mtp()
         if len(tokens) != len(dstates):
             raise ValueError("draft: tokens and draft states differ in length")
@@ -175,7 +176,8 @@ class ReferenceModel:
         out, r = [], 0
         for seq, dstate in zip(tokens, dstates):
             if len(seq):
-                out.append(mtp.forward(self._ids(seq), hidden[r:r + len(seq)], dstate))
+                h = mtp.forward(self._ids(seq), hidden[r:r + len(seq)], dstate)
+                out.append(h[-1:] if last_only else h)
                 r += len(seq)
         h_out = np.concatenate(out).astype(np.float32) if out else np.zeros((0, self.cfg.hidden_size), np.float32)
         return mtp.logits(h_out), h_out

@@ -206,11 +206,20 @@ static int mtp_input_rows(fm_engine *e, int n, const int *tokens, const float *h
     return 0;
 }
 
+// the rows e->out_rows moved to the front of x: after the last mixer nothing else reads the others
+static int keep_out_rows(fm_engine *e) {
+    const size_t H = e->m->hidden;
+    for (int j = 0; j < e->n_out; j++)
+        if (e->out_rows[j] != j) memmove(e->x + j * H, e->x + (size_t)e->out_rows[j] * H, sizeof(float) * H);
+    return e->n_out;
+}
+
 static int layers_and_head(fm_engine *e, int n, const fm_seq *seqs, int logit_rows, float *logits, float *hidden) {
     const fm_model *m = e->m;
     for (int i = 0; i < m->n_layers; i++) {
         const fm_layer *L = &m->layers[i];
         int err = L->is_full ? eng_full_layer(e, L, e->full_index[i], n, seqs) : eng_linear_layer(e, L, e->lin_index[i], n, seqs);
+        if (!err && e->out_rows && i == m->n_layers - 1) n = keep_out_rows(e);
         if (err || eng_moe(e, L, n)) return -1;
     }
     if (logit_rows > 0) {   // the final norm and the LM head for those rows alone
@@ -292,9 +301,18 @@ int fm_verify(fm_engine *e, int n_runs, const int *run_rows, const int *tokens, 
     return err;
 }
 
-int fm_draft(fm_engine *e, int n, const int *tokens, const float *hidden, const fm_seq *seqs, float *logits,
-             float *hidden_out) {
+int fm_draft(fm_engine *e, int n, const int *tokens, const float *hidden, const fm_seq *seqs, int n_out,
+             const int *out_rows, float *logits, float *hidden_out) {
     const fm_model *m = e->m;
     if (n < 1 || !hidden || !m->eh_proj.data || m->n_layers != 1 || !m->layers[0].is_full) return -1;
-    return step(e, n, tokens, hidden, seqs, n, logits, hidden_out, (given_rows){ 0, NULL, NULL });
+    if (out_rows) {
+        if (n_out < 1 || n_out > n) return -1;
+        for (int j = 0; j < n_out; j++)
+            if (out_rows[j] < j || out_rows[j] >= n || (j && out_rows[j] <= out_rows[j - 1])) return -1;
+    }
+    e->n_out = out_rows ? n_out : n;
+    e->out_rows = out_rows;
+    const int err = step(e, n, tokens, hidden, seqs, e->n_out, logits, hidden_out, (given_rows){ 0, NULL, NULL });
+    e->out_rows = NULL;
+    return err;
 }

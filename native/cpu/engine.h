@@ -89,10 +89,11 @@ int fm_verify(fm_engine *engine, int n_runs, const int *run_rows, const int *tok
               float *logits, float *hidden);
 // the MTP block over n rows (an engine whose model has eh_proj): row b is (tokens[b], hidden[b]) at its
 // fm_seq's pos in that row's KV (the block's own: k[0], v[0]); a sequence's rows consecutive, in order.
-// logits: (n, vocab of that model); hidden_out: NULL or (n, hidden), the rows after the final norm.
-// Returns 0, or -1 (bad arguments, out of memory)
-int fm_draft(fm_engine *engine, int n, const int *tokens, const float *hidden, const fm_seq *seqs, float *logits,
-             float *hidden_out);
+// out_rows: NULL, or the n_out rows (ascending) whose output is wanted: the others only fill the KV, so
+// the MoE and the head skip them. logits: (n_out, vocab of that model); hidden_out: NULL or (n_out,
+// hidden), those rows after the final norm. Returns 0, or -1 (bad arguments, out of memory)
+int fm_draft(fm_engine *engine, int n, const int *tokens, const float *hidden, const fm_seq *seqs, int n_out,
+             const int *out_rows, float *logits, float *hidden_out);
 double fm_engine_bytes(const fm_engine *engine);   // weight bytes read by the last step
 // the last step's phases (fm_decode, fm_prefill, fm_verify or fm_draft): (seconds, bytes) for the
 // matvecs of the mixer inputs, the mixer heads (DeltaNet recurrence and attention; bytes of state and

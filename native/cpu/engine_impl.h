@@ -33,6 +33,8 @@ struct fm_engine {
     int chain;                    // 1 in a prefill: the rows are one sequence's tokens, in order
     int n_runs;                   // in a verify: the sequences, each run_first[r]..run_first[r+1]-1 of the rows
     const int *run_first;         // (n_runs + 1,), or NULL outside a verify
+    int n_out;                    // in a draft: the rows the last layer's MoE and the head run for
+    const int *out_rows;          // (n_out,) ascending, or NULL: every row
     int *lin_index, *full_index;  // (n_layers,) position among linear / full layers, or -1
     // scratch, each (cap, ...)
     float *x, *xn;                // (cap, H)
