@@ -1,4 +1,4 @@
-"""The CPU runner's speculative-decoding methods (issue #31), a base of CpuRunner: the batched
+"""The CPU runner's speculative-decoding methods, a base of CpuRunner: the batched
 verify with rollback slots (fm_verify), keeping the accepted rows, and the MTP block's draft step
 (fm_draft, a second native engine whose model is the block's one layer).
 
@@ -15,7 +15,8 @@ from common.kv_cache import kv_dtype, kv_shape, kv_width
 from common.model.layers import VECTOR_ROLES
 from common.reference.rollback import check_rollback
 from common.state import STATE_DTYPE, DraftState, RollbackSlots, SequenceState
-from native.cpu_lib import ffi, lib
+from native.cpu_lib import ffi, lib, repack, repack_group
+from native.cpu_repack import layouts_for
 
 KV_GROW = 256   # rows a draft KV buffer grows by at least, as the trunk's (cpu_runner.KV_GROW)
 NEXTN_ROLES = ("eh_proj", "enorm", "hnorm", "shared_head_norm", "embed_tokens", "shared_head_head")
@@ -173,8 +174,12 @@ class SpeculativeMethods:
             return   # these rows are gathered already
         t = self._draft_head
         rows = np.ascontiguousarray(np.asarray(t.raw).reshape(self.cfg.vocab_size, t.row_bytes)[ids])
+        wtype = int(t.qtype)
+        layout = layouts_for(self.isa).get(wtype) if self.repacked is not None else None
+        if layout is not None and ids.size % repack_group(layout) == 0 and t.shape[-1] % lib.fm_type_block(layout) == 0:
+            rows, wtype = repack(layout, rows, t.shape[-1]), layout   # the layout this ISA reads fastest
         w = ffi.new("fm_weight *")
-        w.data, w.type = ffi.cast("void *", rows.ctypes.data), int(t.qtype)
+        w.data, w.type = ffi.cast("void *", rows.ctypes.data), wtype
         w.rows, w.cols = ids.size, self.cfg.hidden_size
         w.row_bytes, w.mat_bytes = t.row_bytes, ids.size * t.row_bytes
         self._draft_model.output = w[0]
