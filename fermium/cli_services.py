@@ -22,7 +22,6 @@ from services.decode.config import DecodeConfig
 from services.prefill.config import PrefillConfig
 from services.router.config import RouterConfig
 
-DEMO_QUESTION = "Who art thou, and what dost thou seek?"
 ROUTER_URL = f"http://{default(RouterConfig, 'host')}:{default(RouterConfig, 'port')}"
 
 # process options: they configure this process, no service's config holds them
@@ -114,8 +113,9 @@ UP_CHANGES = {"metrics_port": {"help": "First of three /metrics ports (router, p
               "log_level": {"default": "warning"}}
 
 
-@command(options(RouterConfig, "model", "port", "ctx_size", "kv_type"), options(DecodeConfig, "runner", "max_batch"),
-         options(PrefillConfig, "backend"),
+@command(options(RouterConfig, "model", "port", "ctx_size", "kv_type"),
+         options(DecodeConfig, "runner", "max_batch", "speculative", "draft_tokens", "draft_vocab"),
+         options(PrefillConfig, "backend"), options(RouterConfig, "mmproj", "allow_image_urls"),
          options(RouterConfig, "metrics_port", **UP_CHANGES), "chat", "ready_timeout",
          options(RouterConfig, "drain_timeout", "log_level", **UP_CHANGES))
 def up_command(
@@ -126,9 +126,11 @@ def up_command(
 ):
     """Start router, prefill and decode on loopback, restarting any that dies; Ctrl-C stops them all."""
     from common.kv_cache import check_kv_type
+    from common.speculative import check_settings
     from fermium.stack import Stack, stream_chat
     from fermium.supervisor import Supervisor
     check_kv_type(settings["kv_type"])
+    check_settings(settings["speculative"], settings["draft_tokens"], settings["draft_vocab"])
     signal.signal(signal.SIGTERM, _interrupt)   # while starting: the same clean stop as Ctrl-C
     # Ctrl-C stops it even when started from a shell that ignores SIGINT (a background job
     # inherits it ignored, and Python then installs no handler of its own)
@@ -140,6 +142,13 @@ def up_command(
     for name in roles:                          # one context size and KV type for all three (each checks them)
         quiet[name] += ["--ctx-size", str(settings["ctx_size"]), "--kv-type", settings["kv_type"]]
     quiet["decode"] += ["--max-batch", str(settings["max_batch"])]
+    if settings["mmproj"]:                      # the router sizes images, prefill encodes them
+        for name in ("router", "prefill"):
+            quiet[name] += ["--mmproj", str(settings["mmproj"])]
+    if settings["allow_image_urls"]:
+        quiet["router"] += ["--allow-image-urls"]
+    for name in ("speculative", "draft_tokens", "draft_vocab"):
+        quiet["decode"] += [f"--{name.replace('_', '-')}", str(settings[name])]
     path = _model(settings["model"])
 
     def note(text):     # progress; stdout carries the answer
@@ -188,5 +197,22 @@ def chat_command(
 
 @command(options(RouterConfig, "port"))
 def demo_command(**settings):
-    """Bring the stack up on the bundled demo model and stream one chat answer."""
-    up_command(**{**defaults(up_command), **settings, "chat": DEMO_QUESTION})
+    """Bring the stack up on the bundled demo model and stream a chat turn: its reasoning, a tool
+    call, the tool's result and the answer."""
+    from common.model.default import MODELS_DIR
+    from fermium import demo
+    from fermium.stack import Stack
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    up = defaults(up_command)
+    path = _model(None)
+    quiet = {name: ["--log-level", up["log_level"]] for name in ("router", "prefill", "decode")}
+    print(f"starting router, prefill and decode on {path} ...", file=sys.stderr, flush=True)
+    with Stack(path, port=settings["port"], extra=quiet, drain_timeout=up["drain_timeout"]) as stack:
+        t0 = time.monotonic()
+        try:
+            stack.wait_ready(up["ready_timeout"])
+        except (RuntimeError, TimeoutError) as e:
+            raise typer.Exit(f"error: {e}") from None  # type: ignore[arg-type]
+        print(f"ready at {stack.url} in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+        demo.run(stack.url, MODELS_DIR / "heldout_sample.txt")
