@@ -26,7 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from common.model.chat_template import default_template, render_chat  # noqa: E402
+
+IGNORE = -100  # a label that takes no loss
 
 ASSISTANT_OPEN = "<|im_start|>assistant\n"
 TURN_END = "<|im_end|>"
@@ -162,6 +166,44 @@ def pieces(rendered: str) -> list[tuple[str, bool]]:
     if pos < len(rendered):
         out.append((rendered[pos:], False))
     return [(t, trainable) for t, trainable in out if t]
+
+
+def encode_chat(tok, rendered: str) -> tuple[list[int], list[bool]]:
+    """A rendered conversation's ids and, per id, whether it is a trainable (assistant) token."""
+    ids: list[int] = []
+    trainable: list[bool] = []
+    for text, train in pieces(rendered):
+        part = tok.encode(text).ids
+        ids += part
+        trainable += [train] * len(part)
+    return ids, trainable
+
+
+def chat_rows(tok, text: str, plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Conversations packed in order into rows of chat_len + 1 tokens, the rest padded: ids and
+    labels ([N, chat_len + 1]). labels[:, j] is ids[:, j] where that token is trained on and
+    IGNORE elsewhere. A conversation longer than a row is left out."""
+    pad, width = tok.token_to_id("<|endoftext|>"), plan.chat_len + 1
+    rows, labels = [], []
+    row: list[int] = []
+    row_labels: list[int] = []
+
+    def close_row() -> None:
+        rows.append(row + [pad] * (width - len(row)))
+        labels.append(row_labels + [IGNORE] * (width - len(row)))
+
+    for messages, with_tools in conversations(text, plan.chats, plan.seed):
+        ids, trainable = encode_chat(tok, render(messages, with_tools))
+        if len(ids) > width:
+            continue
+        if len(row) + len(ids) > width:
+            close_row()
+            row, row_labels = [], []
+        row += ids
+        row_labels += [i if t else IGNORE for i, t in zip(ids, trainable)]
+    if row:
+        close_row()
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import random
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -30,26 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-from tools.demo_data import conversations, pieces, render
+from tools.demo_data import IGNORE, chat_rows, conversations, render
 from tools.demo_mtp import MtpBlock
+from tools.demo_tokenizer import ADDED_TOKENS, TEMPLATE, save_tokenizer, train_tokenizer  # noqa: F401
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
 HELD_OUT_FRACTION = 0.1
-# control tokens (skipped when a client asks for special tokens to be skipped)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>",
-                  "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-# tags the chat parsers read in the text: single tokens that decode as text, as in Qwen3.6's tokenizer
-TEXT_TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-ADDED_TOKENS = SPECIAL_TOKENS + TEXT_TAGS
-_ADDED_SPLIT = re.compile("|".join(re.escape(t) for t in ADDED_TOKENS))
-IGNORE = -100  # a label that takes no loss
-# Qwen3.5/3.6's split pattern, so the GGUF pre-tokenizer type is the real model's
-QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-                r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-TEMPLATE = Path(__file__).resolve().parents[1] / "common/model/templates/qwen3_6.jinja"
 
 
 @dataclass(frozen=True)
@@ -93,42 +81,6 @@ def split_text(text: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
-def _without_added(texts: list[str]):
-    # the BPE learns no merges across or inside the added tokens
-    for text in texts:
-        yield from (part for part in _ADDED_SPLIT.split(text) if part)
-
-
-def train_tokenizer(texts: list[str], vocab: int) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN35_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab - len(ADDED_TOKENS), show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_without_added(texts), trainer)
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TEXT_TAGS])
-    return tok
-
-
-def save_tokenizer(tok: Tokenizer, out: Path) -> None:
-    tok.save(str(out / "tokenizer.json"))
-    added = {str(tok.token_to_id(t)): {"content": t, "special": t in SPECIAL_TOKENS, "lstrip": False,
-                                       "rstrip": False, "normalized": False, "single_word": False}
-             for t in ADDED_TOKENS}
-    config = {"tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768,
-              "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-              "unk_token": None, "add_prefix_space": False, "added_tokens_decoder": added,
-              "errors": "replace", "split_special_tokens": False,
-              "chat_template": TEMPLATE.read_text(encoding="utf-8")}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
 def model_config(shape: DemoShape, tok: Tokenizer) -> Qwen3_5MoeTextConfig:
     config = Qwen3_5MoeTextConfig(
         vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
@@ -163,45 +115,6 @@ def lr_at(step: int, plan: TrainPlan) -> float:
         return plan.lr * (step + 1) / plan.warmup
     frac = (step - plan.warmup) / max(1, plan.steps - plan.warmup)
     return plan.min_lr + 0.5 * (plan.lr - plan.min_lr) * (1 + math.cos(math.pi * frac))
-
-
-# ---- data
-def encode_chat(tok: Tokenizer, rendered: str) -> tuple[list[int], list[bool]]:
-    """A rendered conversation's ids and, per id, whether it is a trainable (assistant) token."""
-    ids: list[int] = []
-    trainable: list[bool] = []
-    for text, train in pieces(rendered):
-        part = tok.encode(text).ids
-        ids += part
-        trainable += [train] * len(part)
-    return ids, trainable
-
-
-def chat_rows(tok: Tokenizer, text: str, plan: TrainPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Conversations packed in order into rows of chat_len + 1 tokens, the rest padded: ids and
-    labels ([N, chat_len + 1]). labels[:, j] is ids[:, j] where that token is trained on and
-    IGNORE elsewhere. A conversation longer than a row is left out."""
-    pad, width = tok.token_to_id("<|endoftext|>"), plan.chat_len + 1
-    rows, labels = [], []
-    row: list[int] = []
-    row_labels: list[int] = []
-
-    def close_row() -> None:
-        rows.append(row + [pad] * (width - len(row)))
-        labels.append(row_labels + [IGNORE] * (width - len(row)))
-
-    for messages, with_tools in conversations(text, plan.chats, plan.seed):
-        ids, trainable = encode_chat(tok, render(messages, with_tools))
-        if len(ids) > width:
-            continue
-        if len(row) + len(ids) > width:
-            close_row()
-            row, row_labels = [], []
-        row += ids
-        row_labels += [i if t else IGNORE for i, t in zip(ids, trainable)]
-    if row:
-        close_row()
-    return torch.tensor(rows, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
 
 
 # ---- losses
