@@ -22,7 +22,7 @@ from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel, Tensor
 from common.model.layers import VECTOR_ROLES, bind
 from common.progress import byte_progress
-from common.reference.multimodal import MropeInput
+from common.reference.multimodal import MropeInput, mrope_rows
 from common.state import SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
@@ -239,26 +239,6 @@ class CpuRunner(SpeculativeMethods):
         out["step"] = (p[2 * len(PHASES)], self.last_bytes)
         return out
 
-    def _mrope_rows(self, mm: MropeInput | None, n: int) -> np.ndarray | None:
-        """mm's positions as (n, 3) int32 rows for fm_prefill's `mrope`, checked as the reference
-        checks them; None for text alone."""
-        if mm is None:
-            return None
-        if mm.n_rows != n:
-            raise ValueError(f"mRoPE positions for {mm.n_rows} rows, the call has {n}")
-        sections = self.cfg.rope_sections
-        if len(sections) < 3 or sum(sections) != self.cfg.rope_dim // 2:
-            raise ValueError(f"{self.model.path}: rope.dimension_sections is {list(sections)}; mRoPE for "
-                             f"images needs sections that sum to {self.cfg.rope_dim // 2}")
-        if len(mm.rows) and mm.embeds.shape != (len(mm.rows), self.cfg.hidden_size):
-            raise ValueError(f"image embeddings of shape {list(mm.embeds.shape)}; the model takes "
-                             f"[{len(mm.rows)}, {self.cfg.hidden_size}]")
-        if len(mm.rows) and (mm.rows.min() < 0 or mm.rows.max() >= n):
-            raise ValueError(f"image rows outside the call's {n} rows")
-        if mm.rope_pos.min() < 0 or mm.rope_pos.max() >= 2 ** 31:
-            raise ValueError("mRoPE positions outside [0, 2^31)")
-        return np.ascontiguousarray(mm.rope_pos.T, np.int32)
-
     def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = NATIVE_CHUNK,
                 all_logits: bool = False, mm: MropeInput | None = None) -> np.ndarray:
         """The prompt through the runner `chunk` tokens at a time (fm_prefill): every weight is
@@ -271,7 +251,7 @@ class CpuRunner(SpeculativeMethods):
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1, got {chunk}")
         self._check_kv_type(state)
-        rope = self._mrope_rows(mm, ids.size)
+        rope = mrope_rows(self.cfg, self.model.path, mm, ids.size)
         out = np.empty((ids.size if all_logits else 1, self.cfg.vocab_size), np.float32)
         self.last_bytes = 0.0   # the weight bytes of all chunks
         for start in range(0, ids.size, chunk):

@@ -88,3 +88,24 @@ def text_input(start_pos: int, n: int) -> MropeInput:
     """n text rows from running position start_pos (decode after a prompt with images)."""
     pos = np.broadcast_to(np.arange(start_pos, start_pos + n), (3, n)).copy()
     return MropeInput(pos, np.zeros(0, np.int64), np.zeros((0, 0), np.float32), start_pos + n)
+
+
+def mrope_rows(cfg, path, mm: MropeInput | None, n: int) -> np.ndarray | None:
+    """mm's positions as (n, 3) int32 rows for a native prefill's `mrope` (of model `cfg`, file
+    `path`), checked as the reference checks them; None for text alone."""
+    if mm is None:
+        return None
+    if mm.n_rows != n:
+        raise ValueError(f"mRoPE positions for {mm.n_rows} rows, the call has {n}")
+    sections = cfg.rope_sections
+    if len(sections) < 3 or sum(sections) != cfg.rope_dim // 2:
+        raise ValueError(f"{path}: rope.dimension_sections is {list(sections)}; mRoPE for "
+                         f"images needs sections that sum to {cfg.rope_dim // 2}")
+    if len(mm.rows) and mm.embeds.shape != (len(mm.rows), cfg.hidden_size):
+        raise ValueError(f"image embeddings of shape {list(mm.embeds.shape)}; the model takes "
+                         f"[{len(mm.rows)}, {cfg.hidden_size}]")
+    if len(mm.rows) and (mm.rows.min() < 0 or mm.rows.max() >= n):
+        raise ValueError(f"image rows outside the call's {n} rows")
+    if mm.rope_pos.min() < 0 or mm.rope_pos.max() >= 2 ** 31:
+        raise ValueError("mRoPE positions outside [0, 2^31)")
+    return np.ascontiguousarray(mm.rope_pos.T, np.int32)
