@@ -23,6 +23,12 @@ router
     fermium_snapshot_evictions_total           counter  snapshots evicted from RAM
     fermium_snapshot_stored_total{source}      counter  source: prefill | decode
     fermium_snapshot_bytes{tier}               gauge    tier: ram | disk
+    fermium_snapshot_store_hits_total          counter  lookups served from the shared store (--snapshot-store)
+    fermium_snapshot_store_writes_total        counter  snapshots written to the shared store
+    fermium_snapshot_store_fallbacks_total{op} counter  op: lookup | store; the store was down, slow or full
+    fermium_snapshot_store_reconnects_total    counter  the shared store came back after being down
+    fermium_snapshot_store_up                  gauge    1 while the shared store answers
+    fermium_snapshot_store_queue               gauge    snapshots waiting for the shared store's writer, or in it
     fermium_tool_call_parse_failures_total     counter  malformed spots in chat output, returned as content
     fermium_images_total                       counter  images in admitted requests (image_url parts)
     fermium_image_tokens_total                 counter  the image tokens they became
@@ -138,6 +144,15 @@ class RouterMetrics(_Metrics):
                                             ("prefill", "decode"))
         self.snapshot_bytes = self.gauge("fermium_snapshot_bytes", "Bytes held by the snapshot store", ("tier",),
                                          ("ram", "disk"))
+        self.store_hits = self.counter("fermium_snapshot_store_hits", "Lookups served from the shared store")
+        self.store_writes = self.counter("fermium_snapshot_store_writes", "Snapshots written to the shared store")
+        self.store_fallbacks = self.counter("fermium_snapshot_store_fallbacks", "Shared store operations that "
+                                            "fell back to the local tiers", ("op",), ("lookup", "store"))
+        self.store_reconnects = self.counter("fermium_snapshot_store_reconnects",
+                                             "Times the shared store came back after being down")
+        self.store_up = self.gauge("fermium_snapshot_store_up", "1 while the shared store answers")
+        self.store_queue = self.gauge("fermium_snapshot_store_queue", "Snapshots waiting for the shared store's "
+                                      "writer, or in it")
         self.tool_call_parse_failures = self.counter("fermium_tool_call_parse_failures",
                                                      "Malformed tool calls or reasoning tags in chat output")
         self.images = self.counter("fermium_images", "Images in admitted requests")

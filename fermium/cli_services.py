@@ -115,7 +115,7 @@ UP_CHANGES = {"metrics_port": {"help": "First of three /metrics ports (router, p
 
 @command(options(RouterConfig, "model", "port", "ctx_size", "kv_type"),
          options(DecodeConfig, "runner", "max_batch", "speculative", "draft_tokens", "draft_vocab"),
-         options(PrefillConfig, "backend"), options(RouterConfig, "mmproj", "allow_image_urls"),
+         options(PrefillConfig, "backend"), options(RouterConfig, "mmproj", "allow_image_urls", "snapshot_store"),
          options(RouterConfig, "metrics_port", **UP_CHANGES), "chat", "ready_timeout",
          options(RouterConfig, "drain_timeout", "log_level", **UP_CHANGES))
 def up_command(
@@ -147,6 +147,8 @@ def up_command(
             quiet[name] += ["--mmproj", str(settings["mmproj"])]
     if settings["allow_image_urls"]:
         quiet["router"] += ["--allow-image-urls"]
+    if settings["snapshot_store"]:
+        quiet["router"] += ["--snapshot-store", settings["snapshot_store"]]
     for name in ("speculative", "draft_tokens", "draft_vocab"):
         quiet["decode"] += [f"--{name.replace('_', '-')}", str(settings[name])]
     path = _model(settings["model"])

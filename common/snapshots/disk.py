@@ -26,7 +26,7 @@ import hashlib
 import logging
 import os
 import struct
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import msgpack
 import numpy as np
@@ -53,21 +53,26 @@ def _digest(*parts) -> bytes:
     return h.digest()
 
 
-def write_atomic(path: Path, pos: int, key: bytes, arrays: list[np.ndarray], meta: dict) -> int:
-    """Write, fsync, rename, fsync the directory. Returns the file size."""
-    arrays = [np.ascontiguousarray(a) for a in arrays]
-    payload_sum = _digest(*(memoryview(a).cast("B") for a in arrays))
-    header = msgpack.packb({"pos": pos, "key": key.hex(), "meta": meta, "checksum": payload_sum.hex(),
+def pack(pos: int, key: bytes, arrays: list[np.ndarray], meta: dict) -> tuple[bytes, list[memoryview]]:
+    """The layout above: (prefix and header, the payload's pieces), for a file or another store."""
+    views = [memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a in arrays]   # empty ones too
+    header = msgpack.packb({"pos": pos, "key": key.hex(), "meta": meta, "checksum": _digest(*views).hex(),
                             "arrays": [[a.dtype.str, list(a.shape)] for a in arrays]})
     head = MAGIC + struct.pack("<II", FORMAT_VERSION, len(header))
+    return head + _digest(head, header) + header, views
+
+
+def write_atomic(path: Path, pos: int, key: bytes, arrays: list[np.ndarray], meta: dict) -> int:
+    """Write, fsync, rename, fsync the directory. Returns the file size."""
+    head, views = pack(pos, key, arrays, meta)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         with open(fd, "wb") as f:
             fcntl.flock(fd, fcntl.LOCK_EX)    # held until closed: the file is not an orphan
-            f.write(head + _digest(head, header) + header)
-            for a in arrays:
-                f.write(memoryview(a).cast("B"))
+            f.write(head)
+            for view in views:
+                f.write(view)
             f.flush()
             os.fsync(fd)
             os.replace(tmp, path)
@@ -168,7 +173,12 @@ def read_header(path: Path) -> dict:
 
 def read_checked(path: Path) -> tuple[dict, list[np.ndarray]]:
     """(header, arrays), or CorruptSnapshot with the reason."""
-    data = path.read_bytes()
+    return parse(path, path.read_bytes())
+
+
+def parse(path: PurePath, data: bytes) -> tuple[dict, list[np.ndarray]]:
+    """(header, arrays) of the bytes of a snapshot named `path` (its stem is the key), or
+    CorruptSnapshot with the reason."""
     header, offset = _header(path, data[:PREFIX.size], lambda n: data[PREFIX.size:PREFIX.size + n])
     if len(data) != offset + header["payload_len"]:
         raise CorruptSnapshot(f"{path}: {len(data)} bytes, its header says {offset + header['payload_len']}")

@@ -1,4 +1,5 @@
-"""Position-indexed snapshots of sequence state, with shared KV blocks, a RAM budget and a disk tier.
+"""Position-indexed snapshots of sequence state, with shared KV blocks, a RAM budget, a disk tier
+and a shared tier (redis_tier.py) that several routers read and write.
 
 A snapshot at position p holds the recurrent state (conv + Gated DeltaNet per linear layer) and
 the logits of token p-1, and refers to the KV blocks of the full-attention layers up to p:
@@ -9,6 +10,10 @@ stays in the store's cache type (--kv-type, common.kv_cache) in RAM and on disk.
 Lookup walks the query's chain: at each known block it tries the tail lengths stored under that
 block, so a hit can end at any position, not only at block boundaries. A prompt with images keys
 each image's content too (`marks`, keys.py), and its snapshots keep the state's rope_delta.
+
+RAM is the first tier; the local disk and the shared store are both behind it. A put goes to
+RAM, to disk, and onto the shared tier's write queue (its own thread). `prefetch`, run off the
+event loop before a request's lookup, brings a longer prefix from the shared tier into RAM.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ from ..model.config import ModelConfig
 from ..state import STATE_DTYPE, SequenceState, state_specs
 from . import disk
 from .keys import ROOT, Marks, chain, marks_in, tail_key
+from .redis_tier import Record, RedisTier
+from .shared import SharedTierMethods
 
 log = logging.getLogger("fermium.snapshots")
 
@@ -65,12 +72,12 @@ class StoreStats:
 KV_BLOCK = 64   # tokens per shared KV block, the unit of the key chain (keys.py)
 
 
-class SnapshotStore:
+class SnapshotStore(SharedTierMethods):
     """Thread-safe. `budget_bytes` bounds RAM (snapshots plus KV blocks); least recently used goes first.
     It holds states with KV in `kv_type` only: a file of another type is corrupt to it."""
 
     def __init__(self, cfg: ModelConfig, budget_bytes: int, block: int = KV_BLOCK, disk_dir: str | Path | None = None,
-                 kv_type: str = "f32"):
+                 kv_type: str = "f32", shared: RedisTier | None = None):
         self.cfg, self.budget, self.block = cfg, budget_bytes, block
         self.kv_type = check_kv_type(kv_type, cfg.head_dim)
         self.snaps: OrderedDict[bytes, Snapshot] = OrderedDict()       # key -> snapshot, LRU order
@@ -80,6 +87,7 @@ class SnapshotStore:
         self.known_blocks: set[bytes] = set()                          # chain keys on any path, RAM or disk
         self.stats = StoreStats()
         self.lock = threading.RLock()
+        self.shared = shared                                           # the tier other routers see too
         self.disk_dir = Path(disk_dir) if disk_dir else None
         if self.disk_dir:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +145,9 @@ class SnapshotStore:
                                        "rope_delta": snap.rope_delta})
                 except OSError as exc:            # the RAM tier still holds it
                     log.error("snapshot at position %d not written to disk: %s", snap.pos, exc)
+            if self.shared:                       # queued: the writer thread sends it
+                self.shared.put(Record(key, snap.pos, base, blocks, snap.recurrent, snap.logits, snap.tail_k,
+                                       snap.tail_v, snap.rope_delta, {b: self.kv_blocks[b] for b in blocks}))
             self._evict()
             return key
 

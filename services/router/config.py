@@ -37,6 +37,8 @@ class RouterConfig:
     api_key: str | None = setting(None, "Require `Authorization: Bearer KEY` on /v1/*.")
     snapshot_budget: int = setting(4 << 30, "GiB of RAM for snapshots; 0 turns them off.", unit=GIB)   # bytes
     snapshot_dir: str | None = setting(None, "Disk tier for snapshots; survives restarts.", path=True)
+    snapshot_store: str | None = setting(None, "Shared snapshot tier, redis://HOST:PORT/DB (Redis or Valkey): the "
+                                               "routers that name one store see each other's snapshots.")
     snapshot_every: int = setting(1024, "Prefill checkpoint interval, a multiple of 64; 0: only at prompt "
                                         "and generation ends.")
     mmproj: str | None = mmproj_setting()      # image parts are sized and expanded to image tokens here

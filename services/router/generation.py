@@ -138,12 +138,18 @@ class Generation:
             raise APIError(503, self.closing, type="service_unavailable", code="shutting_down",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
+            prefetch = getattr(self.dispatcher.cache, "prefetch", None)   # a shared tier's, off the loop
+            if prefetch is not None:
+                await prefetch(job.prompt_ids, job.images.marks() if job.images else ())
             tracks = ([self.dispatcher.submit(job, self.stop_ids)] if job.n == 1
                       else self.dispatcher.submit_copies(job, self.stop_ids, job.n))
         except NoWorkers as e:
             self._release("error")
             raise APIError(503, str(e), type="service_unavailable", code="no_workers",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except asyncio.CancelledError:
+            self._release("cancelled")
+            raise
         except Exception as e:
             log.exception("router: dispatching a request failed")
             self._release("error")

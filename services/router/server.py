@@ -33,6 +33,7 @@ from .config import RouterConfig
 from .dispatch import Dispatcher, PrefixCache
 from .generation import Generation
 from .prefix_cache import build_snapshot_cache
+from .shared_store import shared_cache
 from .structured import warm
 from .vision import VisionInput
 from .workers import ROLES
@@ -71,6 +72,10 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     if cache is None:
         cache = build_snapshot_cache(model.config, metrics, cfg.snapshot_budget, cfg.snapshot_dir,
                                      cfg.snapshot_every, model.fingerprint, kv_type)
+        if cache is not None and cfg.snapshot_store:
+            cache = shared_cache(cache, cfg.snapshot_store, model.fingerprint, metrics)
+        elif cfg.snapshot_store:
+            log.warning("--snapshot-store is not used: --snapshot-budget 0 turns snapshots off")
     dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache,
                             token=cfg.worker_token, max_workers=cfg.max_workers, kv_type=kv_type,
                             limits=wire_limits(dataclasses.replace(model.config, context_length=context)))
