@@ -2,24 +2,18 @@
 waiting HTTP handlers, and ends the requests of a worker that dies.
 
 Workers are admitted by the worker token in their Hello and Heartbeats: a message without it
-is counted and logged (rate-limited) and goes no further, so in particular the router never
-connects to the address it names. A worker with the token but another KV cache type than the
-router's --kv-type is refused with a HelloAck that says why. A worker's requests end the moment
-its connection drops (the link's disconnect callback) or, when a host vanishes silently, after
-the heartbeat timeout.
-Tokens of a request the router no longer holds (it restarted, or the request ended) are
-answered once with Cancel, so a worker does not decode for nobody.
+is counted and logged (rate-limited) and goes no further, so the router never connects to the
+address it names. A worker of another KV cache type than the router's --kv-type is refused with
+a HelloAck that says why. A worker's requests end when its connection drops or, when a host
+vanishes silently, after the heartbeat timeout. Tokens of a request the router no longer holds
+are answered once with Cancel, so a worker does not decode for nobody.
 
-Messages arrive on the inbox's IO thread and are handed to the event loop; everything here
-then runs on the loop, so no lock is needed. Each request gets a Track whose `events` queue
-receives PrefillDone, Tokens, Finished or Failed messages, in order. A request for `n` > 1
-choices gets n Tracks that share one prefill (copies.py).
-
-The snapshot seam (issue 6): `PrefixCache.lookup(ids)` is the one place a prefix is looked up
-before prefill: it returns the cached position, the state there and, when the whole prompt is
-cached, the logits there (then nothing is prefilled). `store_state()` receives the final state
-and logits that decode returns when `wants_final_state` (`services/router/prefix_cache.py` is the
-store behind it).
+Messages arrive on the inbox's IO thread and are handed to the event loop, where everything here
+runs, so no lock is needed. Each request gets a Track whose `events` queue receives PrefillDone,
+Tokens, Finished or Failed messages, in order; `n` > 1 choices get n Tracks that share one
+prefill (copies.py). `PrefixCache.lookup(ids)` (prefix_cache.py) is the one place a prefix is
+looked up before prefill, and `store_state()` takes the final state and logits that decode
+returns when `wants_final_state`.
 """
 from __future__ import annotations
 
@@ -54,7 +48,7 @@ REFUSAL_LINGER_S = 6.0       # a refused worker's link stays this long: past mp'
 
 
 class NoWorkers(Exception):
-    pass
+    """No live worker of a role: the request is answered 503."""
 
 
 @dataclass
@@ -73,9 +67,7 @@ class Dispatcher:
     def __init__(self, address: str, *, heartbeat_timeout: float, metrics: RouterMetrics,
                  cache: PrefixCache | None = None, token: str | None = None, max_workers: int = MAX_PER_ROLE,
                  limits: WireLimits | None = None, kv_type: str = DEFAULT_KV_TYPE):
-        self.address, self.kv_type = address, kv_type
-        self.limits = limits
-        self.metrics = metrics
+        self.address, self.kv_type, self.limits, self.metrics = address, kv_type, limits, metrics
         self.cache = cache or NoPrefixCache()
         self.token = resolve_token(token)
         self.registry = WorkerRegistry(heartbeat_timeout, self._connect, max_per_role=max_workers)
@@ -96,7 +88,7 @@ class Dispatcher:
             except RuntimeError:               # the loop is closed: the router is stopping
                 pass
 
-        link = push_queue(address, name=f"router->{address}", on_disconnect=lost)
+        link = push_queue(address, name=f"router->{address}", on_disconnect=lost)   # `lost` reads it
         return link
 
     async def start(self) -> None:

@@ -10,7 +10,7 @@ from common.reference.deltanet import chunked_rule
 from common.reference.moe import route
 from common.reference.ops import l2_norm, rms_norm, rope_neox, sigmoid, silu
 from native.cuda.kernels import GEMM_KERNELS
-from services.prefill.backends.cuda import rope_table
+from native.cuda.tables import rope_table
 
 from .tiny_gguf import weight
 

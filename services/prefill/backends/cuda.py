@@ -19,13 +19,14 @@ import time
 
 import numpy as np
 
-from common.kv_cache import check_same_kv_type, kv_decode, kv_encode
-from common.reference.multimodal import MropeInput, text_input
-from common.reference.ops import mrope_axes
+from common.kv_cache import check_same_kv_type, kv_encode
+from common.reference.multimodal import MropeInput, mrope_rows, text_input
 from common.state import SequenceState
 from native.cuda.layers import F32, LayerRunner, StateBlock
 from native.cuda.plan import DEFAULT_BUDGET, head_rows, layout, make_plan, parse_size, workspace_bytes
+from native.cuda.state_io import host_state, layer_sink, upload_state
 from native.cuda.stream import Timeline
+from native.cuda.tables import dense_tiles, rope_table
 
 from . import register_backend
 
@@ -36,25 +37,6 @@ def _driver():
     import pycuda.driver as cuda
     cuda.init()
     return cuda
-
-
-def dense_tiles(T: int) -> np.ndarray:
-    starts = np.arange(0, T, 64)
-    return np.stack([np.zeros_like(starts), starts, np.minimum(64, T - starts),
-                     np.zeros_like(starts)], axis=1).astype(np.int32)
-
-
-def rope_table(positions: np.ndarray, rope_dim: int, theta: float, sections: tuple[int, ...] = ()) -> np.ndarray:
-    """[T, rope_dim/2, 2] (cos, sin), computed in float64 like the reference. positions: [T], or
-    [3, T] mRoPE positions (T, H, W), each frequency following its axis of `sections`."""
-    half = rope_dim // 2
-    inv = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dim)
-    if positions.ndim == 2:
-        pos = positions.astype(np.float64)[mrope_axes(rope_dim, sections)].T            # [T, half]
-    else:
-        pos = positions.astype(np.float64)[:, None]
-    ang = pos * inv[None, :]
-    return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
 
 
 @register_backend("cuda")
@@ -168,15 +150,7 @@ class CUDABackend:
     def _rows_of(self, mm: MropeInput | None, state: SequenceState, n: int) -> MropeInput | None:
         if mm is None:
             return text_input(state.pos + state.rope_delta, n) if state.rope_delta else None
-        cfg = self.cfg
-        if mm.n_rows != n:
-            raise ValueError(f"mRoPE positions for {mm.n_rows} rows, the call has {n}")
-        if len(cfg.rope_sections) < 3 or sum(cfg.rope_sections) != cfg.rope_dim // 2:
-            raise ValueError(f"rope.dimension_sections is {list(cfg.rope_sections)}; mRoPE for images needs "
-                             f"sections that sum to {cfg.rope_dim // 2}")
-        if len(mm.rows) and mm.embeds.shape != (len(mm.rows), cfg.hidden_size):
-            raise ValueError(f"image embeddings of shape {list(mm.embeds.shape)}; the model takes "
-                             f"[{len(mm.rows)}, {cfg.hidden_size}]")
+        mrope_rows(self.cfg, self.model.path, mm, n)      # the checks the CPU runner makes
         return mm
 
     def _image_rows(self, mm: MropeInput | None, p0: int, T: int) -> None:
@@ -211,8 +185,8 @@ class CUDABackend:
                              f"{self.plan.max_context}")
         h2d0, t0 = self.streamer.h2d_bytes, time.perf_counter()
         wait0 = self.runner.wait_seconds
-        self._upload_state(state)
-        out_state = self._new_state(state, pos + len(ids))
+        upload_state(self.cuda, self.state, state, self.compute)
+        out_state = host_state(self.cfg, state, pos + len(ids))
         t_up = time.perf_counter()
         H, keep, outs = cfg.hidden_size, self.ws["keep"], []
         for p0 in range(0, len(ids), self.plan.pass_tokens):
@@ -234,7 +208,8 @@ class CUDABackend:
                 cuda.memcpy_htod_async(keep["rope"], self.rope_h[:table.size], s)
             last = p0 + T >= len(ids)
             for i in range(cfg.n_layers):
-                self.runner.layer(i, T, pos, self._sink(out_state, i, pos, T, last))
+                sink = layer_sink(cfg, self.runner.slot_of[i], self.state, out_state, i, pos, T, last)
+                self.runner.layer(i, T, pos, sink)
             pos += T
             if all_logits:
                 outs.append(self._head(keep["x"], T))
@@ -291,40 +266,6 @@ class CUDABackend:
             s.synchronize()
             cuda.memcpy_dtoh(out[r0:r0 + n], head["logits"])
         return out
-
-    # ------------------------------------------------------------------ state in and out
-    def _upload_state(self, state: SequenceState) -> None:
-        cuda = self.cuda
-        for n, ptr in enumerate(self.state.conv):
-            if state.pos == 0:                        # an empty state is all zeros
-                cuda.memset_d32_async(ptr, 0, state.conv[n].size, self.compute)
-                cuda.memset_d32_async(self.state.ssm[n], 0, state.ssm[n].size, self.compute)
-                continue
-            cuda.memcpy_htod(ptr, np.ascontiguousarray(state.conv[n], np.float32))
-            cuda.memcpy_htod(self.state.ssm[n], np.ascontiguousarray(state.ssm[n], np.float32))
-        for n in range(len(self.state.k)):
-            if state.pos:
-                for dev, host in ((self.state.k[n], state.k[n]), (self.state.v[n], state.v[n])):
-                    cuda.memcpy_htod(dev, np.ascontiguousarray(kv_decode(host[:state.pos], state.kv_type), np.float32))
-
-    def _new_state(self, state: SequenceState, end: int) -> SequenceState:
-        """f32 host arrays for the state after this call; KV rows before state.pos are left
-        unset (the caller keeps the state's own)."""
-        cfg = self.cfg
-        kv = [np.empty((end, cfg.n_kv_heads, cfg.head_dim), np.float32) for _ in state.k + state.v]
-        n = len(state.k)
-        return SequenceState(end, [np.empty_like(c, dtype=np.float32) for c in state.conv],
-                             [np.empty((cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim), np.float32)
-                              for _ in state.ssm], kv[:n], kv[n:])
-
-    def _sink(self, out: SequenceState, layer: int, pos: int, T: int, last: bool) -> list:
-        """State of one layer to read back: this pass's KV rows, and the final recurrent state."""
-        n = self.runner.slot_of[layer]
-        if self.cfg.is_full_attention(layer):
-            row = self.cfg.n_kv_heads * self.cfg.head_dim * F32
-            return [(out.k[n][pos:pos + T], self.state.k[n] + pos * row),
-                    (out.v[n][pos:pos + T], self.state.v[n] + pos * row)]
-        return [(out.conv[n], self.state.conv[n]), (out.ssm[n], self.state.ssm[n])] if last else []
 
     def stats(self) -> dict:
         return dict(self._stats)
