@@ -9,8 +9,10 @@ their environment). They are stopped router first: it drains its requests for at
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,10 +30,36 @@ ROUTER_EXIT_S = 3.0          # the router's wait for connections after its drain
 WORKER_EXIT_S = 1.5          # a worker's loop notices SIGTERM within one step
 
 
+_PORTS = random.Random()                  # its own stream: callers that seed `random` do not replay it
+_ISSUED: collections.deque = collections.deque(maxlen=256)
+
+
 def free_port() -> int:
+    """A loopback port free now, below the kernel's ephemeral range where it can: the services'
+    own ZeroMQ sockets bind port 0, and would otherwise be handed a port chosen here before its
+    owner binds it."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = _PORTS.randrange(max(1024, low - 12000), low)
+        if port in _ISSUED:                   # handed out already, perhaps not bound yet
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ISSUED.append(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class Stack:

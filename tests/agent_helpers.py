@@ -14,6 +14,7 @@ from services.router.admission import Admission
 from services.router.api import API
 from services.router.dispatch import Track
 from services.router.generation import Generation
+from services.router.prefix_cache import NoPrefixCache
 from services.router.server import chat_renderer
 from tests.test_api_errors import ByteTokenizer, lifespan
 
@@ -44,6 +45,7 @@ class ScriptedDispatcher:
         self.script = ""
         self.jobs: list = []
         self.tracks: dict[str, Track] = {}
+        self.cache = NoPrefixCache()
 
     async def start(self) -> None:
         pass
