@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from fermium.stack import chat_events
+
 QUESTION = 'Find the line that says "good sir! Pray, have you"'
 TOOLS = [
     {"type": "function", "function": {
@@ -72,37 +74,27 @@ def stream_turn(url: str, messages: list[dict], out=sys.stdout) -> dict:
         out.write(text)
         out.flush()
 
-    timeout = httpx.Timeout(None, connect=10.0)
     try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
-            if r.status_code != 200:
-                r.read()
-                raise SystemExit(f"error {r.status_code}: {r.text}")
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    raise SystemExit(f"\nerror: {event['error']['message']}")
-                if not event.get("choices"):
-                    continue
-                delta = event["choices"][0].get("delta", {})
-                if text := delta.get("reasoning_content"):
-                    reasoning.append(text)
-                    show("reasoning", text)
-                if text := delta.get("content"):
-                    content.append(text)
-                    show("answer", text)
-                for call in delta.get("tool_calls") or []:
-                    entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
-                                                             "function": {"name": "", "arguments": ""}})
-                    function = call.get("function") or {}
-                    if name := function.get("name"):
-                        entry["function"]["name"] = name
-                        show("tool call", name + " ")
-                    if fragment := function.get("arguments"):
-                        entry["function"]["arguments"] += fragment
-                        show("tool call", fragment)
+        for event in chat_events(url, body):
+            if not event.get("choices"):
+                continue
+            delta = event["choices"][0].get("delta", {})
+            if text := delta.get("reasoning_content"):
+                reasoning.append(text)
+                show("reasoning", text)
+            if text := delta.get("content"):
+                content.append(text)
+                show("answer", text)
+            for call in delta.get("tool_calls") or []:
+                entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
+                                                         "function": {"name": "", "arguments": ""}})
+                function = call.get("function") or {}
+                if name := function.get("name"):
+                    entry["function"]["name"] = name
+                    show("tool call", name + " ")
+                if fragment := function.get("arguments"):
+                    entry["function"]["arguments"] += fragment
+                    show("tool call", fragment)
     except httpx.TransportError as e:
         raise SystemExit(f"\nerror: lost the router at {url}: {e}") from None
     out.write("\n")

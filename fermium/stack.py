@@ -163,27 +163,34 @@ def _end(procs: list[subprocess.Popen], grace: float) -> None:
             p.wait()
 
 
+def chat_events(url: str, body: dict):
+    """The server-sent events of one streamed chat completion, as dicts; an HTTP error or an error
+    event ends the program with its message. httpx.TransportError reaches the caller."""
+    timeout = httpx.Timeout(None, connect=10.0)   # an answer takes as long as it takes; a connection does not
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
+        if r.status_code != 200:
+            r.read()
+            raise SystemExit(f"error {r.status_code}: {r.text}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise SystemExit(f"\nerror: {event['error']['message']}")
+            yield event
+
+
 def stream_chat(url: str, message: str, *, max_tokens: int = 128, temperature: float = 0.0,
                 model: str = "fermium") -> str:
     """POST one chat message, print the answer as it streams, return it."""
     body = {"model": model, "messages": [{"role": "user", "content": message}], "stream": True,
             "max_tokens": max_tokens, "temperature": temperature}
     parts = []
-    timeout = httpx.Timeout(None, connect=10.0)   # an answer takes as long as it takes; a connection does not
     try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
-            if r.status_code != 200:
-                r.read()
-                raise SystemExit(f"error {r.status_code}: {r.text}")
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    raise SystemExit(f"\nerror: {event['error']['message']}")
-                text = event["choices"][0]["delta"].get("content") or ""
-                parts.append(text)
-                print(text, end="", flush=True)
+        for event in chat_events(url, body):
+            text = event["choices"][0]["delta"].get("content") or ""
+            parts.append(text)
+            print(text, end="", flush=True)
     except httpx.TransportError as e:   # no router there, or it went away mid-answer
         raise SystemExit(f"\nerror: lost the router at {url}: {e}" if parts else
                          f"error: cannot reach the router at {url}: {e}") from None
