@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_snapshots import ttft  # noqa: E402
 from cuda_bench import QWEN36_35B  # noqa: E402
 
 from common.model.default import default_model_path  # noqa: E402
@@ -80,17 +81,6 @@ def store_and_fetch(url: str, tokens: int, repeats: int) -> dict:
             "store_s_median": round(statistics.median(put_s), 4),
             "fetch_s_median": round(statistics.median(fetch_s), 4),
             "fetch_GiB_per_s": round(nbytes / 2 ** 30 / statistics.median(fetch_s), 2)}
-
-
-def ttft(client: httpx.Client, url: str, prompt: list[int]) -> float:
-    t0 = time.perf_counter()
-    with client.stream("POST", f"{url}/v1/completions", timeout=600, json={
-            "model": "fermium", "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True}) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data: ") and '"text"' in line:
-                return time.perf_counter() - t0
-    raise RuntimeError("no token came back")
 
 
 def queue_empty(metrics_port: int) -> bool:
