@@ -175,13 +175,19 @@ def live_tmp(snap_dir: Path) -> set[str]:
     return {p.name for p in snap_dir.glob(disk.TMP_GLOB)}
 
 
+def written(snap_dir: Path) -> set[str]:
+    """The keys of the whole snapshot files in the directory."""
+    return {p.stem for p in snap_dir.glob("*.snap")}
+
+
 def kill_in_mid_write(child: subprocess.Popen, snap_dir: Path, nth: int, rng: random.Random) -> bool:
     """SIGKILL the child while its nth write is under way (or as close as polling gets);
     True if a temporary file was left behind, that is, the kill landed in mid-write."""
-    seen: set[str] = set()
+    before, seen = written(snap_dir), set()
     deadline = time.monotonic() + START_TIMEOUT_S
     while len(seen) < nth:
-        seen |= live_tmp(snap_dir)
+        # a write that began and ended between two polls still counts, by the file it left
+        seen |= {name.split(".")[0] for name in live_tmp(snap_dir)} | (written(snap_dir) - before)
         assert child.poll() is None, "the writer died by itself"
         assert time.monotonic() < deadline, f"the writer wrote {len(seen)} files, not {nth}"
     until = time.perf_counter() + rng.uniform(0, 1e-4)
