@@ -77,7 +77,10 @@ def ctx_size_setting() -> Any:
 
 def mmproj_setting() -> Any:
     return setting(None, "Vision tower: an mmproj GGUF (llama.cpp's, or fermium convert --mmproj); chat messages "
-                         "may then hold image_url parts. The same on router and prefill.", path=True)
+                         "may then hold image_url parts (image blocks on /v1/messages). The same on router and "
+                         "prefill. With --backend cuda it runs on the GPU, its weights and the scratch for its "
+                         "largest image taken off --vram-budget, when the text model still fits beside it; "
+                         "else on the CPU, with a warning naming the sizes.", path=True)
 
 
 def kv_type_setting() -> Any:

@@ -16,6 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from common.reference.vision import interpolated_positions, patch_rows_cols, rotary_2d
+from common.vision.config import VisionConfig
 from common.vision.preprocess import Patches
 from common.vision.tensors import MmprojFile
 
@@ -25,6 +26,9 @@ GEMM = {Q.F32: "vis_gemm_f32", Q.F16: "vis_gemm_f16", Q.BF16: "vis_gemm_bf16", Q
 SIGNATURES = {**{name: "PiPiPqPiiiii" for name in GEMM.values()}, "vis_layernorm": "PPPPif",
               "vis_rotary_split": "PPPPPPiii", "vis_attention": "PPPPiiif"}
 THREADS, TILE, ATT_Q, ATT_MAX_HD = 256, 64, 16, 128
+F32, ALIGN = 4, 256
+GLOBAL_VECTORS = ("patch_b", "post_ln_w", "post_ln_b", "mm0_b", "mm2_b")
+BLOCK_MATRICES = ("qkv_w", "out_w", "up_w", "down_w")
 ACT_NONE, ACT_GELU_TANH, ACT_GELU_ERF = 0, 1, 2       # vision.cu's VIS_ACT_*
 
 
@@ -78,33 +82,94 @@ class VisionKernels:
                                                      q, k, v, o, n, heads, hd, np.float32(1.0 / np.sqrt(hd)))
 
 
-class CudaVisionEncoder:
-    """The tower of one mmproj file on the current CUDA context."""
+def _aligned(nbytes: int) -> int:
+    return -(-max(int(nbytes), 4) // ALIGN) * ALIGN
 
-    def __init__(self, mmproj: MmprojFile, kernels: VisionKernels | None = None, driver=None):
+
+def max_patches(cfg: VisionConfig) -> int:
+    """The patches of the largest image the tower takes (its max_pixels)."""
+    return cfg.max_pixels // cfg.patch_size ** 2
+
+
+def scratch_layout(cfg: VisionConfig, n: int) -> tuple[dict[str, int], int]:
+    """Byte offsets of one image's device buffers for n patches, in one allocation, and its size."""
+    H, hd, tokens = cfg.hidden_size, cfg.head_dim, n // cfg.merge_size ** 2
+    floats = {"x": n * H, "h": n * H, "qkv": 3 * n * H, "planes": 3 * n * H, "o": n * H, "u": n * cfg.ffn_size,
+              "m": tokens * cfg.merge_size ** 2 * H, "out": tokens * cfg.projection_dim,
+              "pixels": n * cfg.patch_dim, "pos": n * H, "cos": n * hd, "sin": n * hd}
+    offsets, at = {}, 0
+    for name, count in floats.items():
+        offsets[name] = at
+        at += _aligned(count * F32)
+    return offsets, at
+
+
+def weight_bytes(mmproj: MmprojFile) -> int:
+    """The device bytes of the tower's weights as CudaVisionEncoder uploads them (the position grid
+    stays on the host)."""
+    cfg, g = mmproj.config, mmproj.bound.globals
+
+    def matrix(t) -> int:
+        rows, cols = t.shape
+        return _aligned(t.nbytes if readable(t.qtype, cols) else rows * cols * F32)
+
+    def vector(t) -> int:
+        return _aligned(int(np.prod(t.shape)) * F32)
+
+    total = _aligned(cfg.hidden_size * cfg.patch_dim * F32) + matrix(g["mm0_w"]) + matrix(g["mm2_w"])
+    total += sum(vector(g[r]) for r in GLOBAL_VECTORS)
+    for b in mmproj.bound.blocks:
+        total += sum(matrix(b[r]) if r in BLOCK_MATRICES else vector(t) for r, t in b.items())
+    return total
+
+
+def device_bytes(mmproj: MmprojFile, patches: int | None = None) -> tuple[int, int]:
+    """(weights, scratch): what the encoder holds on the device with room for `patches` (default:
+    the largest image)."""
+    n = max_patches(mmproj.config) if patches is None else patches
+    return weight_bytes(mmproj), scratch_layout(mmproj.config, n)[1]
+
+
+class CudaVisionEncoder:
+    """The tower of one mmproj file on the current CUDA context. `max_patches`: the scratch for an
+    image of that many patches is allocated at once and never grows (a larger image is refused);
+    without it the scratch is sized by the largest image so far."""
+
+    def __init__(self, mmproj: MmprojFile, kernels: VisionKernels | None = None, driver=None,
+                 max_patches: int | None = None):
         if driver is None:
             import pycuda.driver as driver
         self.cuda, self.cfg = driver, mmproj.config       # driver: pycuda.driver, or a test's stand-in
         self.k = kernels or VisionKernels()
         self.stream = driver.Stream()
         self._mem: list = []
+        self.weight_bytes = 0
+        self.max_patches, self.capacity, self._scratch = max_patches, 0, None
         g = mmproj.bound.globals
         w = np.stack([g["patch0"].dequant(), g["patch1"].dequant()], axis=2)          # [H, 3, 2, P, P]
         self.patch = self._f32_matrix(w.reshape(self.cfg.hidden_size, -1))
         self.pos = g["pos"].dequant()
-        self.vec = {r: self._put(g[r].dequant()) for r in ("patch_b", "post_ln_w", "post_ln_b", "mm0_b", "mm2_b")}
+        self.vec = {r: self._put(g[r].dequant()) for r in GLOBAL_VECTORS}
         self.mm0, self.mm2 = self._matrix(g["mm0_w"]), self._matrix(g["mm2_w"])
         self.blocks = []
         for b in mmproj.bound.blocks:
-            block = {r: self._put(t.dequant()) for r, t in b.items() if not r.endswith("_w") or r.startswith("ln")}
-            block.update({r: self._matrix(b[r]) for r in ("qkv_w", "out_w", "up_w", "down_w")})
+            block = {r: self._put(t.dequant()) for r, t in b.items() if r not in BLOCK_MATRICES}
+            block.update({r: self._matrix(b[r]) for r in BLOCK_MATRICES})
             self.blocks.append(block)
+        if max_patches is not None:
+            self._room(max_patches)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held: the weights and the scratch."""
+        return self.weight_bytes + (scratch_layout(self.cfg, self.capacity)[1] if self._scratch else 0)
 
     def _put(self, a: np.ndarray) -> int:
         a = np.ascontiguousarray(a)
-        mem = self.cuda.mem_alloc(max(a.nbytes, 4))
+        mem = self.cuda.mem_alloc(_aligned(a.nbytes))
         self.cuda.memcpy_htod(mem, a)
         self._mem.append(mem)
+        self.weight_bytes += _aligned(a.nbytes)
         return int(mem)
 
     def _matrix(self, t) -> DeviceMatrix:
@@ -117,10 +182,23 @@ class CudaVisionEncoder:
         w = np.ascontiguousarray(w, np.float32)
         return DeviceMatrix(Q.F32, self._put(w), w.shape[0], w.shape[1], 4 * w.shape[1])
 
+    def _room(self, n: int) -> int:
+        """The scratch for n patches (its base pointer), allocated or grown as the encoder allows."""
+        if n > self.capacity:
+            if self._scratch is not None and self.max_patches is not None:
+                raise ValueError(f"an image of {n} patches; this encoder was given room for {self.max_patches}")
+            if self._scratch is not None:
+                self._scratch.free()
+                self._scratch = None
+            self._scratch = self.cuda.mem_alloc(scratch_layout(self.cfg, n)[1])
+            self.capacity = n
+        return int(self._scratch)
+
     def free(self) -> None:
-        for mem in self._mem:
+        for mem in self._mem + ([self._scratch] if self._scratch is not None else []):
             mem.free()
         self._mem.clear()
+        self._scratch, self.capacity, self.weight_bytes = None, 0, 0
 
     def _gemm(self, m: DeviceMatrix, x: int, y: int, n: int, bias: int, accumulate=False, act=ACT_NONE):
         self.k.gemm(self.stream, m.qtype, x=x, ldx=m.cols, y=y, ldy=m.rows, w=m.ptr, row_bytes=m.row_bytes,
@@ -128,45 +206,35 @@ class CudaVisionEncoder:
 
     def encode(self, patches: Patches) -> np.ndarray:
         """patches of one image -> its image-token embeddings [n_tokens, text hidden]."""
-        cfg, cuda = self.cfg, self.cuda
+        cfg, cuda, s = self.cfg, self.cuda, self.stream
         if patches.pixels.shape[1] != cfg.patch_dim or patches.merge != cfg.merge_size:
             raise ValueError(f"patches of {patches.pixels.shape[1]} values (merge {patches.merge}); this tower "
                              f"takes {cfg.patch_dim} (merge {cfg.merge_size})")
-        n, H, F, nh, hd = patches.pixels.shape[0], cfg.hidden_size, cfg.ffn_size, cfg.n_heads, cfg.head_dim
-        tokens, M, D = n // cfg.merge_size ** 2, cfg.merge_size ** 2 * H, cfg.projection_dim
+        n, H, nh, hd = patches.pixels.shape[0], cfg.hidden_size, cfg.n_heads, cfg.head_dim
+        tokens, D = n // cfg.merge_size ** 2, cfg.projection_dim
         rows, cols = patch_rows_cols(patches.grid_h, patches.grid_w, cfg.merge_size)
         pos = interpolated_positions(self.pos, cfg.grid_side, rows, cols, patches.grid_h, patches.grid_w)
         cos, sin = rotary_2d(rows, cols, hd, cfg.rope_theta)
-        f32 = np.dtype(np.float32).itemsize
-        scratch = [cuda.mem_alloc(nbytes * f32) for nbytes in
-                   (n * H, n * H, n * 3 * H, 3 * n * H, n * H, n * F, tokens * M, tokens * D)]
-        x, h, qkv, planes, o, u, m, out = (int(s) for s in scratch)
-        host = [np.ascontiguousarray(a, np.float32) for a in (patches.pixels, pos, cos, sin)]
-        dev = [cuda.mem_alloc(a.nbytes) for a in host]
-        for d, a in zip(dev, host):
-            cuda.memcpy_htod(d, a)
-        pixels, cs, sn = int(dev[0]), int(dev[2]), int(dev[3])
-        q, k, v = planes, planes + n * H * f32, planes + 2 * n * H * f32
-        try:
-            cuda.memcpy_dtod_async(x, dev[1], n * H * f32, self.stream)           # x = positions
-            self._gemm(self.patch, pixels, x, n, self.vec["patch_b"], accumulate=True)
-            for w in self.blocks:
-                self.k.layer_norm(self.stream, x, h, w["ln1_w"], w["ln1_b"], n, H, cfg.eps)
-                self._gemm(w["qkv_w"], h, qkv, n, w["qkv_b"])
-                self.k.rotary_split(self.stream, qkv, cs, sn, q, k, v, n, nh, hd)
-                self.k.attention(self.stream, q, k, v, o, n, nh, hd)
-                self._gemm(w["out_w"], o, x, n, w["out_b"], accumulate=True)
-                self.k.layer_norm(self.stream, x, h, w["ln2_w"], w["ln2_b"], n, H, cfg.eps)
-                self._gemm(w["up_w"], h, u, n, w["up_b"], act=ACT_GELU_TANH)
-                self._gemm(w["down_w"], u, x, n, w["down_b"], accumulate=True)
-            self.k.layer_norm(self.stream, x, h, self.vec["post_ln_w"], self.vec["post_ln_b"], n, H, cfg.eps)
-            self._gemm(self.mm0, h, m, tokens, self.vec["mm0_b"], act=ACT_GELU_ERF)   # h as [tokens, M]
-            self._gemm(self.mm2, m, out, tokens, self.vec["mm2_b"])
-            self.stream.synchronize()
-            result = np.empty((tokens, D), np.float32)
-            cuda.memcpy_dtoh(result, out)
-            return result
-        finally:
-            self.stream.synchronize()
-            for s in scratch + dev:
-                s.free()
+        base, offsets = self._room(n), scratch_layout(cfg, n)[0]
+        b = {name: base + off for name, off in offsets.items()}
+        x, h, qkv, o, u, m, out = (b[k] for k in ("x", "h", "qkv", "o", "u", "m", "out"))
+        q, k, v = b["planes"], b["planes"] + n * H * F32, b["planes"] + 2 * n * H * F32
+        for name, a in zip(("pixels", "x", "cos", "sin"), (patches.pixels, pos, cos, sin)):
+            cuda.memcpy_htod(b[name], np.ascontiguousarray(a, np.float32))      # x = positions
+        self._gemm(self.patch, b["pixels"], x, n, self.vec["patch_b"], accumulate=True)
+        for w in self.blocks:
+            self.k.layer_norm(s, x, h, w["ln1_w"], w["ln1_b"], n, H, cfg.eps)
+            self._gemm(w["qkv_w"], h, qkv, n, w["qkv_b"])
+            self.k.rotary_split(s, qkv, b["cos"], b["sin"], q, k, v, n, nh, hd)
+            self.k.attention(s, q, k, v, o, n, nh, hd)
+            self._gemm(w["out_w"], o, x, n, w["out_b"], accumulate=True)
+            self.k.layer_norm(s, x, h, w["ln2_w"], w["ln2_b"], n, H, cfg.eps)
+            self._gemm(w["up_w"], h, u, n, w["up_b"], act=ACT_GELU_TANH)
+            self._gemm(w["down_w"], u, x, n, w["down_b"], accumulate=True)
+        self.k.layer_norm(s, x, h, self.vec["post_ln_w"], self.vec["post_ln_b"], n, H, cfg.eps)
+        self._gemm(self.mm0, h, m, tokens, self.vec["mm0_b"], act=ACT_GELU_ERF)   # h as [tokens, M]
+        self._gemm(self.mm2, m, out, tokens, self.vec["mm2_b"])
+        s.synchronize()
+        result = np.empty((tokens, D), np.float32)
+        cuda.memcpy_dtoh(result, out)
+        return result

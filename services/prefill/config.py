@@ -19,5 +19,6 @@ class PrefillConfig(WorkerConfig):
         context size (`ctx_size`: the state and KV it plans room for on the device) for the cuda
         backend; without it the backend keeps its own, which a 6 GiB card holds."""
         cuda = {"device": self.device, **({"vram_budget": self.vram_budget} if self.vram_budget else {}),
-                **({"max_context": ctx_size} if ctx_size and self.ctx_size else {})}
+                **({"max_context": ctx_size} if ctx_size and self.ctx_size else {}),
+                **({"mmproj": self.mmproj} if self.mmproj else {})}      # its VRAM is in the budget
         return {**(cuda if self.backend == "cuda" else {}), **self.backend_options}

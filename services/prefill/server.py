@@ -60,7 +60,7 @@ class PrefillServer(WorkerServer):
         self.decoders: OrderedDict[str, tuple[PushQueue, float]] = OrderedDict()   # address -> (queue, last use)
         self.busy = 0
         metrics = PrefillMetrics()
-        self.vision = ImageRows(cfg.mmproj, metrics=metrics) if cfg.mmproj else None
+        self.vision = ImageRows(cfg.mmproj, metrics=metrics, backend=self.backend) if cfg.mmproj else None
         if self.vision and self.vision.cfg.projection_dim != model.config.hidden_size:
             raise ModelConfigError(f"--mmproj {cfg.mmproj}: the tower projects to {self.vision.cfg.projection_dim}, "
                                    f"the model is {model.config.hidden_size} wide")

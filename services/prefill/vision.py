@@ -1,7 +1,9 @@
 """The prefill worker's vision side (--mmproj): each image of a request through the vision
 encoder, and the rows and mRoPE positions that its image tokens take (common/reference/multimodal.py).
 
-The encoder is pluggable: the native CPU encoder (native/vision_runner.py, `NativeVisionEncoder(mmproj)`)
+The encoder is pluggable: the prefill backend's GPU encoder where it has one for the file (the cuda
+backend's `vision_encoder(mmproj)`, backends/cuda_vision.py, which also decides whether the tower fits
+its VRAM budget), else the native CPU encoder (native/vision_runner.py, `NativeVisionEncoder(mmproj)`)
 where it exists and loads, else the numpy reference (common/reference/vision.py). The router has
 already resized each image to whole image tokens (smart_resize); the pixels that arrive are
 normalised and cut into patches here.
@@ -23,11 +25,21 @@ from common.vision.tensors import MmprojFile
 
 log = logging.getLogger("fermium.prefill")
 NATIVE_MODULE = "native.vision_runner"
+ENCODERS = ("auto", "cuda", "native", "reference")
 
 
-def load_encoder(mmproj: MmprojFile, name: str = "auto") -> tuple[str, Any]:
-    """(name, encoder): anything with `encode(patches) -> (tokens, text hidden)`. `auto`: native
-    when it loads, else reference."""
+def load_encoder(mmproj: MmprojFile, name: str = "auto", backend: Any = None) -> tuple[str, Any]:
+    """(name, encoder): anything with `encode(patches) -> (tokens, text hidden)`. `auto`: the
+    backend's GPU encoder when it has one, else native when it loads, else reference."""
+    if name not in ENCODERS:
+        raise ValueError(f"no vision encoder named {name!r}; choose one of {', '.join(ENCODERS)}")
+    gpu = getattr(backend, "vision_encoder", None)
+    encoder = gpu(mmproj) if gpu is not None and name in ("auto", "cuda") else None
+    if encoder is not None:
+        return "cuda", encoder
+    if name == "cuda":
+        raise ValueError(f"no GPU vision encoder for {mmproj.path}: the prefill backend runs none (a cpu "
+                         "backend, or a cuda one that placed the tower on the CPU)")
     if name in ("auto", "native") and importlib.util.find_spec(NATIVE_MODULE) is not None:
         try:
             from native.vision_runner import NativeVisionEncoder
@@ -46,10 +58,11 @@ def load_encoder(mmproj: MmprojFile, name: str = "auto") -> tuple[str, Any]:
 class ImageRows:
     """Images -> their embeddings -> the rows and positions of one prefill request."""
 
-    def __init__(self, mmproj: str | Path, encoder: str = "auto", metrics=None):
+    def __init__(self, mmproj: str | Path, encoder: str = "auto", metrics=None, backend: Any = None):
+        """`backend`: the prefill backend, whose GPU encoder `auto` takes when it has one."""
         self.file = MmprojFile(mmproj)
         self.cfg = self.file.config
-        self.encoder_name, self.encoder = load_encoder(self.file, encoder)
+        self.encoder_name, self.encoder = load_encoder(self.file, encoder, backend)
         self.metrics = metrics
         log.info("vision: %s (%d blocks, %d wide), %s encoder", self.file.path.name, self.cfg.n_blocks,
                  self.cfg.hidden_size, self.encoder_name)

@@ -8,7 +8,8 @@ context is cut to what is left (Claude clients send a large one whatever the ser
 answer that fills the context stops with "model_context_window_exceeded". Errors take Anthropic's
 shape, {"type": "error", "error": {"type", "message"}}, with the status the chat route gives
 (400 invalid_request_error, 404 not_found_error, 429 rate_limit_error, 503 overloaded_error);
-a failure after the stream began is an `error` event, which ends it.
+a failure after the stream began is an `error` event, which ends it. Image blocks are read by
+the router's vision tower (--mmproj) through anthropic_images.py, and counted by count_tokens.
 """
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .anthropic_images import AnthropicVision
 from .anthropic_reply import MessageReply
 from .anthropic_request import anthropic_param, openai_body
 from .errors import APIError, failure
 from .generation import Delta
 from .schema import Job, chat_prompt, check_model, parse_body, validate
 from .tools import tool_plan
+from .vision import PLACEHOLDER
 
 
 def _event(body: dict[str, Any]) -> bytes:
@@ -48,19 +51,26 @@ class MessagesAPI:
             body, prefill = openai_body(parse_body(raw))
             return validate(body, chat=True, served=api.served, context=api.context, vocab=api.vocab,
                             encode=api.encode, render=api.render, prefill=prefill, clamp=True,
-                            tokenizer=api.tokenizer)
+                            tokenizer=api.tokenizer, vision=AnthropicVision(getattr(api, "vision", None)))
         except APIError as e:
             raise anthropic_param(e) from None
 
     def _count(self, raw: bytes) -> int:
-        api = self.api
+        """The prompt's tokens, each image's run of image tokens counted whole."""
+        api, read = self.api, []
+        vision = AnthropicVision(getattr(api, "vision", None))
+
+        def reader(part: dict, where: str) -> str:
+            read.append(vision.read(part, where))
+            return PLACEHOLDER
         try:
             body, prefill = openai_body(parse_body(raw), count=True)
             check_model(body["model"], api.served)
-            text, _ = chat_prompt(body, tool_plan(body), api.render, prefill)
+            text, _ = chat_prompt(body, tool_plan(body), api.render, prefill, reader)
+            ids = api.encode(text)
+            return len(vision.expand(ids, read)[0] if read else ids)
         except APIError as e:
             raise anthropic_param(e) from None
-        return len(api.encode(text))
 
     async def messages(self, request: Request) -> Response:
         try:

@@ -2,9 +2,10 @@
 both APIs render the same prompt through the same checks.
 
 - `system` (a string or text blocks) becomes the first, system, message.
-- A user turn's `text` blocks become one user message. Each `tool_result` becomes a `tool`
-  message with its `tool_use_id`. A result with `is_error` is marked "Error: " for the model,
-  since the template has no field for it.
+- A user turn's `text` blocks become one user message, its `image` blocks (base64, or a URL with
+  --allow-image-urls) image parts in their places (anthropic_images.py). Each `tool_result`
+  becomes a `tool` message with its `tool_use_id`. A result with `is_error` is marked "Error: "
+  for the model, since the template has no field for it.
 - An assistant turn's `text` blocks become its content, its `thinking` blocks its
   `reasoning_content` (the template and --preserve-thinking decide whether earlier reasoning is
   rendered), and its `tool_use` blocks its `tool_calls`, with `input` as the arguments.
@@ -22,7 +23,7 @@ both APIs render the same prompt through the same checks.
 - `output_config.format` (json_schema) becomes a strict json_schema `response_format`.
 - `metadata`, `cache_control` and the service options that do not change the answer are accepted
   and ignored. Any other field gets a 400, as Anthropic gives.
-- Image, document and server-tool blocks are refused: this server reads text.
+- Document and server-tool blocks are refused, and so are images outside user turns' own content.
 
 Each problem is a 400 naming its path (`messages[1].content[0].tool_use_id`). `anthropic_param`
 rewrites the paths of errors found later, in the OpenAI body, into the request's own, and puts
@@ -33,6 +34,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .anthropic_images import ImageBlock, user_content
 from .errors import APIError, bad_request
 
 FIELDS = {"model", "max_tokens", "messages", "system", "tools", "tool_choice", "stop_sequences", "temperature",
@@ -153,13 +155,13 @@ def _messages(messages: Any, names: dict[str, str]) -> list[dict]:
 
 
 def _user(where: str, blocks: list[dict], names: dict[str, str]) -> list[dict]:
-    """Text blocks -> user messages; each tool_result -> a tool message, in the blocks' order."""
+    """Text and image blocks -> user messages; each tool_result -> a tool message, in the blocks' order."""
     out: list[dict] = []
-    text: list[str] = []
+    text: list = []                  # str, or ImageBlock
 
     def flush() -> None:
         if text:
-            out.append({"role": "user", "content": SEPARATOR.join(text)})
+            out.append({"role": "user", "content": user_content(text, SEPARATOR)})
             text.clear()
 
     for j, b in enumerate(blocks):
@@ -168,12 +170,14 @@ def _user(where: str, blocks: list[dict], names: dict[str, str]) -> list[dict]:
             if not isinstance(b.get("text"), str):
                 raise bad_request(f"{at}.text: must be a string", f"{at}.text")
             text.append(b["text"])
+        elif b["type"] == "image":
+            text.append(ImageBlock(b, at))
         elif b["type"] == "tool_result":
             flush()
             out.append(_tool_result(at, b, names))
         else:
             raise bad_request(f"{at}.type: {b['type']!r} blocks are not supported in user turns; this server "
-                              "reads text and tool_result blocks", f"{at}.type")
+                              "reads text, image and tool_result blocks", f"{at}.type")
     flush()
     return out
 

@@ -1,13 +1,17 @@
-"""Image content parts of chat messages: OpenAI's `image_url` part, decoded with Pillow.
+"""Image content parts of chat messages: OpenAI's `image_url` part and Anthropic's `image` block,
+decoded with Pillow.
 
     {"type": "image_url", "image_url": {"url": "data:image/png;base64,...", "detail": "auto"}}
+    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "..."}}
+    {"type": "image", "source": {"type": "url", "url": "https://..."}}
 
-A `data:` URI carries the image as base64 PNG, JPEG or WebP. An http(s) URL is fetched only when the
-router allows image URLs (`ImageLimits.allow_urls`), through the `fetch` it is given; otherwise it is
-refused. Every image is held to the limits before and after decoding: its bytes, its pixel count read
-from the header before the pixels are decoded (a small file can declare a huge image), and its
-smallest side. A bad image (truncated, too small, over a limit, not an image) is a 400 that names the
-part, `messages[i].content[j]`. The digest names the image's bytes, for snapshot keys.
+A `data:` URI (or a base64 source) carries the image as base64 PNG, JPEG or WebP. An http(s) URL is
+fetched only when the router allows image URLs (`ImageLimits.allow_urls`), through the `fetch` it is
+given; otherwise it is refused. Every image is held to the limits before and after decoding: its
+bytes, its pixel count read from the header before the pixels are decoded (a small file can declare
+a huge image), and its smallest side. A bad image (truncated, too small, over a limit, not an image)
+is a 400 that names the part, `messages[i].content[j]`, and its field (`.image_url`, or the block's
+`.source`). The digest names the image's bytes, for snapshot keys.
 """
 from __future__ import annotations
 
@@ -70,52 +74,88 @@ def image_part(part: dict, where: str, limits: ImageLimits = ImageLimits(),
     if detail not in DETAILS:
         raise bad_request(f"{where}.image_url.detail must be one of {', '.join(sorted(DETAILS))}",
                           f"{where}.image_url.detail")
+    param = f"{where}.image_url"
     if url[:5].lower() == "data:":
         data = _data_uri(url, where, limits)
     elif re.match(r"^https?://", url, re.IGNORECASE):
-        if not limits.allow_urls or fetch is None:
-            raise bad_request(f"{where}: image URLs are not fetched; send the image as a data: URI (base64 PNG, "
-                              "JPEG or WebP), or start the router with --allow-image-urls", f"{where}.image_url")
-        try:
-            data = fetch(url, limits.max_bytes)
-        except APIError:
-            raise
-        except Exception as e:
-            raise bad_request(f"{where}: the image URL could not be read ({type(e).__name__}: {e})",
-                              f"{where}.image_url") from None
+        data = _fetch(url, where, param, limits, fetch, "send the image as a data: URI (base64 PNG, JPEG or WebP)")
     else:
-        raise bad_request(f"{where}.image_url.url must be a data: URI or an http(s) URL", f"{where}.image_url")
+        raise bad_request(f"{where}.image_url.url must be a data: URI or an http(s) URL", param)
     return decode_image(data, where, limits)
+
+
+def is_image_block(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "image"
+
+
+def image_block(block: dict, where: str, limits: ImageLimits = ImageLimits(),
+                fetch: Callable[[str, int], bytes] | None = None) -> DecodedImage:
+    """One Anthropic `image` block -> the decoded image, by the checks an image_url part has; the
+    errors name the block's source, `messages[0].content[1].source`."""
+    source, param = block.get("source"), f"{where}.source"
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "url":
+        url = source.get("url")
+        if not isinstance(url, str) or not re.match(r"^https?://", url, re.IGNORECASE):
+            raise bad_request(f"{param}.url must be an http(s) URL", f"{param}.url")
+        data = _fetch(url, where, param, limits, fetch, "send the image as a base64 source (PNG, JPEG or WebP)")
+        return decode_image(data, where, limits, param)
+    if kind != "base64":
+        raise bad_request(f"{param}.type must be 'base64' or 'url'", f"{param}.type")
+    media, payload = source.get("media_type"), source.get("data")
+    if not isinstance(media, str) or media.lower() not in MEDIA_TYPES:
+        raise bad_request(f"{param}.media_type: {media!r} is not an image Fermium reads; send image/png, "
+                          "image/jpeg or image/webp", f"{param}.media_type")
+    if not isinstance(payload, str) or not payload:
+        raise bad_request(f"{param}.data must be a non-empty base64 string", f"{param}.data")
+    return decode_image(_base64(payload, where, f"{param}.data", limits, "source.data"), where, limits, param)
+
+
+def _fetch(url: str, where: str, param: str, limits: ImageLimits, fetch, instead: str) -> bytes:
+    if not limits.allow_urls or fetch is None:
+        raise bad_request(f"{where}: image URLs are not fetched; {instead}, or start the router with "
+                          "--allow-image-urls", param)
+    try:
+        return fetch(url, limits.max_bytes)
+    except APIError:
+        raise
+    except Exception as e:
+        raise bad_request(f"{where}: the image URL could not be read ({type(e).__name__}: {e})", param) from None
 
 
 def _data_uri(url: str, where: str, limits: ImageLimits) -> bytes:
     m = _DATA_URI.match(url)
+    param = f"{where}.image_url"
     if m is None or not m.group("b64"):
-        raise bad_request(f"{where}: a data: URI image must be base64 (data:image/png;base64,...)",
-                          f"{where}.image_url")
+        raise bad_request(f"{where}: a data: URI image must be base64 (data:image/png;base64,...)", param)
     media = (m.group("type") or "").lower()
     if media not in MEDIA_TYPES:
         raise bad_request(f"{where}: media type {media or 'none'!r} is not an image Fermium reads; send PNG, "
-                          "JPEG or WebP", f"{where}.image_url")
-    payload = url[m.end():]
+                          "JPEG or WebP", param)
+    return _base64(url[m.end():], where, param, limits, "the data: URI")
+
+
+def _base64(payload: str, where: str, param: str, limits: ImageLimits, what: str) -> bytes:
     if len(payload) // 4 * 3 > limits.max_bytes + 2:          # before decoding it
-        raise _too_large(where, len(payload) // 4 * 3, limits)
+        raise _too_large(where, len(payload) // 4 * 3, limits, param)
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise bad_request(f"{where}: the data: URI is not valid base64", f"{where}.image_url") from None
+        raise bad_request(f"{where}: {what} is not valid base64", param) from None
 
 
-def _too_large(where: str, nbytes: int, limits: ImageLimits) -> APIError:
+def _too_large(where: str, nbytes: int, limits: ImageLimits, param: str) -> APIError:
     return APIError(400, f"{where}: the image is {nbytes} bytes, over the limit of {limits.max_bytes}",
-                    param=f"{where}.image_url", code="image_too_large")
+                    param=param, code="image_too_large")
 
 
-def decode_image(data: bytes, where: str, limits: ImageLimits = ImageLimits()) -> DecodedImage:
-    """Encoded bytes -> the decoded RGB image, held to the limits."""
+def decode_image(data: bytes, where: str, limits: ImageLimits = ImageLimits(),
+                 param: str | None = None) -> DecodedImage:
+    """Encoded bytes -> the decoded RGB image, held to the limits. `param`: the field errors name
+    (default `{where}.image_url`)."""
+    param = param or f"{where}.image_url"
     if len(data) > limits.max_bytes:
-        raise _too_large(where, len(data), limits)
-    param = f"{where}.image_url"
+        raise _too_large(where, len(data), limits, param)
     try:
         image = Image.open(io.BytesIO(data), formats=list(FORMATS))
     except Image.UnidentifiedImageError:

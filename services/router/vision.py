@@ -1,6 +1,7 @@
-"""Images in chat prompts, on the router's side (--mmproj): each `image_url` part decoded and held
-to the limits (images.py), resized to whole image tokens as the vision tower's preprocessing does
-(common/vision/preprocess.py smart_resize), and its place in the prompt.
+"""Images in chat prompts, on the router's side (--mmproj): each `image_url` part (or Anthropic
+`image` block, read_block) decoded and held to the limits (images.py), resized to whole image
+tokens as the vision tower's preprocessing does (common/vision/preprocess.py smart_resize), and its
+place in the prompt.
 
 The chat template sees each image as `<|vision_start|><|image_pad|><|vision_end|>`, as the
 Qwen3.6 template renders an image part; after tokenizing, each image's one `<|image_pad|>`
@@ -23,7 +24,7 @@ from common.vision.preprocess import smart_resize
 from common.vision.tensors import MmprojFile
 
 from .errors import bad_request
-from .images import ImageLimits, image_part
+from .images import DecodedImage, ImageLimits, image_block, image_part
 
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 PLACEHOLDER = VISION_START + IMAGE_PAD + VISION_END
@@ -89,13 +90,19 @@ class VisionInput:
 
     def read(self, part: dict, where: str) -> PromptImage:
         """One image_url part -> the resized image, or a 400 naming the part."""
-        decoded = image_part(part, where, self.limits, self.fetch)
+        return self._resized(image_part(part, where, self.limits, self.fetch), where, f"{where}.image_url")
+
+    def read_block(self, block: dict, where: str) -> PromptImage:
+        """One Anthropic image block -> the resized image, or a 400 naming the block."""
+        return self._resized(image_block(block, where, self.limits, self.fetch), where, f"{where}.source")
+
+    def _resized(self, decoded: DecodedImage, where: str, param: str) -> PromptImage:
         width, height = decoded.size
         cfg = self.cfg
         try:
             h, w = smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
         except ValueError as e:
-            raise bad_request(f"{where}: {e}", f"{where}.image_url", "invalid_image") from None
+            raise bad_request(f"{where}: {e}", param, "invalid_image") from None
         image = decoded.image
         if (h, w) != (height, width):
             image = image.resize((w, h), resample=Image.Resampling.BICUBIC)

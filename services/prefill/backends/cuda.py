@@ -10,6 +10,8 @@ state's KV goes up kv_decode'd, and the rows it adds come back kv_encode'd into 
 A prompt with images (`mm`, common/reference/multimodal.py) differs only on the host: its rows'
 rotary table follows their (T, H, W) positions frequency by frequency (the rope kernel reads one
 table row per token either way), and the image rows go up over their tokens' embedding rows.
+With `mmproj`, the vision tower is placed by cuda_vision.py: on this GPU, its weights and scratch taken
+off the VRAM budget, or on the CPU; `vision_encoder(file)` hands the GPU one to the prefill worker.
 """
 from __future__ import annotations
 
@@ -23,12 +25,13 @@ from common.kv_cache import check_same_kv_type, kv_encode
 from common.reference.multimodal import MropeInput, mrope_rows, text_input
 from common.state import SequenceState
 from native.cuda.layers import F32, LayerRunner, StateBlock
-from native.cuda.plan import DEFAULT_BUDGET, head_rows, layout, make_plan, parse_size, workspace_bytes
+from native.cuda.plan import DEFAULT_BUDGET, head_rows, layout, parse_size, workspace_bytes
 from native.cuda.state_io import host_state, layer_sink, upload_state
 from native.cuda.stream import Timeline
 from native.cuda.tables import dense_tiles, rope_table
 
 from . import register_backend
+from .cuda_vision import GpuVision, plan_with_vision
 
 log = logging.getLogger("fermium.prefill.cuda")
 
@@ -58,7 +61,8 @@ class CUDABackend:
         return True, f"{cuda.Device.count()} device(s), first: {cuda.Device(0).name()}"
 
     def __init__(self, model, *, device: int = 0, vram_budget: int | str = DEFAULT_BUDGET,
-                 pass_tokens: int = 4096, max_context: int = 8192, regions: int = 8, kv_type: str = "f32"):
+                 pass_tokens: int = 4096, max_context: int = 8192, regions: int = 8, kv_type: str = "f32",
+                 mmproj: str | None = None, vision: str = "auto"):
         from native.cuda.kernels import Kernels
         from native.cuda.stream import ExpertStreamer
         from native.cuda.weights import DeviceArena, HostExperts, ResidentWeights
@@ -68,9 +72,10 @@ class CUDABackend:
         cfg = self.cfg
         self.ctx = cuda.Device(int(device)).make_context()
         try:
-            self.plan = make_plan(cfg, {n: t.nbytes for n, t in model.tensors.items()},
-                                  budget=parse_size(vram_budget), pass_tokens=int(pass_tokens),
-                                  max_context=int(max_context), regions=int(regions))
+            self.plan, placement = plan_with_vision(
+                cfg, {n: t.nbytes for n, t in model.tensors.items()}, budget=parse_size(vram_budget),
+                mmproj=mmproj, vision=vision, pass_tokens=int(pass_tokens), max_context=int(max_context),
+                regions=int(regions))
             for line in self.plan.describe():
                 log.info(line)
             self.free_at_start = free0 = cuda.mem_get_info()[0]
@@ -96,10 +101,13 @@ class CUDABackend:
             self.runner = LayerRunner(cuda, self.kernels, cfg, self.weights, self.streamer, self.ws,
                                       self.state, self.compute, self.timeline,
                                       (self.counts_h, self.upload_h), model)
+            self.vision = GpuVision.load(cuda, self.ctx, placement)
             self.device_used_at_start = free0 - cuda.mem_get_info()[0]
             log.info("device memory: %.2f GiB allocated by the backend (peak counted %.2f GiB)",
                      self.device_used_at_start / 2**30, self.arena.peak / 2**30)
         except BaseException:
+            if getattr(self, "vision", None) is not None:
+                self.vision.free()
             if hasattr(self, "arena"):
                 self.arena.free()
             self.ctx.pop()
@@ -109,7 +117,8 @@ class CUDABackend:
         self._stats = {"h2d_bytes": 0, "copy_seconds": 0.0, "compute_seconds": 0.0,
                        "wall_seconds": 0.0, "state_io_seconds": 0.0, "routing_wait_seconds": 0.0,
                        "calls": 0, "tokens": 0, "device_bytes_in_use": 0,
-                       "peak_device_bytes": self.arena.peak, "vram_budget_bytes": self.plan.budget,
+                       "peak_device_bytes": self.arena.peak, "vram_budget_bytes": parse_size(vram_budget),
+                       "vision_device_bytes": self.vision.nbytes if self.vision else 0,
                        "pinned_host": int(self.host.pinned)}
 
     def _alloc_state(self) -> StateBlock:
@@ -270,9 +279,15 @@ class CUDABackend:
     def stats(self) -> dict:
         return dict(self._stats)
 
+    def vision_encoder(self, mmproj) -> GpuVision | None:
+        """The tower of this MmprojFile on this GPU; None where it runs on the CPU."""
+        return self.vision.for_file(mmproj) if self.vision is not None else None
+
     def close(self) -> None:
         self.ctx.push()
         try:
+            if self.vision is not None:
+                self.vision.free()
             self.arena.free()
         finally:
             self.ctx.pop()
