@@ -92,6 +92,8 @@ ls -l "$MMPROJ" "$TEXT" "$IMAGE" | tee "$OUT/files.txt"
 TEST_PY=$PY
 if ! "$PY" -c "import torch, transformers" 2>/dev/null && [[ -x /opt/torch/.venv/bin/python ]]; then
     TEST_PY=/opt/torch/.venv/bin/python                 # the same wheels in $SITE, on its own torch
+    # its transformers pins its own huggingface_hub, which the one in $SITE would shadow
+    rm -rf "$SITE"/huggingface_hub "$SITE"/huggingface_hub-*
 fi
 say "tests with $TEST_PY ($("$TEST_PY" --version 2>&1))"
 run timeout 300 "$TEST_PY" -m pytest tests/gpu/test_cuda_vision.py tests/gpu/test_cuda_vision_prefill.py -q -p no:cacheprovider \
