@@ -32,6 +32,11 @@ router
     fermium_tool_call_parse_failures_total     counter  malformed spots in chat output, returned as content
     fermium_images_total                       counter  images in admitted requests (image_url parts)
     fermium_image_tokens_total                 counter  the image tokens they became
+    fermium_state_bytes_sent_total{role}       counter  state bytes sent to workers: prefill | decode
+    fermium_state_transfers_skipped_total      counter  prefills that ran on a state their worker held
+                                                        (services/router/placement.py), sending none
+    fermium_state_bytes_skipped_total          counter  the bytes those states would have sent
+    fermium_state_resends_total                counter  held states the worker no longer had, sent again
 prefill
     fermium_prefill_requests_total{outcome}    counter  outcome: ok | cancelled | error
     fermium_prefill_tokens_total               counter
@@ -41,6 +46,10 @@ prefill
     fermium_prefill_images_total               counter  images through the vision encoder
     fermium_prefill_image_tokens_total         counter  the image tokens their rows filled
     fermium_prefill_encoder_seconds            histogram  one image through the vision encoder
+    fermium_prefill_state_bytes_received_total{source}  counter  state bytes received: router | decode
+    fermium_prefill_held_lookups_total{outcome}  counter  requests that named a held state: hit | miss
+    fermium_prefill_held_states                gauge    states kept in RAM for later requests (--held-budget)
+    fermium_prefill_held_bytes                 gauge    their bytes
     fermium_num_requests_running / _waiting    gauge
     (fermium_prefill_backend_stat exists from startup for BACKEND_STAT_KEYS (0 until the backend reports them))
 decode
@@ -53,6 +62,7 @@ decode
                                                         (--speculative mtp, common/speculative.py)
     fermium_decode_spec_accepted_tokens_total  counter  drafted tokens accepted
     fermium_decode_spec_acceptance_rate        gauge    accepted over drafted since start (0 before any draft)
+    fermium_decode_state_bytes_sent_total{to}  counter  final-state bytes sent: router | prefill (HoldState)
     fermium_num_requests_running / _waiting    gauge
 every service
     fermium_protocol_errors_total{service,reason}  counter  messages rejected at the inbox or by the
@@ -157,6 +167,12 @@ class RouterMetrics(_Metrics):
                                                      "Malformed tool calls or reasoning tags in chat output")
         self.images = self.counter("fermium_images", "Images in admitted requests")
         self.image_tokens = self.counter("fermium_image_tokens", "Image tokens of admitted requests")
+        self.state_bytes_sent = self.counter("fermium_state_bytes_sent", "State bytes sent to workers", ("role",),
+                                             ("prefill", "decode"))
+        self.state_transfers_skipped = self.counter("fermium_state_transfers_skipped",
+                                                    "Prefills that ran on a state their worker held")
+        self.state_bytes_skipped = self.counter("fermium_state_bytes_skipped", "State bytes not sent: held")
+        self.state_resends = self.counter("fermium_state_resends", "Held states sent again: the worker had none")
         self._load_gauges()
 
 
@@ -174,6 +190,12 @@ class PrefillMetrics(_Metrics):
         self.images = self.counter("fermium_prefill_images", "Images through the vision encoder")
         self.image_tokens = self.counter("fermium_prefill_image_tokens", "Image tokens filled by the encoder")
         self.encoder_time = self.histogram("fermium_prefill_encoder_seconds", "One image through the vision encoder")
+        self.state_bytes = self.counter("fermium_prefill_state_bytes_received", "State bytes received",
+                                        ("source",), ("router", "decode"))
+        self.held_lookups = self.counter("fermium_prefill_held_lookups", "Requests that named a held state",
+                                         ("outcome",), ("hit", "miss"))
+        self.held_states = self.gauge("fermium_prefill_held_states", "States kept for later requests")
+        self.held_bytes = self.gauge("fermium_prefill_held_bytes", "Bytes of the states kept")
         for key in BACKEND_STAT_KEYS:
             self.backend_stat.labels(key).set(0)
         self._load_gauges()
@@ -196,6 +218,8 @@ class DecodeMetrics(_Metrics):
         self.accepted_tokens = self.counter("fermium_decode_spec_accepted_tokens", "Drafted tokens accepted")
         self.acceptance_rate = self.gauge("fermium_decode_spec_acceptance_rate",
                                           "Accepted over drafted tokens since start")
+        self.state_bytes = self.counter("fermium_decode_state_bytes_sent", "Final-state bytes sent", ("to",),
+                                        ("router", "prefill"))
         self._drafted = self._accepted = 0
         self._load_gauges()
 

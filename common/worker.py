@@ -2,7 +2,8 @@
 
 A worker binds its inbox, says Hello to the router until a HelloAck comes back (the ready
 handshake), then sends a Heartbeat with its load every `heartbeat_s` from a thread of its own,
-so a long prefill never makes it look dead. Both carry the worker token (`common.worker_token`):
+so a long prefill never makes it look dead. Both carry its batch `slots` and `hold_budget`, which
+the router places requests by, and the worker token (`common.worker_token`):
 a worker without the router's token is ignored, and its handshake times out. They also carry
 its KV cache type: the router refuses one of a type not its own, saying why in the HelloAck.
 Frames that do not decode are logged and, when their request id could be read, answered with
@@ -70,8 +71,10 @@ class WorkerLink:
     def __init__(self, role: str, *, router_address: str, inbox_address: str, advertise: str | None,
                  capacity: int, model: str, load: Callable[[], tuple[int, int]],
                  heartbeat_s: float = HEARTBEAT_S, token: str | None = None, kv_type: str = DEFAULT_KV_TYPE,
-                 limits: WireLimits | None = None, errors: Callable[[str], None] | None = None):
+                 limits: WireLimits | None = None, errors: Callable[[str], None] | None = None,
+                 slots: int = 0, hold_budget: int = 0):
         self.role, self.capacity, self.model, self.kv_type = role, capacity, model, kv_type
+        self.slots, self.hold_budget = slots, hold_budget
         self.token = resolve_token(token)
         self.worker_id = f"{role}-{uuid.uuid4().hex[:8]}"
         self._load = load
@@ -122,7 +125,7 @@ class WorkerLink:
     def start(self, timeout: float) -> None:
         """Ready handshake: Hello until HelloAck; then heartbeats. Raises with a hint on timeout."""
         hello = Hello(uuid.uuid4().hex, self.worker_id, self.role, self.address, self.capacity, self.model,
-                      self.token, self.kv_type)
+                      self.token, self.kv_type, self.slots, self.hold_budget)
         deadline = time.monotonic() + timeout
         while not self._acked.is_set():
             if time.monotonic() > deadline:
@@ -143,7 +146,8 @@ class WorkerLink:
         while not self._stop.wait(self._heartbeat_s):
             running, waiting = self._load()
             self.router.put(Heartbeat(uuid.uuid4().hex, self.worker_id, self.role, self.address,
-                                      self.capacity, self.model, running, waiting, self.token, self.kv_type))
+                                      self.capacity, self.model, running, waiting, self.token, self.kv_type,
+                                      self.slots, self.hold_budget))
 
     def close(self) -> None:
         self._stop.set()
@@ -161,7 +165,8 @@ class WorkerServer(abc.ABC):
     ROLE: ClassVar[str] = ""
     REQUEST: ClassVar[type] = Message
 
-    def __init__(self, cfg: WorkerConfig, model: Any, metrics: Any, *, capacity: int, limits: WireLimits | None = None):
+    def __init__(self, cfg: WorkerConfig, model: Any, metrics: Any, *, capacity: int, limits: WireLimits | None = None,
+                 slots: int = 0, hold_budget: int = 0):
         self.cfg, self.model, self.metrics = cfg, model, metrics
         self.log = logging.getLogger(f"fermium.{self.ROLE}")
         self.cancelled = CancelledIds()
@@ -170,7 +175,7 @@ class WorkerServer(abc.ABC):
         self.link = WorkerLink(self.ROLE, router_address=cfg.router, inbox_address=cfg.listen,
                                token=cfg.worker_token, kv_type=cfg.kv_type, advertise=cfg.advertise, capacity=capacity,
                                model=model.path.name, load=self.load, limits=limits or wire_limits(model.config),
-                               errors=metrics.protocol_error)
+                               errors=metrics.protocol_error, slots=slots, hold_budget=hold_budget)
 
     @abc.abstractmethod
     def load(self) -> tuple[int, int]:

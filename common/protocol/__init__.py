@@ -1,8 +1,9 @@
 """The wire protocol: one module per receiving service, one shared codec.
 
 - `codec`: frame layout, VERSION, encode/decode, ProtocolError.
-- `router`: what the router receives (Hello, Heartbeat, PrefillDone, Tokens, Finished, Failed).
-- `prefill`: what a prefill worker receives (PrefillRequest).
+- `router`: what the router receives (Hello, Heartbeat, PrefillDone, Tokens, Finished, Failed,
+  Snapshot, NotHeld).
+- `prefill`: what a prefill worker receives (PrefillRequest, HoldState).
 - `decode`: what a decode worker receives (DecodeRequest).
 - `worker`: what every worker receives (HelloAck, Cancel).
 - `checks`: what a worker checks against the model before a request reaches native code.

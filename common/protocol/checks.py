@@ -18,7 +18,7 @@ from common.sampling import SamplingParams
 from common.state import SequenceState, check_logits, check_rope_delta, check_state
 
 from .decode import DecodeRequest
-from .prefill import PrefillRequest
+from .prefill import HoldState, PrefillRequest
 
 ENDPOINT = re.compile(r"(tcp://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}|ipc://[^\x00\s]{1,100}"
                       r"|local://[A-Za-z0-9_.\-]{1,100})")
@@ -60,6 +60,8 @@ def check_decode(req: DecodeRequest, cfg: ModelConfig, kv_type: str) -> tuple[Se
         raise ValueError("state is missing")
     check_logits(req.logits, cfg)
     check_same_kv_type(req.kv_type, kv_type, "the state sent to decode", "this decode worker")
+    if req.hold_at and not is_endpoint(req.hold_at):
+        raise ValueError(f"hold_at {req.hold_at!r:.80} is not tcp://host:port or ipc://path")
     return SequenceState.from_arrays(req.pos, list(req.state), cfg, kv_type, req.rope_delta), params
 
 
@@ -90,6 +92,15 @@ def check_prefill(req: PrefillRequest, cfg: ModelConfig, kv_type: str) -> Sequen
     check_state(req.start_pos, req.start_state, cfg, kv_type)
     return SequenceState.from_arrays(req.start_pos, [a.copy() for a in req.start_state], cfg, kv_type,
                                      req.rope_delta)
+
+
+def check_hold(msg: HoldState, cfg: ModelConfig, kv_type: str) -> SequenceState:
+    """The state a HoldState brings, after its tokens, its KV in `kv_type`, or ValueError."""
+    check_same_kv_type(msg.kv_type, kv_type, "the state from decode", "this prefill worker")
+    token_ids("tokens", msg.tokens, cfg.vocab_size)
+    if len(msg.tokens) != msg.pos:
+        raise ValueError(f"{len(msg.tokens)} tokens for a state at position {msg.pos}")
+    return SequenceState.from_arrays(msg.pos, list(msg.state), cfg, kv_type, msg.rope_delta)
 
 
 def check_images(req: PrefillRequest, cfg: ModelConfig) -> None:

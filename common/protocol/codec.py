@@ -15,12 +15,12 @@ version, an unknown kind, a missing or extra field (of a message or such a map),
 type or that its dataclass refuses, an unreferenced frame or a frame whose size disagrees with its dtype
 and shape raises ProtocolError, which carries the request id when the header was readable; so does any
 other undecodable input, and a message over its receiver's WireLimits. VERSION changes with the layout
-and with any message's fields (held exactly): 2 made `sampling` a whole SamplingParams, where 1 sent a
-dict of some of its fields; 3 added `kv_type` (common.kv_cache) to every message that carries a state,
-and to Hello and Heartbeat; 4 added `grammar` (common.grammar) to SamplingParams; 5 added log-probabilities
-(`logprobs`, `top_ids`, `top_logprobs`) to Tokens, and the presence and frequency penalties, `logit_bias`,
-`logprobs` and `top_logprobs` to SamplingParams; 6 added `rope_delta` (common.state) to every message
-that carries a state, and the images of a prompt (`images`) to PrefillRequest.
+and with any message's fields (held exactly): 2 made `sampling` a whole SamplingParams; 3 added `kv_type`
+(common.kv_cache) to every message with a state, and to Hello and Heartbeat; 4 added `grammar` to SamplingParams;
+5 added log-probabilities to Tokens and the penalties, `logit_bias` and logprobs to SamplingParams; 6 added
+`rope_delta` (common.state) to every message with a state, and `images` to PrefillRequest; 7 added placement:
+`slots` and `hold_budget` to Hello and Heartbeat, `held` and `hold` to PrefillRequest, `hold_at` to
+DecodeRequest, and the kinds HoldState and NotHeld. Peers of two versions refuse each other's every message.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Any, ClassVar, get_type_hints
 import msgpack
 import numpy as np
 
-VERSION = 6
+VERSION = 7
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}
@@ -162,7 +162,6 @@ def _scalar_problem(value: Any, field: _Field) -> str | None:
     return None
 
 
-
 # ---- encode -------------------------------------------------------------------------------
 def encode(msg: Message) -> list[Any]:
     """Message -> multipart frames: [header, *array buffers] (arrays are not copied)."""
@@ -270,7 +269,8 @@ def _decode(frames: list[Any], limits: WireLimits | None) -> Message:
     fields, arrays = header.get("f"), header.get("a")
     rid = fields.get("rid", "") if isinstance(fields, dict) and isinstance(fields.get("rid"), str) else ""
     if header.get("v") != VERSION:
-        raise ProtocolError(f"protocol version {header.get('v')!r:.40}, this build speaks {VERSION}", rid)
+        raise ProtocolError(f"protocol version {header.get('v')!r:.40}, this build speaks {VERSION}: "
+                            f"run the same Fermium release on every host", rid)
     kind = header.get("k")
     cls = _REGISTRY.get(kind) if type(kind) is int else None
     if cls is None:

@@ -1,13 +1,15 @@
 """Messages a decode worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 6).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 7).
 
     0x30 DecodeRequest  prefill -> decode: the prefilled state and the first token's logits
 
 `state` is SequenceState.arrays() at position `pos` (conv..., ssm..., k..., v...), one frame
 per array, its K and V in `kv_type`; `logits` is (vocab,) float32. Decode samples the first
 token from `logits`. `rope_delta` is the state's (common.state): decode rotates its rows at
-pos + rope_delta, where a prompt with images left it.
+pos + rope_delta, where a prompt with images left it. `hold_at`, when set, is the inbox of the
+prefill worker that keeps this sequence's final state: decode sends it there too, as
+prefill.HoldState, when the sequence ends with return_state.
 """
 from __future__ import annotations
 
@@ -28,4 +30,5 @@ class DecodeRequest(Message):
     logits: object
     kv_type: str                 # the type of the state's K and V arrays (common.kv_cache)
     rope_delta: int = 0          # the state's rotary position minus pos (images in the prompt)
+    hold_at: str = ""            # a prefill worker's inbox that keeps the final state; "": none
     ARRAYS = ("state", "logits")

@@ -1,6 +1,6 @@
 """Messages the router receives, on its PULL inbox (workers PUSH to it).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 6).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 7).
 
     0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
     0x11 Heartbeat    worker -> router: alive, with its load; also re-registers after a router restart
@@ -9,11 +9,14 @@ Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n array
     0x14 Finished     decode -> router: the sequence ended; optional final state (snapshot seam)
     0x15 Failed       any worker -> router: request `rid` failed, or a frame was rejected
     0x16 Snapshot     prefill -> router: the state after the first `pos` prompt tokens, and its logits
+    0x17 NotHeld      prefill -> router: the state a PrefillRequest named by `held` is no longer held there
 
 Hello and Heartbeat carry the deployment's worker token (`common.worker_token`): the router
 admits no worker without it, and never connects to the address of one that lacks it. They also
 carry the worker's KV cache type, and Finished and Snapshot their state's: the router refuses a
-worker or a state of another type than its own --kv-type.
+worker or a state of another type than its own --kv-type. Their `slots` (a decode worker's batch
+slots) and `hold_budget` (the bytes of states a prefill worker keeps) are what the router places
+requests by (services/router/placement.py); 0 is none, or unknown.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ class Hello(Message):
     model: str
     token: str = ""      # the worker token; "" is refused
     kv_type: str = ""    # the worker's --kv-type; one other than the router's is refused
+    slots: int = 0       # sequences one decode step advances (--max-batch); 0: unknown
+    hold_budget: int = 0  # bytes of states a prefill worker keeps for later requests; 0: none
 
 
 @message(0x11)
@@ -46,6 +51,8 @@ class Heartbeat(Message):
     waiting: int
     token: str = ""
     kv_type: str = ""
+    slots: int = 0
+    hold_budget: int = 0
 
 
 @message(0x12)
@@ -110,3 +117,12 @@ class Snapshot(Message):
     kv_type: str
     rope_delta: int = 0
     ARRAYS = ("state", "logits")
+
+
+@message(0x17)
+class NotHeld(Message):
+    """The prefill worker holds no state under `held` (evicted, or it restarted): the router sends
+    the request again with the state's bytes."""
+
+    worker_id: str
+    held: str

@@ -42,3 +42,11 @@ def tail_key(base: bytes, tail: Sequence[int], marks: bytes = b"") -> bytes:
     """Key of a position inside a block: the last full-block key plus the partial tail (and the
     marks_in of the tail's positions)."""
     return _h(base + b"tail", tail, marks)
+
+
+def prefix_key(tokens: Sequence[int], block: int, marks: Marks = ()) -> bytes:
+    """The snapshot key of the state after `tokens`, as SnapshotStore.put files it: the chain's last
+    full block, then the tail."""
+    blocks = list(chain(tokens, block, marks))
+    base = blocks[-1] if blocks else ROOT
+    return tail_key(base, tokens[len(blocks) * block:], marks_in(marks, len(blocks) * block, len(tokens)))

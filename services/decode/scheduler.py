@@ -22,6 +22,7 @@ class Sequence:
     logits: Any = None               # (vocab,) what next_token was sampled from
     matcher: Any = None              # common.grammar.Matcher when the request has a grammar
     draft: Any = None                # common.speculative.Drafting when it speculates (never with a grammar)
+    hold_at: str = ""                # the prefill worker that keeps its final state too; "": none
 
 
 @dataclass

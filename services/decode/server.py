@@ -3,7 +3,10 @@
 A DecodeRequest brings a prefilled state and the first token's logits. Its first token is
 sampled on arrival (that is the time to first token); then the sequence waits for a batch
 slot and decodes one token per step with the others. Each token goes to the router
-as a Tokens message; the end goes as Finished, with the final state when it was asked for.
+as a Tokens message; the end goes as Finished, with the final state when it was asked for,
+and, when the request names a prefill worker that keeps it (`hold_at`), to that worker too as
+HoldState (holders.py), so the next turn's prompt need not carry it. Heartbeats report the
+batch slots (--max-batch) that the router places sequences by.
 
 A request with a grammar (SamplingParams.grammar) samples only the tokens it allows, the first
 token too, and ends with "stop" when the grammar is complete (grammar.py).
@@ -38,6 +41,7 @@ from common.metrics import DecodeMetrics
 from common.model.gguf_file import GGUFModel
 from common.protocol.checks import check_decode
 from common.protocol.decode import DecodeRequest
+from common.protocol.prefill import HoldState
 from common.protocol.router import Finished, Tokens
 from common.sampling import Sampler
 from common.speculative import Speculator, check_mtp, draft_vocab_ids
@@ -46,6 +50,7 @@ from native.runners import load_runner
 
 from .config import DecodeConfig
 from .grammar import Grammars
+from .holders import HolderLinks
 from .scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("fermium.decode")
@@ -77,7 +82,9 @@ class DecodeServer(WorkerServer):
                                          draft_ids=draft_vocab_ids(model, cfg.draft_vocab))
         log.info("decode: %s", self.memory.describe(cfg.max_batch))       # once nothing has refused to start
         self.sched = BatchScheduler(cfg.max_batch)
-        super().__init__(cfg, ContextModel(model, self.ctx_size), DecodeMetrics(), capacity=cfg.capacity)
+        super().__init__(cfg, ContextModel(model, self.ctx_size), DecodeMetrics(), capacity=cfg.capacity,
+                         slots=cfg.max_batch)
+        self.holders = HolderLinks()
         self.grammars = Grammars(model, model.config.vocab_size, self.metrics, tokenizer)
 
     def load(self) -> tuple[int, int]:
@@ -124,7 +131,7 @@ class DecodeServer(WorkerServer):
     def _admit(self, req: DecodeRequest) -> None:
         state, params = check_decode(req, self.model.config, self.kv_type)
         seq = Sequence(req.rid, state, Sampler(params, prompt_len=len(req.history)), list(req.history),
-                       GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state)
+                       GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state, hold_at=req.hold_at)
         seq.logits = np.asarray(req.logits)
         seq.matcher = self.grammars.matcher(params.grammar)
         if self.speculator is not None and seq.matcher is None:
@@ -167,9 +174,19 @@ class DecodeServer(WorkerServer):
         state, logits = (seq.state.arrays(), np.asarray(seq.logits, np.float32)) if keep else (None, None)
         self.link.send(Finished(seq.rid, self.link.worker_id, reason, seq.policy.generated, seq.state.pos,
                                 state, logits, self.kv_type, seq.state.rope_delta))
+        if not keep:
+            return
+        size = sum(a.nbytes for a in state)
+        self.metrics.state_bytes.labels("router").inc(size)
+        if seq.hold_at:
+            pos = seq.state.pos
+            self.holders.get(seq.hold_at).put(HoldState(seq.rid, self.link.worker_id, pos, seq.history[:pos], state,
+                                                        self.kv_type, seq.state.rope_delta))
+            self.metrics.state_bytes.labels("prefill").inc(size)
 
     def step(self, timeout: float = 0.05) -> None:
         self._take(timeout if not len(self.sched) else 0)
+        self.holders.reap()
         self.sched.admit()
         batch = list(self.sched.running)
         if not batch:
@@ -226,3 +243,7 @@ class DecodeServer(WorkerServer):
     def _gauges(self) -> None:
         self.metrics.running.set(len(self.sched.running))
         self.metrics.waiting.set(len(self.sched.waiting))
+
+    def close(self) -> None:
+        super().close()
+        self.holders.close()

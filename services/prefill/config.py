@@ -12,6 +12,8 @@ class PrefillConfig(WorkerConfig):
     device: int = setting(0, "GPU index (cuda backend).")
     vram_budget: int | None = setting(None, "GiB of GPU memory to use (cuda backend).", unit=GIB)   # bytes
     mmproj: str | None = mmproj_setting()      # the vision encoder runs here
+    held_budget: int = setting(2 << 30, "GiB of RAM for the states this worker keeps for later turns, so the "
+                                        "router names them instead of sending them; 0 keeps none.", unit=GIB)  # bytes
     backend_options: dict = field(default_factory=dict)      # more keyword arguments of the backend
 
     def backend_kwargs(self, ctx_size: int | None = None) -> dict:

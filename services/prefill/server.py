@@ -7,11 +7,16 @@ them through the vision encoder (vision.py); their rows take the image tokens' p
 positions, and the state's rope_delta goes on with the snapshots and to decode. No checkpoint
 falls inside an image. Any failure becomes a Failed reply: a request is checked against the
 model (common.protocol.checks) before the backend sees it.
+States asked to be held (PrefillRequest.hold) are kept in RAM (held.py): the one a request was
+sent, its Snapshots, and the final state decode sends back (HoldState, DecodeRequest.hold_at). A
+request that names a held state (`held`) starts from it; one that names a state no longer held
+is answered NotHeld, and the router sends it again with the bytes.
 Connections to decode workers are kept for reuse, at most MAX_DECODERS of them, and one
 unused for IDLE_DECODER_S is closed.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import OrderedDict, deque
@@ -23,16 +28,17 @@ from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel
 from common.mp import PushQueue
 from common.mp_local import push_queue
-from common.protocol.checks import check_prefill
+from common.protocol.checks import check_hold, check_prefill
 from common.protocol.decode import DecodeRequest
-from common.protocol.prefill import PrefillRequest
-from common.protocol.router import PrefillDone, Snapshot
+from common.protocol.prefill import HoldState, PrefillRequest
+from common.protocol.router import NotHeld, PrefillDone, Snapshot
 from common.reference.multimodal import MropeInput
 from common.state import SequenceState, wire_limits
 from common.worker import WorkerServer
 
 from .backends import create_backend
 from .config import PrefillConfig
+from .held import HeldStates
 from .vision import ImageRows, inside_image, request_rows, segment
 
 log = logging.getLogger("fermium.prefill")
@@ -42,7 +48,7 @@ PREFILL_STATES = 2         # states held at once: the one being filled and a sna
 
 
 class PrefillServer(WorkerServer):
-    ROLE, REQUEST = "prefill", PrefillRequest
+    ROLE, REQUEST = "prefill", (PrefillRequest, HoldState)
 
     def __init__(self, cfg: PrefillConfig, *, model=None, backend=None):
         """`model` (anything with GGUFModel's .config and .path) and `backend`, when given, are
@@ -64,7 +70,10 @@ class PrefillServer(WorkerServer):
         if self.vision and self.vision.cfg.projection_dim != model.config.hidden_size:
             raise ModelConfigError(f"--mmproj {cfg.mmproj}: the tower projects to {self.vision.cfg.projection_dim}, "
                                    f"the model is {model.config.hidden_size} wide")
-        super().__init__(cfg, ContextModel(model, self.ctx_size), metrics, capacity=1,
+        self.held = HeldStates(cfg.held_budget)
+        metrics.held_states.set_function(lambda: len(self.held))
+        metrics.held_bytes.set_function(lambda: self.held.bytes)
+        super().__init__(cfg, ContextModel(model, self.ctx_size), metrics, capacity=1, hold_budget=self.held.budget,
                          limits=wire_limits(model.config, self.vision.cfg if self.vision else None))
 
     def load(self) -> tuple[int, int]:
@@ -74,8 +83,16 @@ class PrefillServer(WorkerServer):
         self._export_stats(self.backend.stats())     # budget and device memory before the first prompt
         super().start()
 
-    def receive(self, msg: PrefillRequest) -> None:
-        self.queue.append(msg)
+    def receive(self, msg: PrefillRequest | HoldState) -> None:
+        if isinstance(msg, PrefillRequest):
+            self.queue.append(msg)
+            return
+        self.metrics.state_bytes.labels("decode").inc(sum(a.nbytes for a in msg.state))
+        try:
+            self.held.put(msg.tokens, check_hold(msg, self.model.config, self.kv_type))
+        except ValueError as e:
+            self.metrics.protocol_error("invalid")
+            self._complain("a state from decode (rid %.40s) not kept: %s", msg.rid, e)
 
     def _take(self, timeout: float) -> None:
         super()._take(timeout)
@@ -89,6 +106,9 @@ class PrefillServer(WorkerServer):
         req = self.queue.popleft()
         if req.rid in self.cancelled:
             self.metrics.requests.labels("cancelled").inc()
+            return
+        req = self._start_state(req)
+        if req is None:
             return
         self.busy = 1
         self.metrics.running.set(1)
@@ -106,8 +126,27 @@ class PrefillServer(WorkerServer):
             self.busy = 0
             self.metrics.running.set(0)
 
+    def _start_state(self, req: PrefillRequest) -> PrefillRequest | None:
+        """`req` with the held state it names as its start state; None, answered NotHeld, when none is held."""
+        if not req.held:
+            if req.start_state is not None:
+                self.metrics.state_bytes.labels("router").inc(sum(a.nbytes for a in req.start_state))
+            return req
+        held = self.held.get(req.held, req.start_pos)
+        self.metrics.held_lookups.labels("hit" if held is not None else "miss").inc()
+        if held is None:
+            self.link.send(NotHeld(req.rid, self.link.worker_id, req.held))
+            return None
+        return dataclasses.replace(req, start_state=held.arrays(), rope_delta=held.rope_delta, held="")
+
+    def _hold(self, req: PrefillRequest) -> bool:
+        return req.hold and not req.images and self.held.budget > 0
+
     def _run(self, req: PrefillRequest) -> None:
         state = check_prefill(req, self.model.config, self.kv_type)
+        if self._hold(req) and req.start_state is not None:     # checked: the arrays are what it was sent
+            self.held.put(req.history[:req.start_pos], SequenceState.from_arrays(
+                req.start_pos, list(req.start_state), self.model.config, self.kv_type, req.rope_delta))
         mm = request_rows(self.vision, req.tokens, req.images, req.image_token, state.rope_pos, state.rope_delta)
         before = self.backend.stats()
         t0 = time.perf_counter()
@@ -118,7 +157,7 @@ class PrefillServer(WorkerServer):
         self.metrics.time.observe(seconds)
         out = DecodeRequest(req.rid, state.pos, req.history, req.sampling, req.max_tokens, req.stop_ids,
                             req.return_state, state.arrays(), logits.astype("float32", copy=False), state.kv_type,
-                            state.rope_delta)
+                            state.rope_delta, self.link.address if self._hold(req) and req.return_state else "")
         self._decoder(req.decode_address).put(out)
         self.link.send(PrefillDone(req.rid, self.link.worker_id, len(req.tokens), seconds))
 
@@ -135,8 +174,12 @@ class PrefillServer(WorkerServer):
             logits = self._segment(req.tokens, state, mm, done - start, cut - start)
             done = cut
             # copies: the frames leave on the IO thread while the backend may reuse its arrays
-            self.link.send(Snapshot(req.rid, self.link.worker_id, cut, [a.copy() for a in state.arrays()],
-                                    logits.astype("float32", copy=True), state.kv_type, state.rope_delta))
+            arrays = [a.copy() for a in state.arrays()]
+            self.link.send(Snapshot(req.rid, self.link.worker_id, cut, arrays, logits.astype("float32", copy=True),
+                                    state.kv_type, state.rope_delta))
+            if self._hold(req):
+                self.held.put(req.history[:cut], SequenceState.from_arrays(cut, arrays, self.model.config,
+                                                                           self.kv_type, state.rope_delta))
         return logits
 
     def _segment(self, tokens: list[int], state: SequenceState, mm: MropeInput | None, a: int, b: int):

@@ -31,9 +31,10 @@ class Copies:
     keep: bool
 
     def send(self, state: list | None, logits, kv_type: str, link: Callable[[str], object | None],
-             live: Callable[[str], bool], rope_delta: int = 0) -> None:
+             live: Callable[[str], bool], rope_delta: int = 0) -> int:
         """One DecodeRequest per copy still `live` (by rid), to the decode worker `link` gives
-        for its worker id (None: gone, and the copy fails)."""
+        for its worker id (None: gone, and the copy fails); the number sent."""
+        sent = 0
         for track, sampling in zip(self.tracks, self.sampling):
             if not live(track.rid):                  # ended while it waited for the prefill
                 continue
@@ -43,6 +44,8 @@ class Copies:
                 continue
             out.put(DecodeRequest(track.rid, len(self.history), self.history, sampling, self.max_tokens,
                                   self.stops, self.keep, state, logits, kv_type, rope_delta))
+            sent += 1
+        return sent
 
     def fail(self, why: str) -> None:
         for track in self.tracks:

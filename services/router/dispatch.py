@@ -1,19 +1,18 @@
 """The router's side of the wire: sends requests to workers, routes their replies to the
 waiting HTTP handlers, and ends the requests of a worker that dies.
 
-Workers are admitted by the worker token in their Hello and Heartbeats: a message without it
-is counted and logged (rate-limited) and goes no further, so the router never connects to the
-address it names. A worker of another KV cache type than the router's --kv-type is refused with
-a HelloAck that says why. A worker's requests end when its connection drops or, when a host
-vanishes silently, after the heartbeat timeout. Tokens of a request the router no longer holds
-are answered once with Cancel, so a worker does not decode for nobody.
+Workers join through enrolment.py (the worker token, the KV cache type). A worker's requests
+end when its connection drops or, when a host vanishes silently, after the heartbeat timeout.
+Tokens of a request the router no longer holds are answered once with Cancel, so a worker does
+not decode for nobody.
 
 Messages arrive on the inbox's IO thread and are handed to the event loop, where everything here
 runs, so no lock is needed. Each request gets a Track whose `events` queue receives PrefillDone,
 Tokens, Finished or Failed messages, in order; `n` > 1 choices get n Tracks that share one
 prefill (copies.py). `PrefixCache.lookup(ids)` (prefix_cache.py) is the one place a prefix is
 looked up before prefill, and `store_state()` takes the final state and logits that decode
-returns when `wants_final_state`.
+returns when `wants_final_state`. Which prefill worker runs a prompt, and whether the request
+names a state that worker holds instead of carrying it, placement.py decides.
 """
 from __future__ import annotations
 
@@ -22,21 +21,21 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
-from common.kv_cache import DEFAULT_KV_TYPE, check_same_kv_type
-from common.log_limit import LogLimiter
+from common.kv_cache import DEFAULT_KV_TYPE
 from common.metrics import RouterMetrics
 from common.mp import PullQueue, PushQueue
 from common.mp_local import pull_queue, push_queue
 from common.protocol import Message, ProtocolError
 from common.protocol.codec import WireLimits
 from common.protocol.prefill import PrefillRequest
-from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
-from common.protocol.worker import Cancel, HelloAck
+from common.protocol.router import Failed, Finished, Heartbeat, Hello, NotHeld, PrefillDone, Snapshot, Tokens
+from common.protocol.worker import Cancel
 from common.worker import CancelledIds
-from common.worker_token import matches
 from common.worker_token import resolve as resolve_token
 
 from .copies import Copies, snapshot_every
+from .enrolment import Enrolment
+from .placement import Placement, state_bytes
 from .prefix_cache import NoPrefixCache, PrefixCache
 from .schema import Job
 from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry
@@ -44,7 +43,6 @@ from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry
 log = logging.getLogger("fermium.router")
 
 REAP_INTERVAL_S = 0.25
-REFUSAL_LINGER_S = 6.0       # a refused worker's link stays this long: past mp's send timeout, so the ack goes out
 
 
 class NoWorkers(Exception):
@@ -61,6 +59,7 @@ class Track:
     generated: list[int] = field(default_factory=list)
     cached: int = 0                  # prompt tokens the prefix cache served
     marks: list = field(default_factory=list)   # the prompt's images for the snapshot keys (keys.py)
+    hold: bool = False               # its prefill worker keeps its states (placement.py)
 
 
 class Dispatcher:
@@ -71,12 +70,13 @@ class Dispatcher:
         self.cache = cache or NoPrefixCache()
         self.token = resolve_token(token)
         self.registry = WorkerRegistry(heartbeat_timeout, self._connect, max_per_role=max_workers)
+        self.placement = Placement(metrics)
         self.tracks: dict[str, Track] = {}
         self.copies: dict[str, Copies] = {}     # rid of a copy 0 -> the copies waiting for its prefill
         self.inbox: PullQueue | None = None
         self._reaper: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._refusals = LogLimiter(log, "router: refused worker registrations")
+        self.enrolment = Enrolment(self.registry, metrics, self.token, kv_type)
         self._orphans = CancelledIds()
 
     def _connect(self, address: str) -> PushQueue:
@@ -113,9 +113,9 @@ class Dispatcher:
 
     def submit_copies(self, job: Job, stop_ids: tuple[int, ...], n: int) -> list[Track]:
         """`n` copies of the job, copy i sampling with job.sampling.for_choice(i); one prefill for all."""
-        prefill, decode = self.registry.pick("prefill"), self.registry.pick("decode")
-        for role, w in (("prefill", prefill), ("decode", decode)):
-            if w is None:
+        decode = self.registry.pick("decode")
+        for role, w in (("prefill", self.registry.count("prefill")), ("decode", decode)):
+            if not w:
                 raise NoWorkers(f"no {role} worker is connected; start one with "
                                 f"`fermium {role} --router {self.address}`")
         images = job.images
@@ -127,11 +127,13 @@ class Dispatcher:
         delta = images.rope_delta(start) if images else 0
         whole = start == len(job.prompt_ids)             # cached whole: straight to decode
         history, stops, keep = list(job.prompt_ids), list(stop_ids), self.cache.wants_final_state
+        plan = None if whole else self.placement.plan(self.registry.workers.values(), job.prompt_ids, start, state,
+                                                      keep and not marks)
         tracks = []
         for i in range(n):
             w = decode if i == 0 else self.registry.pick("decode") or decode
-            track = Track(uuid.uuid4().hex, job.prompt_ids, "" if whole else prefill.worker_id, w.worker_id)
-            track.cached, track.marks = start, marks
+            track = Track(uuid.uuid4().hex, job.prompt_ids, "" if whole else plan.worker.worker_id, w.worker_id)
+            track.cached, track.marks, track.hold = start, marks, bool(plan and plan.hold)
             self.tracks[track.rid] = track
             w.inflight.add(track.rid)
             tracks.append(track)
@@ -141,19 +143,21 @@ class Dispatcher:
             return tracks
         rid = tracks[0].rid
         every = snapshot_every(self.cache.snapshot_every, len(history), n)
-        prefill.inflight.add(rid)
+        plan.worker.inflight.add(rid)
         pixels = images.after(start) if images else []
-        prefill.link.put(PrefillRequest(rid, history[start:], history, start, decode.address, pending.sampling[0],
-                                        job.max_tokens, stops, keep, state, every, self.kv_type, delta,
-                                        pixels or None, images.image_token if images else -1))
+        req = PrefillRequest(rid, history[start:], history, start, decode.address, pending.sampling[0], job.max_tokens,
+                             stops, keep, None if plan.held else state, every, self.kv_type, delta, pixels or None,
+                             images.image_token if images else -1, plan.held, plan.hold)
+        self.placement.send(plan.worker, req, state)
         if n > 1:
             pending.tracks, pending.sampling = tracks[1:], pending.sampling[1:]
             self.copies[rid] = pending
         return tracks
 
     def _send_copies(self, c: Copies, state: list | None, logits, rope_delta: int = 0) -> None:
-        c.send(state, logits, self.kv_type, lambda wid: getattr(self.registry.workers.get(wid), "link", None),
-               lambda rid: rid in self.tracks, rope_delta)
+        sent = c.send(state, logits, self.kv_type, lambda wid: getattr(self.registry.workers.get(wid), "link", None),
+                      lambda rid: rid in self.tracks, rope_delta)
+        self.metrics.state_bytes_sent.labels("decode").inc(sent * state_bytes(state))
 
     def _fail_copies(self, rid: str, why: str) -> None:
         if rid in self.copies:
@@ -170,6 +174,7 @@ class Dispatcher:
 
     def forget(self, rid: str) -> None:
         track = self.tracks.pop(rid, None)
+        self.placement.done(rid, False)
         for key in [k for k, c in self.copies.items() if k not in self.tracks
                     and not any(t.rid in self.tracks for t in c.tracks)]:
             del self.copies[key]
@@ -194,9 +199,15 @@ class Dispatcher:
             return
         if isinstance(msg, Snapshot):
             self._store(track, track.prompt, msg, "prefill")
+            if track.hold:
+                self.placement.held_by(track.prefill, track.prompt, msg.pos)
+            return
+        if isinstance(msg, NotHeld):           # its worker is gone when nothing is resent: its requests fail
+            self.placement.resend(self.registry.workers.get(track.prefill), msg.rid)
             return
         if isinstance(msg, (PrefillDone, Failed)):
             self._fail_copies(msg.rid, msg.error if isinstance(msg, Failed) else "the prefill sent no state to copy")
+            self.placement.done(msg.rid, isinstance(msg, PrefillDone))
         if isinstance(msg, PrefillDone):
             w = self.registry.workers.get(track.prefill)
             if w is not None:
@@ -206,6 +217,8 @@ class Dispatcher:
         elif isinstance(msg, Finished):
             if msg.state is not None and msg.logits is not None:
                 self._store(track, track.prompt + tuple(track.generated), msg, "decode")
+                if track.hold and track.prefill:        # decode sent it to the prefill worker too
+                    self.placement.held_by(track.prefill, track.prompt + tuple(track.generated), msg.pos)
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return
@@ -223,47 +236,13 @@ class Dispatcher:
         self._orphans.add(msg.rid)
         w.link.put(Cancel(msg.rid, "the router holds no such request"))
 
-    def _refuse(self, msg: Hello | Heartbeat, reason: str, why: str) -> None:
-        self.metrics.protocol_error(reason)
-        self._refusals("refused a %s of %.40r worker %.40r at %.120r: %s", type(msg).__name__, msg.role,
-                       msg.worker_id, msg.address, why)
-
     def _hello(self, msg: Hello | Heartbeat) -> None:
-        if not matches(msg.token, self.token):
-            self._refuse(msg, "unauthorized", "wrong or missing worker token (--worker-token, FERMIUM_WORKER_TOKEN)")
-            return
-        try:
-            check_same_kv_type(msg.kv_type, self.kv_type, f"this {msg.role:.20} worker", "the router")
-        except ValueError as e:
-            self._refuse(msg, "invalid", str(e))
-            if isinstance(msg, Hello):         # it has the token: tell it why, so its start fails saying so
-                self._refusal_ack(msg, str(e))
-            return
-        if isinstance(msg, Heartbeat) and self.registry.heartbeat(msg.worker_id, msg.running, msg.waiting):
-            return
-        if msg.worker_id in self.registry.workers:    # a repeated Hello: the ack may have crossed it
-            self.registry.workers[msg.worker_id].link.put(HelloAck(msg.rid, msg.worker_id, True, ""))
-            return
-        try:
-            replaced = self.registry.register(msg.worker_id, msg.role, msg.address, msg.capacity, msg.model)
-        except ValueError as e:
-            self._refuse(msg, "invalid", str(e))
+        replaced = self.enrolment.admit(msg, self._loop)
+        if replaced is None:
             return
         for w in replaced:
             self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} was restarted")
-        w = self.registry.workers[msg.worker_id]
-        if isinstance(msg, Hello):
-            w.link.put(HelloAck(msg.rid, msg.worker_id, True, ""))
-        log.info("%s worker %s attached at %s", msg.role, msg.worker_id, msg.address)
         self._gauges()
-
-    def _refusal_ack(self, msg: Hello, why: str) -> None:
-        try:
-            link = push_queue(msg.address, name=f"router->{msg.address} (refused)")
-        except OSError:                        # an in-process address that nothing holds
-            return
-        link.put(HelloAck(msg.rid, msg.worker_id, False, why))
-        self._loop.call_later(REFUSAL_LINGER_S, link.close)
 
     def _rejected(self, err: ProtocolError) -> None:
         if err.rid in self.tracks:             # the inbox has logged it, at a bounded rate

@@ -5,6 +5,7 @@ pass without a heartbeat (`reap`, the fallback when a host vanishes without clos
 connections). A dead worker is removed, and the caller must fail the requests it held. A worker
 that comes back (a new worker id at the same address) replaces the old entry. At most
 `max_per_role` workers of a role are held, so registrations cannot grow it without bound.
+Hello and Heartbeat report a worker's batch `slots` and `hold_budget` (placement.py places by them).
 """
 from __future__ import annotations
 
@@ -31,10 +32,17 @@ class Worker:
     last_seen: float
     reported: tuple[int, int] = (0, 0)  # (running, waiting) from the last heartbeat
     inflight: set[str] = field(default_factory=set)
+    slots: int = 0                     # sequences one decode step advances; 0: not reported
+    hold_budget: int = 0               # bytes of states a prefill worker keeps; 0: none
 
     @property
     def load(self) -> float:
         return max(len(self.inflight), sum(self.reported)) / max(1, self.capacity)
+
+    @property
+    def free_slots(self) -> int | None:
+        """Batch slots free now, counting what was sent since the last heartbeat; None: unknown."""
+        return self.slots - max(len(self.inflight), sum(self.reported)) if self.slots else None
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,8 @@ class WorkerRegistry:
         self.workers: dict[str, Worker] = {}
         self.lost: dict[str, Lost] = {}
 
-    def register(self, worker_id: str, role: str, address: str, capacity: int, model: str) -> list[Worker]:
+    def register(self, worker_id: str, role: str, address: str, capacity: int, model: str, slots: int = 0,
+                 hold_budget: int = 0) -> list[Worker]:
         """Add a worker; returns the entries it replaces (same address: a restart).
 
         Raises ValueError for an unknown role and RegistryFull when the role has its maximum,
@@ -73,21 +82,27 @@ class WorkerRegistry:
         for w in replaced:
             self._drop(w)
         self.workers[worker_id] = Worker(worker_id, role, address, capacity, model,
-                                         self._connect(address), self._clock())
+                                         self._connect(address), self._clock(), slots=max(0, slots),
+                                         hold_budget=max(0, hold_budget))
         self.lost.pop(role, None)
         return replaced
 
-    def heartbeat(self, worker_id: str, running: int, waiting: int) -> bool:
+    def heartbeat(self, worker_id: str, running: int, waiting: int, slots: int = 0, hold_budget: int = 0) -> bool:
         """False when the worker is unknown (it must register)."""
         w = self.workers.get(worker_id)
         if w is None:
             return False
         w.last_seen, w.reported = self._clock(), (running, waiting)
+        w.slots, w.hold_budget = max(0, slots), max(0, hold_budget)
         return True
 
     def pick(self, role: str) -> Worker | None:
-        """The least-loaded live worker of a role."""
+        """A live worker of a role: for decode, the one with the most free batch slots (ties: the
+        least loaded), by load alone while any has not reported its slots; otherwise the least
+        loaded. Prefill workers are placed by the states they hold too (placement.py)."""
         live = [w for w in self.workers.values() if w.role == role]
+        if role == "decode" and all(w.free_slots is not None for w in live):
+            return min(live, key=lambda w: (-w.free_slots, w.load, len(w.inflight)), default=None)
         return min(live, key=lambda w: (w.load, len(w.inflight)), default=None)
 
     def reap(self) -> list[Worker]:
