@@ -7,17 +7,18 @@ Tokens of a request the router no longer holds are answered once with Cancel, so
 not decode for nobody.
 
 Messages arrive on the inbox's IO thread and are handed to the event loop, where everything here
-runs, so no lock is needed. Each request gets a Track whose `events` queue receives PrefillDone,
-Tokens, Finished or Failed messages, in order; `n` > 1 choices get n Tracks that share one
-prefill (copies.py). `PrefixCache.lookup(ids)` (prefix_cache.py) is the one place a prefix is
-looked up before prefill, and `store_state()` takes the final state and logits that decode
-returns when `wants_final_state`. Which prefill worker runs a prompt, and whether the request
-names a state that worker holds instead of carrying it, placement.py decides.
+runs, so no lock is needed (registrations through a queue of their own). Each request gets a Track
+whose `events` queue receives PrefillDone, Tokens, Finished or Failed messages, in order; `n` > 1
+choices get n Tracks that share one prefill (copies.py). `PrefixCache.lookup(ids)` (prefix_cache.py)
+is the one place a prefix is looked up before prefill, and `store_state()` takes the final state
+and logits that decode returns when `wants_final_state`. Which prefill worker runs a prompt, and
+whether the request names a state that worker holds instead of carrying it, placement.py decides.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -43,6 +44,7 @@ from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry
 log = logging.getLogger("fermium.router")
 
 REAP_INTERVAL_S = 0.25
+ENROL_SLICE_S = 0.005          # the loop serves other work at least this often through a flood of Hellos
 
 
 class NoWorkers(Exception):
@@ -75,6 +77,8 @@ class Dispatcher:
         self.copies: dict[str, Copies] = {}     # rid of a copy 0 -> the copies waiting for its prefill
         self.inbox: PullQueue | None = None
         self._reaper: asyncio.Task | None = None
+        self._joining: asyncio.Queue = asyncio.Queue()     # Hellos and Heartbeats, for _enrol_forever
+        self._enroller: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.enrolment = Enrolment(self.registry, metrics, self.token, kv_type)
         self._orphans = CancelledIds()
@@ -94,15 +98,17 @@ class Dispatcher:
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         self.inbox = pull_queue(self.address, name="router",
-                               on_message=lambda m: loop.call_soon_threadsafe(self._handle, m),
+                               on_message=lambda m: loop.call_soon_threadsafe(self._arrived, m),
                                on_error=lambda e: loop.call_soon_threadsafe(self._rejected, e),
                                limits=self.limits, errors=self.metrics.protocol_error)
         self._reaper = asyncio.create_task(self._reap_forever())
+        self._enroller = asyncio.create_task(self._enrol_forever())
         log.info("router: workers register at %s", self.inbox.address)
 
     async def close(self) -> None:
-        if self._reaper:
-            self._reaper.cancel()
+        for task in (self._reaper, self._enroller):
+            if task:
+                task.cancel()
         if self.inbox:
             self.inbox.close()
         self.registry.close()
@@ -186,10 +192,25 @@ class Dispatcher:
                 w.inflight.discard(rid)
 
     # ---- replies (on the event loop)
-    def _handle(self, msg: Message) -> None:
+    def _arrived(self, msg: Message) -> None:
         if isinstance(msg, (Hello, Heartbeat)):
-            self._hello(msg)
-            return
+            self._joining.put_nowait(msg)
+        else:
+            self._handle(msg)
+
+    async def _enrol_forever(self) -> None:       # each connects a socket: a flood must not stall requests
+        while True:
+            msg, start = await self._joining.get(), time.monotonic()
+            while msg is not None:
+                try:
+                    self._hello(msg)
+                except Exception:                  # one bad registration never stops the others
+                    log.exception("router: registering a worker failed")
+                more = not self._joining.empty() and time.monotonic() - start < ENROL_SLICE_S
+                msg = self._joining.get_nowait() if more else None
+            await asyncio.sleep(0)
+
+    def _handle(self, msg: Message) -> None:
         if isinstance(msg, Snapshot) and msg.rid in self.copies and msg.pos == len(self.copies[msg.rid].history):
             self._send_copies(self.copies.pop(msg.rid), msg.state, msg.logits, msg.rope_delta)
         track = self.tracks.get(msg.rid)
