@@ -28,6 +28,7 @@ from native import cpu_lib
 from native.cpu_lib import ffi, lib
 from native.cpu_repack import REPACK_LAYOUTS, open_cache, source_ranges
 from native.cpu_speculative import SpeculativeMethods
+from native.cpu_tables import pointer, same_start, table
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1) (without max_context)
 # prompt tokens per native prefill chunk. Each weight is read once per chunk; at 8 experts a token,
@@ -167,7 +168,7 @@ class CpuRunner(SpeculativeMethods):
         base = a.base
         if (isinstance(base, np.ndarray) and base.ndim == 3 and base.shape[1:] == a.shape[1:]
                 and base.shape[0] >= pos + rows and base.dtype == dtype and base.flags.c_contiguous
-                and base.flags.writeable and base.ctypes.data == a.ctypes.data):
+                and base.flags.writeable and same_start(base, a)):
             return base
         if self.max_context >= pos + rows:
             grown = self.max_context    # the whole context at once: its pages are touched only as rows are written
@@ -182,8 +183,7 @@ class CpuRunner(SpeculativeMethods):
         s.ssm = [self._writable(a) for a in s.ssm]
         kbufs = [self._kv_room(a, s.pos, rows) for a in s.k]
         vbufs = [self._kv_room(a, s.pos, rows) for a in s.v]
-        lists = [ffi.new(f"{ctype} *[]", [ffi.cast(f"{ctype} *", a.ctypes.data) for a in arrays] or 1)
-                 for ctype, arrays in (("float", s.conv), ("float", s.ssm), ("void", kbufs), ("void", vbufs))]
+        lists = [table("float", s.conv), table("float", s.ssm), table("void", kbufs), table("void", vbufs)]
         keep += lists
         seq.pos, seq.rope_delta = s.pos, s.rope_delta
         seq.conv, seq.ssm, seq.k, seq.v = lists
@@ -195,6 +195,13 @@ class CpuRunner(SpeculativeMethods):
         s.pos += rows
         s.k = [buf[:s.pos] for buf in kbufs]
         s.v = [buf[:s.pos] for buf in vbufs]
+
+    def _token_list(self, tokens: Sequence[int]) -> list[int]:
+        """_token_ids as Python ints, for the short lists of a decode step (no numpy round trip)."""
+        ids = [int(t) for t in tokens]
+        if ids and (min(ids) < 0 or max(ids) >= self.cfg.vocab_size):
+            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+        return ids
 
     def _token_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, np.int64)
@@ -209,16 +216,16 @@ class CpuRunner(SpeculativeMethods):
         n = len(tokens)
         if n != len(states) or n == 0:
             raise ValueError(f"decode needs one token per state, got {n} tokens for {len(states)} states")
-        ids = self._token_ids(tokens)
+        ids = self._token_list(tokens)
         for s in states:
             self._check_kv_type(s)
         keep: list = []
         seqs = ffi.new("fm_seq[]", n)
         bufs = [self._seq(s, seqs[b], keep) for b, s in enumerate(states)]
-        tok = ffi.new("int[]", [int(t) for t in ids])
+        tok = ffi.new("int[]", ids)
         logits = np.empty((n, self.cfg.vocab_size), np.float32)
         t1 = time.perf_counter()
-        if lib.fm_decode(self._engine, n, tok, seqs, ffi.cast("float *", logits.ctypes.data)) != 0:
+        if lib.fm_decode(self._engine, n, tok, seqs, pointer("float", logits)) != 0:
             raise MemoryError("native decode ran out of scratch memory")
         t2 = time.perf_counter()
         self.last_bytes = lib.fm_engine_bytes(self._engine)

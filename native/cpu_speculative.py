@@ -17,9 +17,19 @@ from common.reference.rollback import check_rollback
 from common.state import STATE_DTYPE, DraftState, RollbackSlots, SequenceState
 from native.cpu_lib import ffi, lib, repack, repack_group
 from native.cpu_repack import layouts_for
+from native.cpu_tables import pointer, table
 
 KV_GROW = 256   # rows a draft KV buffer grows by at least, as the trunk's (cpu_runner.KV_GROW)
+CACHE_LINE = 64   # bytes
 NEXTN_ROLES = ("eh_proj", "enorm", "hnorm", "shared_head_norm", "embed_tokens", "shared_head_head")
+
+
+def _line_aligned_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """A zeroed STATE_DTYPE array whose data starts at a multiple of CACHE_LINE bytes."""
+    nbytes = int(np.prod(shape)) * np.dtype(STATE_DTYPE).itemsize
+    buf = np.zeros(nbytes + CACHE_LINE, np.uint8)
+    start = -buf.ctypes.data % CACHE_LINE
+    return buf[start:start + nbytes].view(STATE_DTYPE).reshape(shape)
 
 
 class SpeculativeMethods:
@@ -35,12 +45,14 @@ class SpeculativeMethods:
         return (cfg.conv_channels, cfg.conv_kernel - 1), (cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim)
 
     def new_rollback(self, slots: int) -> RollbackSlots:
+        """Zeroed slots; each DeltaNet array starts at a cache line, so that the verify's last row
+        can stream its state into it (fm_gdn_head_to_isa)."""
         if slots < 0:
             raise ValueError(f"rollback slots must be >= 0, got {slots}")
         conv, ssm = self._recurrent_shapes()
         n_lin = len(self.cfg.linear_layers)
         return RollbackSlots(conv=[[np.zeros(conv, STATE_DTYPE) for _ in range(n_lin)] for _ in range(slots)],
-                             ssm=[[np.zeros(ssm, STATE_DTYPE) for _ in range(n_lin)] for _ in range(slots)])
+                             ssm=[[_line_aligned_zeros(ssm) for _ in range(n_lin)] for _ in range(slots)])
 
     def rollback_bytes(self, slots: int) -> int:
         conv, ssm = self._recurrent_shapes()
@@ -58,10 +70,11 @@ class SpeculativeMethods:
         return 2 * int(np.prod(shape)) * kv_dtype(self.kv_type).itemsize
 
     # ---- verify and keep
-    def _slot_arrays(self, arrays: list[np.ndarray], shape: tuple[int, ...], what: str) -> list[np.ndarray]:
+    def _slot_arrays(self, arrays: list[np.ndarray], shape: tuple[int, ...], what: str,
+                     n_lin: int) -> list[np.ndarray]:
         """The slot's arrays as the C step writes them: float32, C order, writable, the state's shape."""
-        if len(arrays) != len(self.cfg.linear_layers):
-            raise ValueError(f"a rollback slot's {what} needs {len(self.cfg.linear_layers)} arrays, got {len(arrays)}")
+        if len(arrays) != n_lin:
+            raise ValueError(f"a rollback slot's {what} needs {n_lin} arrays, got {len(arrays)}")
         for a in arrays:
             if a.shape != shape:
                 raise ValueError(f"a rollback slot's {what} array is {list(a.shape)}, the model needs {list(shape)}")
@@ -76,20 +89,19 @@ class SpeculativeMethods:
         runs = [len(t) for t in tokens]
         for b, (n, slots) in enumerate(zip(runs, rollbacks)):
             check_rollback(slots, n, b)
-        ids = self._token_ids([t for seq in tokens for t in seq])
+        ids = self._token_list([t for seq in tokens for t in seq])
         for s in states:
             self._check_kv_type(s)
         conv_shape, ssm_shape = self._recurrent_shapes()
-        R, keep = int(ids.size), []
+        R, keep, n_lin = len(ids), [], len(self.cfg.linear_layers)
         rows = ffi.new("fm_seq[]", R)
         bufs, r = [], 0
         for n, s, slots in zip(runs, states, rollbacks):
             bufs.append(self._seq(s, rows[r], keep, rows=n))
             for j in range(1, n):
-                slots.conv[j - 1] = self._slot_arrays(slots.conv[j - 1], conv_shape, "conv")
-                slots.ssm[j - 1] = self._slot_arrays(slots.ssm[j - 1], ssm_shape, "ssm")
-                lists = [ffi.new("float *[]", [ffi.cast("float *", a.ctypes.data) for a in arrays] or 1)
-                         for arrays in (slots.conv[j - 1], slots.ssm[j - 1])]
+                conv = slots.conv[j - 1] = self._slot_arrays(slots.conv[j - 1], conv_shape, "conv", n_lin)
+                ssm = slots.ssm[j - 1] = self._slot_arrays(slots.ssm[j - 1], ssm_shape, "ssm", n_lin)
+                lists = [table("float", conv), table("float", ssm)]
                 keep += lists
                 row = rows[r + j]
                 row.pos, row.k, row.v, row.rope_delta = s.pos + j, rows[r].k, rows[r].v, s.rope_delta
@@ -97,8 +109,8 @@ class SpeculativeMethods:
             r += n
         logits = np.empty((R, self.cfg.vocab_size), np.float32)
         hidden = np.empty((R, self.cfg.hidden_size), np.float32)
-        err = lib.fm_verify(self._engine, len(runs), ffi.new("int[]", runs), ffi.new("int[]", [int(t) for t in ids]),
-                            rows, ffi.cast("float *", logits.ctypes.data), ffi.cast("float *", hidden.ctypes.data))
+        err = lib.fm_verify(self._engine, len(runs), ffi.new("int[]", runs), ffi.new("int[]", ids), rows,
+                            pointer("float", logits), pointer("float", hidden))
         if err != 0:
             raise MemoryError("native verify ran out of scratch memory")
         self.last_bytes = lib.fm_engine_bytes(self._engine)
@@ -206,14 +218,18 @@ class SpeculativeMethods:
         engine = self._mtp_engine()
         if len(tokens) != len(dstates):
             raise ValueError("draft: tokens and draft states differ in length")
-        ids = self._token_ids([t for seq in tokens for t in seq])
-        R, H = int(ids.size), self.cfg.hidden_size
+        ids = self._token_list([t for seq in tokens for t in seq])
+        R, H = len(ids), self.cfg.hidden_size
         hidden = np.ascontiguousarray(hidden, np.float32)
         if hidden.shape != (R, H):
             raise ValueError(f"draft: hidden is {list(hidden.shape)}, the rows need [{R}, {H}]")
         vocab = self.cfg.vocab_size if self._draft_vocab is None else self._draft_vocab[1].size
-        last = np.cumsum([len(seq) for seq in tokens])[[bool(seq) for seq in tokens]] - 1
-        out = last.size if last_only else R
+        last, end = [], 0          # each sequence's last row, those with rows
+        for seq in tokens:
+            end += len(seq)
+            if seq:
+                last.append(end - 1)
+        out = len(last) if last_only else R
         logits = np.empty((out, vocab), np.float32)
         hidden_out = np.empty((out, H), np.float32)
         if R == 0:
@@ -224,16 +240,15 @@ class SpeculativeMethods:
             if not seq:
                 continue
             d.k, d.v = self._draft_room(d.k, d.pos, len(seq)), self._draft_room(d.v, d.pos, len(seq))
-            k, v = (ffi.new("void *[]", [ffi.cast("void *", a.ctypes.data)]) for a in (d.k, d.v))
+            k, v = table("void", [d.k]), table("void", [d.v])
             keep += [k, v]
             for j in range(len(seq)):
                 rows[r + j].pos, rows[r + j].k, rows[r + j].v = d.pos + j, k, v
                 rows[r + j].conv = rows[r + j].ssm = empty
             r += len(seq)
-        out_rows = ffi.new("int[]", [int(i) for i in last]) if last_only else ffi.NULL
-        err = lib.fm_draft(engine, R, ffi.new("int[]", [int(t) for t in ids]), ffi.cast("float *", hidden.ctypes.data),
-                           rows, out, out_rows, ffi.cast("float *", logits.ctypes.data),
-                           ffi.cast("float *", hidden_out.ctypes.data))
+        out_rows = ffi.new("int[]", last) if last_only else ffi.NULL
+        err = lib.fm_draft(engine, R, ffi.new("int[]", ids), pointer("float", hidden), rows, out, out_rows,
+                           pointer("float", logits), pointer("float", hidden_out))
         if err != 0:
             raise MemoryError("native draft step ran out of scratch memory")
         for seq, d in zip(tokens, dstates):

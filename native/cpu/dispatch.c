@@ -137,7 +137,7 @@ fm_vec_dot_r_fn fm_dotr_for(int isa, int kind) {
 
 void fm_gdn_head(FM_GDN_ARGS) {
     if (!active) fm_isa_active();
-    active->gdn(S, q, k, v, decay, beta, o, dk, dv);
+    active->gdn(S0, S, q, k, v, decay, beta, o, dk, dv, stream);
 }
 
 void fm_conv_update(FM_CONV_ARGS) {
@@ -169,8 +169,13 @@ int fm_conv_update_isa(int isa, float *state, const float *w, const float *x, fl
 
 int fm_gdn_head_isa(int isa, float *S, const float *q, const float *k, const float *v, float decay, float beta,
                     float *o, int dk, int dv) {
+    return fm_gdn_head_to_isa(isa, S, S, q, k, v, decay, beta, o, dk, dv, 0);
+}
+
+int fm_gdn_head_to_isa(int isa, const float *S0, float *S, const float *q, const float *k, const float *v,
+                       float decay, float beta, float *o, int dk, int dv, int stream) {
     if (!fm_isa_supported(isa)) return -1;
-    ISA_ROWS[isa].gdn(S, q, k, v, decay, beta, o, dk, dv);
+    ISA_ROWS[isa].gdn(S0, S, q, k, v, decay, beta, o, dk, dv, stream);
     return 0;
 }
 

@@ -53,6 +53,10 @@ int fm_vec_dot_rows(int isa, int type, int n, const void *w, size_t row_bytes, i
 // delta rule with key k, value v; o = S^T q. -1 where the ISA is not on this CPU
 int fm_gdn_head_isa(int isa, float *S, const float *q, const float *k, const float *v, float decay, float beta,
                     float *o, int dk, int dv);
+// the same from the state S0 into S (S0 itself, or another buffer); stream: S written with
+// non-temporal stores where it is aligned to the ISA's vectors
+int fm_gdn_head_to_isa(int isa, const float *S0, float *S, const float *q, const float *k, const float *v,
+                       float decay, float beta, float *o, int dk, int dv, int stream);
 // the conv update of C channels (kernel K) through ISA `isa`'s sibling: out = SiLU of the taps
 // over [state | x], and state (C, K-1) shifts in x. -1 where the ISA is not on this CPU
 int fm_conv_update_isa(int isa, float *state, const float *w, const float *x, float *out, int C, int K);

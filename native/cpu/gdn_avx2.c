@@ -5,12 +5,12 @@
 #include <string.h>
 #include "quants.h"
 #include "vec_avx2.h"
+#include "ops.h"
 #include "gdn_body.h"
 #include "conv_body.h"
 
-void fm_gdn_head_avx2(float *S, const float *q, const float *k, const float *v, float decay, float beta,
-                      float *o, int dk, int dv) {
-    gdn_head(S, q, k, v, decay, beta, o, dk, dv);
+void fm_gdn_head_avx2(FM_GDN_ARGS) {
+    gdn_head(S0, S, q, k, v, decay, beta, o, dk, dv, stream);
 }
 
 void fm_conv_update_avx2(FM_CONV_ARGS) {

@@ -4,12 +4,12 @@
 #include <stddef.h>
 #include <string.h>
 #include "vec_sse.h"
+#include "ops.h"
 #include "gdn_body.h"
 #include "conv_body.h"
 
-void fm_gdn_head_ssse3(float *S, const float *q, const float *k, const float *v, float decay, float beta,
-                       float *o, int dk, int dv) {
-    gdn_head(S, q, k, v, decay, beta, o, dk, dv);
+void fm_gdn_head_ssse3(FM_GDN_ARGS) {
+    gdn_head(S0, S, q, k, v, decay, beta, o, dk, dv, stream);
 }
 
 void fm_conv_update_ssse3(FM_CONV_ARGS) {

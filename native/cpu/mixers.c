@@ -78,8 +78,9 @@ static void gdn_gates(const fm_engine *e, const fm_layer *L, int b, int p, float
     *beta = fm_sigmoid(bt);
 }
 
-// the delta rule and gated norm of value head p of row b
-static void gdn_run(const layer_ctx *c, int b, int p) {
+// the delta rule and gated norm of value head p of row b, from the state S0 of the head
+// (stream: its new state is one that nothing reads again this step)
+static void gdn_run(const layer_ctx *c, int b, int p, const float *S0, int stream) {
     const fm_model *m = c->e->m;
     const int nv = m->n_v_heads, dk = m->head_k_dim, dv = m->head_v_dim, nk = m->n_k_heads;
     const int kh = m->v_tiled ? p % nk : p / (nv / nk);
@@ -88,15 +89,17 @@ static void gdn_run(const layer_ctx *c, int b, int p) {
     float *o = c->e->core + (size_t)b * nv * dv + (size_t)p * dv;
     float decay, beta;
     gdn_gates(c->e, c->L, b, p, &decay, &beta);
-    fm_gdn_head(c->seqs[b].ssm[c->li] + (size_t)p * dk * dv, co + (size_t)kh * dk, co + (size_t)(nk + kh) * dk,
-                co + 2 * (size_t)nk * dk + (size_t)p * dv, decay, beta, o, dk, dv);
+    fm_gdn_head(S0, c->seqs[b].ssm[c->li] + (size_t)p * dk * dv, co + (size_t)kh * dk, co + (size_t)(nk + kh) * dk,
+                co + 2 * (size_t)nk * dk + (size_t)p * dv, decay, beta, o, dk, dv, stream);
     // gated norm: rmsnorm(o) * w * silu(z)
     const float *z = c->e->p_z + (size_t)b * nv * dv + (size_t)p * dv;
     fm_rmsnorm(o, c->L->ssm_norm, o, dv, m->rms_eps);
     fm_mul_silu(o, z, dv);
 }
 
-// (run, head): the run's rows in order; a head's state stays in cache from row to row
+// (run, head): the run's rows in order; a head's state stays in cache from row to row. A verify
+// row with its own state buffer (a rollback slot) updates from the row before it into that
+// buffer; the run's last such row streams its state past the caches, as no row reads it after
 static void gdn_task(void *arg, int task, int thread) {
     (void)thread;
     const layer_ctx *c = arg;
@@ -106,9 +109,9 @@ static void gdn_task(void *arg, int task, int thread) {
     int b0, b1;
     eng_run_span(c->e, c->n, task / m->n_v_heads, &b0, &b1);
     for (int b = b0; b < b1; b++) {
-        if (b > b0 && own_state(c->seqs[b].ssm, c->seqs[b - 1].ssm, c->li))
-            memcpy(c->seqs[b].ssm[c->li] + p * head, c->seqs[b - 1].ssm[c->li] + p * head, sizeof(float) * head);
-        gdn_run(c, b, p);
+        const int own = b > b0 && own_state(c->seqs[b].ssm, c->seqs[b - 1].ssm, c->li);
+        const float *S0 = (own ? c->seqs[b - 1].ssm[c->li] : c->seqs[b].ssm[c->li]) + p * head;
+        gdn_run(c, b, p, S0, own && b == b1 - 1);
     }
 }
 

@@ -41,23 +41,24 @@ void fm_mul_sigmoid(float *o, const float *g, int n) {
     for (int i = 0; i < n; i++) o[i] *= fm_sigmoid(g[i]);
 }
 
-void fm_gdn_head_generic(float *S, const float *q, const float *k, const float *v, float decay, float beta,
-                         float *o, int dk, int dv) {
+void fm_gdn_head_generic(FM_GDN_ARGS) {
+    (void)stream;   // plain stores: the reference sibling
     float mem[dv], delta[dv];
     memset(mem, 0, sizeof mem);
-    for (int i = 0; i < dk; i++) {          // mem = S^T k, so (decay S)^T k = decay mem
-        const float *row = S + (size_t)i * dv;
+    for (int i = 0; i < dk; i++) {          // mem = S0^T k, so (decay S0)^T k = decay mem
+        const float *row = S0 + (size_t)i * dv;
         for (int j = 0; j < dv; j++) mem[j] += row[j] * k[i];
     }
     for (int j = 0; j < dv; j++) {
         delta[j] = beta * (v[j] - decay * mem[j]);
         o[j] = 0.0f;
     }
-    for (int i = 0; i < dk; i++) {          // S = decay S + k delta^T ; o = S^T q
+    for (int i = 0; i < dk; i++) {          // S = decay S0 + k delta^T ; o = S^T q
+        const float *row0 = S0 + (size_t)i * dv;
         float *row = S + (size_t)i * dv;
         const float ki = k[i], qi = q[i];
         for (int j = 0; j < dv; j++) {
-            row[j] = decay * row[j] + ki * delta[j];
+            row[j] = decay * row0[j] + ki * delta[j];
             o[j] += row[j] * qi;
         }
     }

@@ -43,10 +43,12 @@ void fm_conv_update_generic(FM_CONV_ARGS);
 void fm_conv_update_ssse3(FM_CONV_ARGS);
 void fm_conv_update_avx2(FM_CONV_ARGS);
 typedef void (*fm_conv_fn)(FM_CONV_ARGS);
-// one Gated DeltaNet value head: S (dk, dv) decays, takes the delta rule, o = S^T q; through
-// the active ISA's sibling (gdn_body.h)
-#define FM_GDN_ARGS float *S, const float *q, const float *k, const float *v, float decay, float beta, \
-                    float *o, int dk, int dv
+// one Gated DeltaNet value head: the state S0 (dk, dv) decays, takes the delta rule and lands in
+// S (S0 itself, or another buffer, as a verify row's rollback slot), o = S^T q; through the active
+// ISA's sibling (gdn_body.h). stream: S is written with non-temporal stores (a state that nothing
+// reads again this step), where it is aligned to the vector width
+#define FM_GDN_ARGS const float *S0, float *S, const float *q, const float *k, const float *v, float decay, \
+                    float beta, float *o, int dk, int dv, int stream
 void fm_gdn_head(FM_GDN_ARGS);
 void fm_gdn_head_generic(FM_GDN_ARGS);
 void fm_gdn_head_ssse3(FM_GDN_ARGS);

@@ -65,11 +65,10 @@ INLINE void q6_Kp_rows(int n, const uint8_t *w, size_t row_bytes, const int nr, 
                                                  _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)y->bsums)), 5));
             _Pragma("GCC unroll 4")
             for (int r = 0; r < nr; r++) {
-                // two chains of two, not one of four: the sums wait on fewer multiplies in a row
-                const __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r][2], LOAD(y->qs + 128)),
-                                                      q[r][3], LOAD(y->qs + 192));
-                const __m512i s = _mm512_add_epi32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(off, q[r][0], LOAD(y->qs)),
-                                                                       q[r][1], LOAD(y->qs + 64)), t);
+                // one chain of four: the other (row, activation) pairs fill its latency, where two
+                // chains cost an add more per pair, which a head of two or more rows is bound by
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(
+                    off, q[r][0], LOAD(y->qs)), q[r][1], LOAD(y->qs + 64)), q[r][2], LOAD(y->qs + 128)), q[r][3], LOAD(y->qs + 192));
                 acc[r][i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), scale[r]), _mm512_set1_ps(y->d), acc[r][i]);
             }
         }

@@ -9,6 +9,7 @@
 #define VW 8
 #define VLOAD _mm256_loadu_ps
 #define VSTORE _mm256_storeu_ps
+#define VSTREAM _mm256_stream_ps   // non-temporal, to a VW-float aligned address
 #define VSET1 _mm256_set1_ps
 #define VZERO _mm256_setzero_ps()
 #define VADD _mm256_add_ps

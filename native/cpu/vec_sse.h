@@ -10,6 +10,7 @@
 #define VW 4
 #define VLOAD _mm_loadu_ps
 #define VSTORE _mm_storeu_ps
+#define VSTREAM _mm_stream_ps      // non-temporal, to a VW-float aligned address
 #define VSET1 _mm_set1_ps
 #define VZERO _mm_setzero_ps()
 #define VADD _mm_add_ps
