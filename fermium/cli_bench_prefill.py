@@ -17,7 +17,8 @@ def prefill_bench_command(
     layers: int = typer.Option(40, min=1, help="Layers of the synthetic model (40 is the real depth)."),
     out: Optional[Path] = typer.Option(None, help="Write the figures as JSON here."),
 ):
-    """Prompt tok/s, H2D GB/s against pinned, overlap ratio, peak device memory, C2075 estimate."""
+    """Prompt tok/s, H2D GB/s against pinned, overlap ratio, achieved TFLOP/s against the device's fp32
+    peak (SMs x fp32 lanes x 2 x clock), peak device memory, C2075 estimate."""
     from services.prefill.backends.cuda import CUDABackend
     ok, why = CUDABackend.availability()
     if not ok:

@@ -25,6 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from common.model.config import ModelConfig
 from common.model.gguf_file import Tensor
 from common.state import SequenceState
+from native.cuda.device_peak import device_peak
 from native.cuda.plan import parse_size
 from services.prefill.backends.cuda import CUDABackend
 
@@ -162,7 +163,9 @@ def main(argv=None) -> int:
     ctx = cuda.Device(0).make_context()
     pinned, pageable = pinned_bandwidth(cuda)
     ctx.pop()
+    peak = device_peak(cuda.Device(0))
     print(f"device {cuda.Device(0).name()}: H2D pinned {pinned / 1e9:.1f} GB/s, pageable {pageable / 1e9:.1f} GB/s")
+    print(peak.describe())
 
     cfg = QWEN36_35B if args.layers == 40 else ModelConfig(**{**QWEN36_35B.__dict__, "n_layers": args.layers})
     t = time.perf_counter()
@@ -180,6 +183,7 @@ def main(argv=None) -> int:
 
     results = {"device": cuda.Device(0).name(), "budget_bytes": parse_size(args.budget),
                "pinned_h2d_bytes_per_s": pinned, "pageable_h2d_bytes_per_s": pageable,
+               "fp32_peak": peak.describe(), "fp32_peak_flops": peak.flops,
                "plan": backend.plan.describe(), "model_bytes": model.nbytes, "runs": []}
     for T in args.prompts:
         before = backend.stats()
@@ -199,6 +203,7 @@ def main(argv=None) -> int:
             "peak_device_bytes_counted": after["peak_device_bytes"], "device_bytes_in_use": used,
             "state_io_s": d["state_io_seconds"], "routing_wait_s": d["routing_wait_seconds"],
             "flops": flops, "achieved_tflops": flops / d["compute_seconds"] / 1e12,
+            "peak_share": flops / d["compute_seconds"] / peak.flops,
             "logits_finite": bool(np.isfinite(logits).all()),
             "c2075_copy_s": d["h2d_bytes"] / C2075_PCIE, "c2075_compute_s": flops / C2075_FLOPS,
         }
@@ -207,7 +212,8 @@ def main(argv=None) -> int:
         print(f"{T:5d} tokens: {run['wall_s']:.3f} s = {run['tok_per_s']:.0f} tok/s | "
               f"H2D {d['h2d_bytes'] / 1e9:.2f} GB in {d['copy_seconds']:.3f} s = {run['h2d_gb_per_s']:.1f} GB/s "
               f"({100 * run['h2d_vs_pinned']:.0f}% of pinned) | "
-              f"compute {d['compute_seconds']:.3f} s ({run['achieved_tflops']:.1f} TFLOP/s) | "
+              f"compute {d['compute_seconds']:.3f} s ({run['achieved_tflops']:.1f} TFLOP/s, "
+              f"{100 * run['peak_share']:.0f}% of fp32 peak) | "
               f"overlap {run['overlap_ratio']:.2f} (state I/O {d['state_io_seconds']:.3f} s, routing wait "
               f"{d['routing_wait_seconds']:.3f} s) | peak {run['peak_device_bytes_counted'] / 2**30:.2f} GiB counted, "
               f"{used / 2**30:.2f} GiB in use | C2075 est. {run['c2075_estimate_s']:.1f} s "

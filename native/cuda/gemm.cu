@@ -1,119 +1,177 @@
 // gemm.cu: Y[rows, N] (+)= X[rows, K] . W[N, K]^T with W kept in its GGUF blocks.
-// One kernel per weight type and tile shape, all sharing one body and one signature. Work comes
+// One kernel per weight type, all sharing one body and one signature. Work comes
 // as tiles of at most BM rows: {group, row0, nrows, unused}. A group selects a weight matrix (an
 // expert) through `woff`; dense layers use one group. X rows may be gathered through `xrows`
 // (tokens routed to an expert); Y rows are written at row0.. in tile order.
 // Not here: tensor cores, half arithmetic, shuffles. fp32 accumulation in registers.
+//
+// Each block computes BM x BN outputs with 256 threads, 8 rows x 4 columns per thread (32
+// accumulators, which leaves room under Fermi's 63 registers). K advances 8 at a time through
+// two shared-memory stages: the raw words of the next tile (8 quantized weights of one W row,
+// or a float4 of X) are loaded into registers before the current tile is computed, then
+// decoded into the other stage, so each weight is dequantized once per block and one barrier
+// separates the tiles. Fragments are read as float4: 3 shared loads per 32 FMAs. The k loop of a
+// tile stays rolled: unrolled, the compiler hoists fragment loads past the register cap. A warp
+// computes 16 rows, and skips its FMAs when all of them lie past the tile's rows (experts' last
+// tiles are partly empty).
+// Register use (ptxas -v, sm_75, -maxrregcount=63) is in docs/performance.md.
 #include "quant.cuh"
 
-#define GEMM_BK 32
-#define GEMM_PAD 4
 #define GEMM_THREADS 256
+#define GEMM_TM 8                                        // rows per thread
+#define GEMM_TN 4                                        // columns per thread
+#define GEMM_XPAD 4                                      // X tile row padding: conflict-free stores, float4 reads
 
-// BM x BN outputs per block, a 4 x 4 block of them per thread: (BM / 4) * (BN / 4) == 256.
-// 64 x 64 for dense layers; 32 x 128 for experts that see few tokens each (less padding).
-template <void (*DQ)(const unsigned char*, int, float*), int BM, int BN>
+// acc[8][4] += the thread's rows of one X tile times its columns of one W tile (both k-major):
+// x points at its first row's X values, w at its first column's W values, both at k = 0
+template <int BM, int BN, int BK>
+__device__ __forceinline__ void gemm_tile(float (&acc)[GEMM_TM][GEMM_TN], const float* x, const float* w)
+{
+#pragma unroll 1
+    for (int kk = 0; kk < BK; ++kk, x += BM + GEMM_XPAD, w += BN) {
+        const float4 b = *(const float4*)w;
+        const float bb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {                    // rows 0-3, then 4-7: 8 fragment registers
+            const float4 a = *(const float4*)(x + 4 * h);
+            const float aa[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < GEMM_TN; ++j) acc[4 * h + i][j] += aa[i] * bb[j];
+        }
+    }
+}
+
+// The K loop of one thread. LOADS_W: it loads the 8 weights of W row threadIdx.x per tile (wsrc
+// null past N); otherwise a float4 of X row xm from k xk (xsrc null past the tile's rows). The
+// raw words of tile k0 + BK are in flight while tile k0 is computed; they are decoded into the
+// other stage, with the scale of a span (Q4_K: 32 weights) read and decoded once, at the span's
+// first tile. Threads of a warp share one role, so both role paths meet the same barriers.
+template <class QT, int BM, int BN, int BK, bool LOADS_W>
+__device__ __forceinline__ void gemm_loop(float (&acc)[GEMM_TM][GEMM_TN], float (*xs)[BK][BM + GEMM_XPAD],
+                                          float (*ws)[BK][BN], const unsigned char* wsrc, const float* xsrc,
+                                          int xm, int xk, int tm, int tn, bool busy, int K)
+{
+    typename QT::scale sc;
+    typename QT::raw wr;
+    float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (LOADS_W && wsrc) QT::load(wsrc, 0, wr);
+    if (!LOADS_W && xsrc) xv = *(const float4*)xsrc;
+    int s = 0;
+    for (int k0 = 0;; k0 += BK) {
+        if (LOADS_W) {
+            if (wsrc) {
+                if (k0 % QT::SPAN == 0) QT::load_scale(wsrc, k0, sc);      // every warp at once
+                QT::decode(wr, sc, k0, &ws[s][0][threadIdx.x], BN);
+            } else {
+#pragma unroll
+                for (int i = 0; i < BK; ++i) ws[s][i][threadIdx.x] = 0.0f;
+            }
+        } else {
+            xs[s][xk + 0][xm] = xv.x;
+            xs[s][xk + 1][xm] = xv.y;
+            xs[s][xk + 2][xm] = xv.z;
+            xs[s][xk + 3][xm] = xv.w;
+        }
+        __syncthreads();
+        const int k1 = k0 + BK;
+        if (k1 < K) {
+            if (LOADS_W && wsrc) QT::load(wsrc, k1, wr);
+            if (!LOADS_W && xsrc) xv = *(const float4*)(xsrc + k1);
+        }
+        if (busy) gemm_tile<BM, BN, BK>(acc, &xs[s][0][tm], &ws[s][0][tn]);
+        if (k1 >= K) break;
+        s ^= 1;                 // stage s^1 was last read before the barrier above
+    }
+}
+
+template <class QT, int BM, int BN, int BK>
 __device__ __forceinline__ void gemm_body(
     const float* X, int ldx, const int* xrows,           // X: [*, K] row stride ldx; xrows: [rows] or null
     float* Y, int ldy, int accumulate,                   // Y: [*, N] row stride ldy
     const unsigned char* W, const long long* woff,       // W: [N, row_bytes] per group at W + woff[group]
     long long row_bytes, const int* tiles, int N, int K)
 {
-    __shared__ float xs[GEMM_BK][BM + GEMM_PAD];         // X tile, k-major
-    __shared__ float ws[GEMM_BK][BN + GEMM_PAD];         // dequantized W tile, k-major
-    const int WL = BN * 4 / GEMM_THREADS;                // W rows each thread loads (1 or 2)
+    static_assert((BM / GEMM_TM) * (BN / GEMM_TN) == GEMM_THREADS, "an 8 x 4 block of outputs per thread");
+    static_assert(BN + BM * BK / 4 == GEMM_THREADS && BN % 32 == 0, "W rows, then X float4s: whole warps");
+    static_assert(BM % 16 == 0 && BN % 64 == 0 && BK == 8, "warps tile 16 x 64; a W load is one tile row");
+    __shared__ __align__(16) float xs[2][BK][BM + GEMM_XPAD];   // X tiles, k-major
+    __shared__ __align__(16) float ws[2][BK][BN];        // dequantized W tiles, k-major
 
     const int tid = threadIdx.x;
     const int n0 = blockIdx.x * BN;
     const int* tile = tiles + 4 * blockIdx.y;
     const int group = tile[0], row0 = tile[1], nrows = tile[2];
-    const unsigned char* wbase = W + (woff ? woff[group] : 0);
 
-    // loader role: rows of each tile, 8 consecutive k
-    const int lr = tid >> 2, lk = (tid & 3) * 8;
+    // W loaders: the first BN threads, row tid of the tile (a warp: 32 rows)
+    const bool loads_w = tid < BN;
+    const unsigned char* wsrc = 0;
+    if (loads_w && n0 + tid < N) wsrc = W + (woff ? woff[group] : 0) + (long long)(n0 + tid) * row_bytes;
+    // X loaders: the other threads, row xm of the tile, 4 consecutive k from xk
+    const int ux = loads_w ? 0 : tid - BN;
+    const int xm = ux / (BK / 4), xk = (ux % (BK / 4)) * 4;
     const float* xsrc = 0;
-    if (lr < BM && lr < nrows) {
-        int r = row0 + lr;
-        xsrc = X + (long long)(xrows ? xrows[r] : r) * ldx;
+    if (!loads_w && xm < nrows) {
+        const int r = row0 + xm;
+        xsrc = X + (long long)(xrows ? xrows[r] : r) * ldx + xk;
     }
-    const unsigned char* wsrc[WL];
+
+    // compute role: a warp covers 16 x 64 outputs as 2 x 16 threads, so its float4 fragment loads
+    // touch 2 distinct X and 16 distinct W addresses (broadcasts, no bank conflicts)
+    const int warp = tid / 32, lane = tid % 32;
+    const int tm = (warp / (BN / 64)) * 16 + (lane / 16) * GEMM_TM;
+    const int tn = (warp % (BN / 64)) * 64 + (lane % 16) * GEMM_TN;
+    const bool busy = (warp / (BN / 64)) * 16 < nrows;   // the warp has rows in this tile
+    float acc[GEMM_TM][GEMM_TN];
 #pragma unroll
-    for (int j = 0; j < WL; ++j) {
-        int n = n0 + lr + 64 * j;
-        wsrc[j] = n < N ? wbase + (long long)n * row_bytes : 0;
-    }
-
-    // compute role: a 4 x 4 block of outputs
-    const int tm = (tid / (BN / 4)) * 4, tn = (tid % (BN / 4)) * 4;
-    float acc[4][4];
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-
-    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
-        float v[8];
-        if (lr < BM) {
-            if (xsrc) {
-                for (int i = 0; i < 8; ++i) v[i] = xsrc[k0 + lk + i];
-            } else {
-                for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-            }
-            for (int i = 0; i < 8; ++i) xs[lk + i][lr] = v[i];
-        }
+    for (int i = 0; i < GEMM_TM; ++i)
 #pragma unroll
-        for (int j = 0; j < WL; ++j) {
-            if (wsrc[j]) {
-                DQ(wsrc[j], k0 + lk, v);
-            } else {
-                for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-            }
-            for (int i = 0; i < 8; ++i) ws[lk + i][lr + 64 * j] = v[i];
-        }
-        __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < GEMM_BK; ++kk) {
-            float a[4], b[4];
-            for (int i = 0; i < 4; ++i) { a[i] = xs[kk][tm + i]; b[i] = ws[kk][tn + i]; }
-            for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
-        }
-        __syncthreads();
-    }
+        for (int j = 0; j < GEMM_TN; ++j) acc[i][j] = 0.0f;
 
-    for (int i = 0; i < 4; ++i) {
-        if (tm + i >= nrows) break;
-        float* y = Y + (long long)(row0 + tm + i) * ldy;
-        for (int j = 0; j < 4; ++j) {
-            int n = n0 + tn + j;
-            if (n < N) y[n] = accumulate ? y[n] + acc[i][j] : acc[i][j];
+    if (loads_w)
+        gemm_loop<QT, BM, BN, BK, true>(acc, xs, ws, wsrc, xsrc, xm, xk, tm, tn, busy, K);
+    else
+        gemm_loop<QT, BM, BN, BK, false>(acc, xs, ws, wsrc, xsrc, xm, xk, tm, tn, busy, K);
+
+    // the epilogue re-reads what the K loop does not need, rather than holding it in registers
+    const volatile int* vtile = tiles + 4 * blockIdx.y;
+    const int y0 = vtile[1], yn = vtile[2];
+    const int ym = (warp / (BN / 64)) * 16 + (lane / 16) * GEMM_TM;
+    const int yc = blockIdx.x * BN + (warp % (BN / 64)) * 64 + (lane % 16) * GEMM_TN;
+#pragma unroll
+    for (int i = 0; i < GEMM_TM; ++i) {
+        if (ym + i < yn) {
+            float* y = Y + (long long)(y0 + ym + i) * ldy;
+#pragma unroll
+            for (int j = 0; j < GEMM_TN; ++j) {
+                const int n = yc + j;
+                if (n < N) y[n] = accumulate ? y[n] + acc[i][j] : acc[i][j];
+            }
         }
     }
 }
 
-#define GEMM_KERNEL(name, dq, bm, bn)                                                           \
+// 64 x 128 outputs per block, 8 k per stage: W rows are loaded by warps 0-3, X by warps 4-7.
+// (A 32 x 256 shape for experts that see few tokens each was slower at every measured shape
+// once warps skip the empty rows of a tile: docs/performance.md.)
+#define GEMM_KERNEL(name, qt)                                                                   \
     extern "C" __global__ void name(                                                            \
         const float* X, int ldx, const int* xrows, float* Y, int ldy, int accumulate,           \
         const unsigned char* W, const long long* woff, long long row_bytes, const int* tiles,   \
         int N, int K)                                                                           \
     {                                                                                           \
-        gemm_body<dq, bm, bn>(X, ldx, xrows, Y, ldy, accumulate, W, woff, row_bytes, tiles, N, K); \
+        gemm_body<qt, 64, 128, 8>(X, ldx, xrows, Y, ldy, accumulate, W, woff, row_bytes, tiles, N, K); \
     }
 
-GEMM_KERNEL(gemm_f32, dq8_f32, 64, 64)
-GEMM_KERNEL(gemm_f16, dq8_f16, 64, 64)
-GEMM_KERNEL(gemm_bf16, dq8_bf16, 64, 64)
-GEMM_KERNEL(gemm_q8_0, dq8_q8_0, 64, 64)
-GEMM_KERNEL(gemm_q4_0, dq8_q4_0, 64, 64)
-GEMM_KERNEL(gemm_q4_k, dq8_q4_k, 64, 64)
-GEMM_KERNEL(gemm_q5_k, dq8_q5_k, 64, 64)
-GEMM_KERNEL(gemm_q6_k, dq8_q6_k, 64, 64)
-GEMM_KERNEL(gemm32_f32, dq8_f32, 32, 128)
-GEMM_KERNEL(gemm32_f16, dq8_f16, 32, 128)
-GEMM_KERNEL(gemm32_bf16, dq8_bf16, 32, 128)
-GEMM_KERNEL(gemm32_q8_0, dq8_q8_0, 32, 128)
-GEMM_KERNEL(gemm32_q4_0, dq8_q4_0, 32, 128)
-GEMM_KERNEL(gemm32_q4_k, dq8_q4_k, 32, 128)
-GEMM_KERNEL(gemm32_q5_k, dq8_q5_k, 32, 128)
-GEMM_KERNEL(gemm32_q6_k, dq8_q6_k, 32, 128)
+GEMM_KERNEL(gemm_f32, QT_f32)
+GEMM_KERNEL(gemm_f16, QT_f16)
+GEMM_KERNEL(gemm_bf16, QT_bf16)
+GEMM_KERNEL(gemm_q8_0, QT_q8_0)
+GEMM_KERNEL(gemm_q4_0, QT_q4_0)
+GEMM_KERNEL(gemm_q4_k, QT_q4_k)
+GEMM_KERNEL(gemm_q5_k, QT_q5_k)
+GEMM_KERNEL(gemm_q6_k, QT_q6_k)
 
 // ---------------------------------------------------------------------------- row dequantization
 // out[r, :] = W[rows ? rows[r] : r, :] as fp32, one block per row (embedding lookups)

@@ -19,17 +19,16 @@ GEMM_KERNELS: dict[Q, str] = {
     Q.Q4_0: "gemm_q4_0", Q.Q4_K: "gemm_q4_k", Q.Q5_K: "gemm_q5_k", Q.Q6_K: "gemm_q6_k",
 }
 ROWS_KERNELS: dict[Q, str] = {q: name.replace("gemm_", "rows_") for q, name in GEMM_KERNELS.items()}
-# tile rows -> (tile columns, kernel name prefix): 64 x 64 by default, 32 x 128 for sparse experts
-GEMM_SHAPES = {64: (64, "gemm_"), 32: (128, "gemm32_")}
-GEMM_BK = 32
+GEMM_BM, GEMM_BN = 64, 128   # rows per tile (a tile list entry), output columns per block
+GEMM_BK = 32            # K must be a multiple of this (the 32-element blocks; the kernels step by 8)
+GEMM_X_ALIGN = 4        # X rows are read as float4: row stride and base in multiples of 4 floats
 GDN_CHUNK, GDN_TILE, GDN_MAX_DK = 64, 32, 128
 ATT_Q, ATT_MAX_HD = 16, 256
 ROUTE_MAX_E = 1024
 
 # kernel -> pycuda prepared-call argument format (P pointer, i int32, q int64, f float32)
 SIGNATURES = {
-    **{name.replace("gemm_", prefix): "PiPPiiPPqPii" for name in GEMM_KERNELS.values()
-       for _, prefix in GEMM_SHAPES.values()},
+    **{name: "PiPPiiPPqPii" for name in GEMM_KERNELS.values()},
     **{name: "PqPPi" for name in ROWS_KERNELS.values()},
     "rms_norm": "PiiPiiPiif", "rms_norm_gated": "PPPPif", "l2_norm": "Piiiff",
     "rope_neox": "PiiiiPi", "conv1d_silu": "PPPPiii", "conv1d_state": "PPiii",
@@ -73,17 +72,18 @@ class Kernels:
     # ---- GEMM: Y[rows, N] (+)= X[rows, K] . W[N, K]^T over a tile list
     def gemm(self, stream, qtype: Q, *, x: int, ldx: int, y: int, ldy: int, w: int, row_bytes: int,
              tiles: int, n_tiles: int, N: int, K: int, xrows: int = 0, woff: int = 0,
-             accumulate: bool = False, bm: int = 64) -> None:
-        """Tiles hold at most `bm` rows each (64, or 32 for experts that see few tokens)."""
+             accumulate: bool = False) -> None:
+        """Tiles hold at most GEMM_BM rows each."""
         if qtype not in GEMM_KERNELS:
             raise KernelError(f"no GEMM kernel for {Q(qtype).name}; have "
                               f"{', '.join(q.name for q in GEMM_KERNELS)}")
         if K % GEMM_BK:
             raise KernelError(f"GEMM inner dimension {K} is not a multiple of {GEMM_BK}")
+        if ldx % GEMM_X_ALIGN or x % (4 * GEMM_X_ALIGN):
+            raise KernelError(f"GEMM X at {x:#x} with row stride {ldx}: need 16-byte rows")
         if n_tiles == 0:
             return
-        bn, prefix = GEMM_SHAPES[bm]
-        self._go(GEMM_KERNELS[qtype].replace("gemm_", prefix), (-(-N // bn), n_tiles, 1), (256, 1, 1), stream,
+        self._go(GEMM_KERNELS[qtype], (-(-N // GEMM_BN), n_tiles, 1), (256, 1, 1), stream,
                  x, ldx, xrows, y, ldy, int(accumulate), w, woff, row_bytes, tiles, N, K)
 
     def dequant_rows(self, stream, qtype: Q, w: int, row_bytes: int, rows: int, out: int, n: int, K: int):

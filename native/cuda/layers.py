@@ -14,11 +14,11 @@ import numpy as np
 
 from common.model.layers import EXPERT_ROLES
 
+from .kernels import GEMM_BM
 from .plan import EXPERT_TENSORS
 
 F32 = 4
 L2_EPS = 1e-6          # the reference's l2_norm epsilon
-SPARSE_ROWS = 48       # mean rows per routed expert below which expert GEMMs use 32-row tiles
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,6 @@ class LayerRunner:
         self.eq = {(i, t): tensors[role] for i, tensors in enumerate(self.layers)
                    for t, role in zip(EXPERT_TENSORS, EXPERT_ROLES)}
         self.T = 0
-        self.bm = 64
         self.d2h = cuda.Stream()
         self.wait_seconds = 0.0         # host blocked on routing counts
 
@@ -49,7 +48,7 @@ class LayerRunner:
     def dense(self, key: tuple[int, str], x: int, ldx: int, y: int, ldy: int, accumulate: bool = False) -> None:
         t = self.w[key]
         self.k.gemm(self.s, t.qtype, x=x, ldx=ldx, y=y, ldy=ldy, w=t.ptr, row_bytes=t.row_bytes,
-                    tiles=self.ws["keep"]["tiles"], n_tiles=-(-self.T // 64), N=t.N, K=t.K,
+                    tiles=self.ws["keep"]["tiles"], n_tiles=-(-self.T // GEMM_BM), N=t.N, K=t.K,
                     accumulate=accumulate)
 
     def norm(self, key: tuple[int, str], x: int, y: int) -> None:
@@ -143,8 +142,7 @@ class LayerRunner:
         P = self.st.plan.pinned_experts
         chunks = self.st.chunks(i, used[used >= P])
         places = self.st.place(i, chunks)
-        # experts that see few tokens each use 32-row tiles, so less of each tile is padding
-        self.bm = bm = 32 if T * top < SPARSE_ROWS * max(1, len(used)) else 64
+        bm = GEMM_BM
         ntile = -(-counts // bm)
         tile_start = np.concatenate([[0], np.cumsum(ntile)])
         n_tiles = int(tile_start[-1])
@@ -206,11 +204,11 @@ class LayerRunner:
             w = self.eq[(i, t)]
             k.gemm(s, w.qtype, x=self.ws["keep"]["xn"], ldx=H, xrows=M["tok"], y=M[out], ldy=F, w=0,
                    woff=M["woff"] + j * E * 8, row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0,
-                   N=F, K=H, bm=self.bm)
+                   N=F, K=H)
         k.silu_mul(s, M["g"] + r0 * F * F32, M["u"] + r0 * F * F32, M["g"] + r0 * F * F32, (r1 - r0) * F)
         w = self.eq[(i, "ffn_down_exps")]
         k.gemm(s, w.qtype, x=M["g"], ldx=F, y=M["down"], ldy=H, w=0, woff=M["woff"] + 2 * E * 8,
-               row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0, N=H, K=F, bm=self.bm)
+               row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0, N=H, K=F)
 
     def shared_expert(self, i: int) -> bool:
         if not self.cfg.has_shared_expert:

@@ -1,100 +1,266 @@
 // quant.cuh: decode 8 consecutive weights of one GGUF row into fp32.
 // `row` points at the row's first block, `k` is the element index (a multiple of 8), `v` gets
-// the values. The layouts are GGML's block formats; one function per type, one signature.
-// Host-callable as well, so tools can check them against gguf's numpy dequantizer.
+// the values. The layouts are GGML's block formats; one trait per type, one interface:
+//   QT::SPAN                    elements that share one scale (plain floats: a whole row)
+//   QT::load_scale(row, k, sc)  the scale of the span holding k, loaded and decoded
+//   QT::load(row, k, r)         the raw quant words of the 8 weights, widest aligned loads
+//   QT::decode(r, sc, k, v, st) those words -> 8 floats at v[0], v[st], ... v[7 * st]
+// Split so a GEMM can issue the loads of the next tile before computing the current one, and
+// decode a scale once per span rather than once per 8 weights. dq8_<type>(row, k, v) is all
+// four in a row. Host-callable as well, so tools can check them against gguf's numpy dequantizer.
+// Alignment: f32, f16 and bf16 rows start on 16 bytes; Q4_K and Q5_K blocks too (144 and 176 are
+// multiples of 16, so any row of them does when the tensor does); Q8_0, Q4_0 and Q6_K blocks
+// are read in 16-bit words or the aligned words around them.
 #pragma once
 #include "fermi.cuh"
 
+// ---------------------------------------------------------------------------- aligned loads
+FM_HD uint4 fm_ld16(const unsigned char* p) {
+#ifdef __CUDA_ARCH__
+    return *(const uint4*)p;
+#else
+    uint4 v;
+    memcpy(&v, p, 16);
+    return v;
+#endif
+}
+
+FM_HD uint2 fm_ld8(const unsigned char* p) {
+#ifdef __CUDA_ARCH__
+    return *(const uint2*)p;
+#else
+    uint2 v;
+    memcpy(&v, p, 8);
+    return v;
+#endif
+}
+
+FM_HD unsigned int fm_ld4(const unsigned char* p) {
+#ifdef __CUDA_ARCH__
+    return *(const unsigned int*)p;
+#else
+    unsigned int v;
+    memcpy(&v, p, 4);
+    return v;
+#endif
+}
+
+FM_HD unsigned int fm_ld2(const unsigned char* p) {
+#ifdef __CUDA_ARCH__
+    return *(const unsigned short*)p;
+#else
+    unsigned short v;
+    memcpy(&v, p, 2);
+    return v;
+#endif
+}
+
+FM_HD unsigned int fm_byte(unsigned int w, int i) { return (w >> (8 * i)) & 255u; }
+FM_HD unsigned int fm_word(uint2 w, int i) { return i < 4 ? fm_byte(w.x, i) : fm_byte(w.y, i - 4); }
+FM_HD int fm_sbyte(unsigned int w, int i) { return (int)(w << (24 - 8 * i)) >> 24; }   // signed byte i
+
+// (float)(q - c) for 0 <= q < 2^23, exactly: q in the mantissa of 2^23, then 2^23 + c subtracted
+// (an integer op and an add rather than a conversion, which runs at a quarter of the FMA rate)
+FM_HD float fm_q2f(unsigned int q, float c) { return fm_bits_to_float(0x4b000000u | q) - (8388608.0f + c); }
+
 // ---------------------------------------------------------------------------- plain floats
-FM_HD void dq8_f32(const unsigned char* row, int k, float* v) {
-    const float* p = (const float*)row + k;
-    for (int i = 0; i < 8; ++i) v[i] = p[i];
-}
+struct QT_none { struct scale {}; static const int SPAN = 1 << 30;
+                 static FM_HD void load_scale(const unsigned char*, int, scale&) {} };
 
-FM_HD void dq8_f16(const unsigned char* row, int k, float* v) {
-    const unsigned short* p = (const unsigned short*)row + k;
-    for (int i = 0; i < 8; ++i) v[i] = fm_half_to_float(p[i]);
-}
+struct QT_f32 : QT_none {
+    struct raw { uint4 a, b; };
+    static FM_HD void load(const unsigned char* row, int k, raw& r) {
+        r.a = fm_ld16(row + 4 * k);
+        r.b = fm_ld16(row + 4 * k + 16);
+    }
+    static FM_HD void decode(const raw& r, const scale&, int, float* v, int st) {
+        const unsigned int w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+        for (int i = 0; i < 8; ++i) v[i * st] = fm_bits_to_float(w[i]);
+    }
+};
 
-FM_HD void dq8_bf16(const unsigned char* row, int k, float* v) {
-    const unsigned short* p = (const unsigned short*)row + k;
-    for (int i = 0; i < 8; ++i) v[i] = fm_bf16_to_float(p[i]);
-}
+// two 16-bit values per word, low half first
+struct QT_f16 : QT_none {
+    struct raw { uint4 a; };
+    static FM_HD void load(const unsigned char* row, int k, raw& r) { r.a = fm_ld16(row + 2 * k); }
+    static FM_HD void decode(const raw& r, const scale&, int, float* v, int st) {
+        const unsigned int w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
+        for (int i = 0; i < 4; ++i) {
+            v[(2 * i) * st] = fm_half_to_float(w[i] & 0xffffu);
+            v[(2 * i + 1) * st] = fm_half_to_float(w[i] >> 16);
+        }
+    }
+};
+
+struct QT_bf16 : QT_none {
+    struct raw { uint4 a; };
+    static FM_HD void load(const unsigned char* row, int k, raw& r) { r.a = fm_ld16(row + 2 * k); }
+    static FM_HD void decode(const raw& r, const scale&, int, float* v, int st) {
+        const unsigned int w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
+        for (int i = 0; i < 4; ++i) {
+            v[(2 * i) * st] = fm_bits_to_float(w[i] << 16);
+            v[(2 * i + 1) * st] = fm_bits_to_float(w[i] & 0xffff0000u);
+        }
+    }
+};
 
 // ---------------------------------------------------------------------------- 32-element blocks
 // Q8_0: {f16 d; int8 q[32]}, 34 bytes
-FM_HD void dq8_q8_0(const unsigned char* row, int k, float* v) {
-    const unsigned char* b = row + (k >> 5) * 34;
-    float d = fm_half_to_float(fm_u16(b));
-    const signed char* q = (const signed char*)(b + 2) + (k & 31);
-    for (int i = 0; i < 8; ++i) v[i] = d * (float)q[i];
-}
+struct QT_q8_0 {
+    struct scale { float d; };
+    struct raw { unsigned int q[4]; };               // 16-bit words, two int8 each
+    static const int SPAN = 32;
+    static FM_HD void load_scale(const unsigned char* row, int k, scale& sc) {
+        sc.d = fm_half_to_float(fm_ld2(row + (k >> 5) * 34));
+    }
+    static FM_HD void load(const unsigned char* row, int k, raw& r) {
+        const unsigned char* q = row + (k >> 5) * 34 + 2 + (k & 31);
+        for (int i = 0; i < 4; ++i) r.q[i] = fm_ld2(q + 2 * i);
+    }
+    static FM_HD void decode(const raw& r, const scale& sc, int, float* v, int st) {
+        for (int i = 0; i < 4; ++i) {                // int8 b as (b ^ 128) - 128
+            v[(2 * i) * st] = sc.d * fm_q2f((r.q[i] & 255u) ^ 128u, 128.0f);
+            v[(2 * i + 1) * st] = sc.d * fm_q2f((r.q[i] >> 8) ^ 128u, 128.0f);
+        }
+    }
+};
 
 // Q4_0: {f16 d; u8 qs[16]}, 18 bytes; element j < 16 is the low nibble of qs[j], j >= 16 the high one of qs[j-16]
-FM_HD void dq8_q4_0(const unsigned char* row, int k, float* v) {
-    const unsigned char* b = row + (k >> 5) * 18;
-    float d = fm_half_to_float(fm_u16(b));
-    int j = k & 31;
-    const unsigned char* qs = b + 2 + (j & 15);
-    int shift = (j >> 4) * 4;
-    for (int i = 0; i < 8; ++i) v[i] = d * (float)((int)((qs[i] >> shift) & 15) - 8);
-}
+struct QT_q4_0 {
+    struct scale { float d; };
+    struct raw { unsigned int q[4]; };
+    static const int SPAN = 32;
+    static FM_HD void load_scale(const unsigned char* row, int k, scale& sc) {
+        sc.d = fm_half_to_float(fm_ld2(row + (k >> 5) * 18));
+    }
+    static FM_HD void load(const unsigned char* row, int k, raw& r) {
+        const unsigned char* q = row + (k >> 5) * 18 + 2 + (k & 15);
+        for (int i = 0; i < 4; ++i) r.q[i] = fm_ld2(q + 2 * i);
+    }
+    static FM_HD void decode(const raw& r, const scale& sc, int k, float* v, int st) {
+        const int shift = ((k & 31) >> 4) * 4;
+        for (int i = 0; i < 4; ++i) {
+            const unsigned int q = r.q[i] >> shift;
+            v[(2 * i) * st] = sc.d * fm_q2f(q & 15, 8.0f);
+            v[(2 * i + 1) * st] = sc.d * fm_q2f((q >> 8) & 15, 8.0f);
+        }
+    }
+};
 
 // ---------------------------------------------------------------------------- 256-element super-blocks
-// 6-bit scale and min of sub-block j from the 12 packed bytes shared by Q4_K and Q5_K
-FM_HD void k4_scale_min(const unsigned char* s, int j, float* sc, float* mn) {
-    if (j < 4) {
-        *sc = (float)(s[j] & 63);
-        *mn = (float)(s[j + 4] & 63);
-    } else {
-        *sc = (float)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
-        *mn = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+// Q4_K and Q5_K share {f16 d, dmin; u8 scales[12]} at the block's start: sub-block j's scale
+// d * (6-bit sc) and min dmin * (6-bit mn), from the 12 packed bytes read as three words
+struct QT_k4_scale {
+    struct scale { float d, m; };
+    static const int SPAN = 32;
+    static FM_HD void load_scale(const unsigned char* b, int j, scale& out) {
+        const unsigned int dm = fm_ld4(b), s0 = fm_ld4(b + 4), s1 = fm_ld4(b + 8), s2 = fm_ld4(b + 12);
+        unsigned int sc, mn;
+        if (j < 4) {
+            sc = fm_byte(s0, j) & 63;
+            mn = fm_byte(s1, j) & 63;
+        } else {
+            sc = (fm_byte(s2, j - 4) & 15) | ((fm_byte(s0, j - 4) >> 6) << 4);
+            mn = (fm_byte(s2, j - 4) >> 4) | ((fm_byte(s1, j - 4) >> 6) << 4);
+        }
+        out.d = fm_half_to_float(dm & 0xffffu) * (float)sc;
+        out.m = fm_half_to_float(dm >> 16) * (float)mn;
     }
-}
+};
 
 // Q4_K: {f16 d, dmin; u8 scales[12]; u8 qs[128]}, 144 bytes; sub-block j of 32 reads
 // qs[32*(j/2) + l] low nibble (j even) or high nibble (j odd)
-FM_HD void dq8_q4_k(const unsigned char* row, int k, float* v) {
-    const unsigned char* b = row + (k >> 8) * 144;
-    int e = k & 255, j = e >> 5, l = e & 31;
-    float sc, mn;
-    k4_scale_min(b + 4, j, &sc, &mn);
-    float d = fm_half_to_float(fm_u16(b)) * sc;
-    float m = fm_half_to_float(fm_u16(b + 2)) * mn;
-    const unsigned char* qs = b + 16 + 32 * (j >> 1) + l;
-    int shift = (j & 1) * 4;
-    for (int i = 0; i < 8; ++i) v[i] = d * (float)((qs[i] >> shift) & 15) - m;
-}
+struct QT_q4_k : QT_k4_scale {
+    struct raw { uint2 qs; };
+    static FM_HD void load_scale(const unsigned char* row, int k, scale& sc) {
+        QT_k4_scale::load_scale(row + (k >> 8) * 144, (k & 255) >> 5, sc);
+    }
+    static FM_HD void load(const unsigned char* row, int k, raw& r) {
+        const int e = k & 255;
+        r.qs = fm_ld8(row + (k >> 8) * 144 + 16 + 32 * (e >> 6) + (e & 31));
+    }
+    static FM_HD void decode(const raw& r, const scale& sc, int k, float* v, int st) {
+        const int shift = ((k >> 5) & 1) * 4;
+        const uint2 q = make_uint2(r.qs.x >> shift, r.qs.y >> shift);
+        for (int i = 0; i < 8; ++i) v[i * st] = sc.d * fm_q2f(fm_word(q, i) & 15, 0.0f) - sc.m;
+    }
+};
 
 // Q5_K: {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}, 176 bytes; the fifth bit of
 // element l of sub-block j is bit j of qh[l]
-FM_HD void dq8_q5_k(const unsigned char* row, int k, float* v) {
-    const unsigned char* b = row + (k >> 8) * 176;
-    int e = k & 255, j = e >> 5, l = e & 31;
-    float sc, mn;
-    k4_scale_min(b + 4, j, &sc, &mn);
-    float d = fm_half_to_float(fm_u16(b)) * sc;
-    float m = fm_half_to_float(fm_u16(b + 2)) * mn;
-    const unsigned char* qh = b + 16 + l;
-    const unsigned char* qs = b + 48 + 32 * (j >> 1) + l;
-    int shift = (j & 1) * 4;
-    for (int i = 0; i < 8; ++i) {
-        int q = ((qs[i] >> shift) & 15) | (((qh[i] >> j) & 1) << 4);
-        v[i] = d * (float)q - m;
+struct QT_q5_k : QT_k4_scale {
+    struct raw { uint2 qh, qs; };
+    static FM_HD void load_scale(const unsigned char* row, int k, scale& sc) {
+        QT_k4_scale::load_scale(row + (k >> 8) * 176, (k & 255) >> 5, sc);
     }
-}
+    static FM_HD void load(const unsigned char* row, int k, raw& r) {
+        const unsigned char* b = row + (k >> 8) * 176;
+        const int e = k & 255;
+        r.qh = fm_ld8(b + 16 + (e & 31));
+        r.qs = fm_ld8(b + 48 + 32 * (e >> 6) + (e & 31));
+    }
+    static FM_HD void decode(const raw& r, const scale& sc, int k, float* v, int st) {
+        const int j = (k & 255) >> 5, shift = (j & 1) * 4;
+        const uint2 lo = make_uint2(r.qs.x >> shift, r.qs.y >> shift), hi = make_uint2(r.qh.x >> j, r.qh.y >> j);
+        for (int i = 0; i < 8; ++i) {
+            const unsigned int q = (fm_word(lo, i) & 15) | ((fm_word(hi, i) & 1) << 4);
+            v[i * st] = sc.d * fm_q2f(q, 0.0f) - sc.m;
+        }
+    }
+};
 
 // Q6_K: {u8 ql[128]; u8 qh[64]; int8 scales[16]; f16 d}, 210 bytes. In half n (128 elements)
 // element r takes ql[64n + r%64] >> 4*(r/64) and qh[32n + r%32] >> 2*(r/32); scale per 16.
-FM_HD void dq8_q6_k(const unsigned char* row, int k, float* v) {
-    const unsigned char* b = row + (k >> 8) * 210;
-    int e = k & 255, n = e >> 7, r = e & 127;
-    float d = fm_half_to_float(fm_u16(b + 208)) * (float)((const signed char*)(b + 192))[e >> 4];
-    const unsigned char* ql = b + 64 * n + (r & 63);
-    const unsigned char* qh = b + 128 + 32 * n + (r & 31);
-    int lshift = (r >> 6) * 4, hshift = (r >> 5) * 2;
-    for (int i = 0; i < 8; ++i) {
-        int q = ((ql[i] >> lshift) & 15) | (((qh[i] >> hshift) & 3) << 4);
-        v[i] = d * (float)(q - 32);
-    }
+// Blocks are 2-byte aligned, so 8 bytes of ql or qh are read as the 3 aligned words around them.
+FM_HD void q6_words(const unsigned char* p, unsigned int* w) {
+    const unsigned char* a = p - ((size_t)p & 2);
+    for (int i = 0; i < 3; ++i) w[i] = fm_ld4(a + 4 * i);
 }
+
+FM_HD uint2 q6_bytes(const unsigned int* w, unsigned int off) {      // off: 2 if the bytes start mid-word
+    return off ? make_uint2((w[0] >> 16) | (w[1] << 16), (w[1] >> 16) | (w[2] << 16)) : make_uint2(w[0], w[1]);
+}
+
+struct QT_q6_k {
+    struct scale { float d; unsigned int off; };     // off: the block's start within its word
+    struct raw { unsigned int ql[3], qh[3]; };       // the 3 words around the 8 bytes of each
+    static const int SPAN = 16;
+    static FM_HD void load_scale(const unsigned char* row, int k, scale& sc) {
+        const unsigned char* b = row + (k >> 8) * 210;
+        sc.d = fm_half_to_float(fm_ld2(b + 208)) * (float)(signed char)b[192 + ((k & 255) >> 4)];
+        sc.off = (unsigned int)((size_t)b & 2);
+    }
+    static FM_HD void load(const unsigned char* row, int k, raw& r) {
+        const unsigned char* b = row + (k >> 8) * 210;
+        const int e = k & 255, n = e >> 7, q = e & 127;
+        q6_words(b + 64 * n + (q & 63), r.ql);
+        q6_words(b + 128 + 32 * n + (q & 31), r.qh);
+    }
+    static FM_HD void decode(const raw& r, const scale& sc, int k, float* v, int st) {
+        const int q = k & 127, lshift = (q >> 6) * 4, hshift = (q >> 5) * 2;
+        uint2 ql = q6_bytes(r.ql, sc.off), qh = q6_bytes(r.qh, sc.off);
+        ql = make_uint2(ql.x >> lshift, ql.y >> lshift);
+        qh = make_uint2(qh.x >> hshift, qh.y >> hshift);
+        for (int i = 0; i < 8; ++i)
+            v[i * st] = sc.d * fm_q2f((fm_word(ql, i) & 15) | ((fm_word(qh, i) & 3) << 4), 32.0f);
+    }
+};
+
+// ---------------------------------------------------------------------------- one call
+#define FM_DQ8(name, qt)                                                                        \
+    FM_HD void name(const unsigned char* row, int k, float* v) {                                \
+        qt::scale sc;                                                                           \
+        qt::load_scale(row, k, sc);                                                             \
+        qt::raw r;                                                                              \
+        qt::load(row, k, r);                                                                    \
+        qt::decode(r, sc, k, v, 1);                                                             \
+    }
+
+FM_DQ8(dq8_f32, QT_f32)
+FM_DQ8(dq8_f16, QT_f16)
+FM_DQ8(dq8_bf16, QT_bf16)
+FM_DQ8(dq8_q8_0, QT_q8_0)
+FM_DQ8(dq8_q4_0, QT_q4_0)
+FM_DQ8(dq8_q4_k, QT_q4_k)
+FM_DQ8(dq8_q5_k, QT_q5_k)
+FM_DQ8(dq8_q6_k, QT_q6_k)

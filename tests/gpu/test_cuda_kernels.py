@@ -9,7 +9,7 @@ from gguf.quants import dequantize
 from common.reference.deltanet import chunked_rule
 from common.reference.moe import route
 from common.reference.ops import l2_norm, rms_norm, rope_neox, sigmoid, silu
-from native.cuda.kernels import GEMM_KERNELS
+from native.cuda.kernels import GEMM_BM, GEMM_KERNELS
 from native.cuda.tables import rope_table
 
 from .tiny_gguf import weight
@@ -34,40 +34,56 @@ def as_raw(data: np.ndarray, raw_dtype) -> tuple[np.ndarray, Q]:
     return data, raw_dtype
 
 
-@pytest.mark.parametrize("bm", [64, 32])
 @pytest.mark.parametrize("qtype", list(GEMM_KERNELS), ids=lambda q: q.name)
-def test_gemm_dense(dev, qtype, bm):
+def test_gemm_dense(dev, qtype):
     T, N, K = 70, 200, 512
     raw, qt = as_raw(*weight(qtype, (N, K), 0.05, rng))
     W = dq(raw, qt).reshape(N, K)
     X = rng.standard_normal((T, K)).astype(np.float32)
     Y0 = rng.standard_normal((T, N)).astype(np.float32)
     x, w, y = dev.put(X), dev.put(raw), dev.put(Y0)
-    starts = np.arange(0, T, bm)
-    tiles = dev.put(np.array([[0, r, min(bm, T - r), 0] for r in starts], np.int32))
+    starts = np.arange(0, T, GEMM_BM)
+    tiles = dev.put(np.array([[0, r, min(GEMM_BM, T - r), 0] for r in starts], np.int32))
     dev.k.gemm(dev.s, qt, x=x, ldx=K, y=y, ldy=N, w=w, row_bytes=raw.shape[1], tiles=tiles,
-               n_tiles=len(starts), N=N, K=K, accumulate=True, bm=bm)
+               n_tiles=len(starts), N=N, K=K, accumulate=True)
     want = Y0 + X @ W.T
     got = dev.get(y, (T, N))
     scale = np.abs(X).sum(1)[:, None] * np.abs(W).max()
     assert np.max(np.abs(got - want) / scale) < GEMM_RTOL
 
 
-@pytest.mark.parametrize("bm", [64, 32])
-def test_gemm_grouped_gather(dev, bm):
-    E, F, H, T = 4, 96, 256, 50
-    raw, qt = as_raw(*weight(Q.Q4_K, (E, F, H), 0.05, rng))
-    W = dq(raw.reshape(E * F, -1), qt).reshape(E, F, H)
+@pytest.mark.parametrize("qtype", list(GEMM_KERNELS), ids=lambda q: q.name)
+def test_gemm_model_width_poisoned(dev, qtype):
+    """A 35B projection (N 512, K 2048) over 130 rows into NaN: every output written, none twice."""
+    T, N, K = 130, 512, 2048
+    raw, qt = as_raw(*weight(qtype, (N, K), 0.05, rng))
+    W = dq(raw, qt).reshape(N, K)
+    X = rng.standard_normal((T, K)).astype(np.float32)
+    x, w, y = dev.put(X), dev.put(raw), dev.put(np.full((T + 1, N), np.nan, np.float32))
+    starts = np.arange(0, T, GEMM_BM)
+    tiles = dev.put(np.array([[0, r, min(GEMM_BM, T - r), 0] for r in starts], np.int32))
+    dev.k.gemm(dev.s, qt, x=x, ldx=K, y=y, ldy=N, w=w, row_bytes=raw.shape[1], tiles=tiles,
+               n_tiles=len(starts), N=N, K=K)
+    got = dev.get(y, (T + 1, N))
+    assert np.isnan(got[T]).all()                       # the row past the last tile stays untouched
+    scale = np.abs(X).sum(1)[:, None] * np.abs(W).max()
+    assert np.max(np.abs(got[:T] - X @ W.T) / scale) < GEMM_RTOL
+
+
+@pytest.mark.parametrize("qtype", list(GEMM_KERNELS), ids=lambda q: q.name)
+def test_gemm_grouped_gather(dev, qtype):
+    E, F, H, T = 4, 300, 256, 50                        # F: a partial column block at either tile width
+    raw, qt = as_raw(*weight(qtype, (E * F, H), 0.05, rng))
+    W = dq(raw, qt).reshape(E, F, H)
     X = rng.standard_normal((T, H)).astype(np.float32)
     rows = np.array([3, 7, 7, 1, 40, 12, 0, 49, 5, 5, 22] * 9, np.int32)      # 99 gathered rows
-    groups = [(2, r, min(bm, 70 - r)) for r in range(0, 70, bm)] + [(0, 70, 29)]   # (expert, row0, nrows)
+    groups = [(2, 0, 64), (2, 64, 6), (0, 70, 29)]      # (expert, row0, nrows): full, nearly empty, partial
     base = dev.put(raw)
     eb = raw.nbytes // E
     woff = dev.put(np.array([base + e * eb for e in range(E)], np.int64))
     x, xr, y = dev.put(X), dev.put(rows), dev.zeros((len(rows), F))
     dev.k.gemm(dev.s, qt, x=x, ldx=H, xrows=xr, y=y, ldy=F, w=0, woff=woff, row_bytes=eb // F,
-               tiles=dev.put(np.array([[e, r, n, 0] for e, r, n in groups], np.int32)), n_tiles=len(groups), N=F, K=H,
-               bm=bm)
+               tiles=dev.put(np.array([[e, r, n, 0] for e, r, n in groups], np.int32)), n_tiles=len(groups), N=F, K=H)
     got = dev.get(y, (len(rows), F))
     for e, r0, n in groups:
         want = X[rows[r0:r0 + n]] @ W[e].T

@@ -1,0 +1,89 @@
+"""The GEMM kernels of native/cuda/gemm.cu against numpy, on the CPU.
+
+native/cuda/gemm_host.cpp compiles gemm.cu for the host and runs every block as 256 threads at
+a std::barrier, so the tile mapping, the loader roles and the two-stage pipeline of every
+kernel (each weight type, both tile shapes) are checked without a GPU. tests/gpu repeats the
+checks on a device, at the model's widths.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from native.cuda.kernels import GEMM_BM, GEMM_KERNELS
+
+from .gpu.test_cuda_kernels import as_raw, dq
+from .gpu.tiny_gguf import weight
+
+REPO = Path(__file__).resolve().parents[1]
+GXX = shutil.which("g++")
+pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not on PATH")
+GEMM_RTOL = 2e-6       # fp32 sums of K=256 products in another order, relative to |X||W|
+
+
+@pytest.fixture(scope="module")
+def gemm_host(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("gemm")
+    probe = tmp / "probe.cpp"
+    probe.write_text("#include <barrier>\nint main() { std::barrier<> b(1); b.arrive_and_wait(); }\n")
+    if subprocess.run([GXX, "-std=c++20", "-pthread", str(probe), "-o", str(tmp / "probe")],
+                      capture_output=True).returncode != 0:
+        pytest.skip("g++ without C++20 <barrier>")
+    exe, src = tmp / "gemm_host", REPO / "native/cuda/gemm_host.cpp"
+    run = subprocess.run([GXX, "-std=c++20", "-O1", "-w", "-pthread", "-I", str(src.parent), str(src), "-o", str(exe)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return exe
+
+
+def launch(exe: Path, tmp: Path, kernel: str, X, raw, tiles, xrows, woff, Y, *, ldx, ldy, row_bytes, N, K,
+           accumulate) -> np.ndarray:
+    files = {}
+    for name, a in (("x", X), ("w", raw), ("tiles", tiles), ("xrows", xrows), ("woff", woff), ("y", Y)):
+        if a is None:
+            files[name] = "-"
+            continue
+        files[name] = str(tmp / name)
+        np.ascontiguousarray(a).tofile(files[name])
+    subprocess.run([str(exe), kernel, files["x"], files["w"], files["tiles"], files["xrows"], files["woff"],
+                    files["y"], str(ldx), str(ldy), str(row_bytes), str(N), str(K), str(len(tiles)),
+                    str(int(accumulate))], check=True)
+    return np.fromfile(files["y"], np.float32).reshape(Y.shape)
+
+
+@pytest.mark.parametrize("qtype", list(GEMM_KERNELS), ids=lambda q: q.name)
+def test_gemm_on_host(gemm_host, tmp_path, qtype):
+    rng = np.random.default_rng(int(qtype))
+    kernel, bm = GEMM_KERNELS[qtype], GEMM_BM
+
+    # dense, accumulating, a partial column block, a full row tile and one with a single busy warp
+    T, N, K = 72, 150, 256
+    raw, qt = as_raw(*weight(qtype, (N, K), 0.05, rng))
+    W = dq(raw, qt).reshape(N, K)
+    X = rng.standard_normal((T, K)).astype(np.float32)
+    Y0 = rng.standard_normal((T, N)).astype(np.float32)
+    tiles = np.array([[0, r, min(bm, T - r), 0] for r in range(0, T, bm)], np.int32)
+    got = launch(gemm_host, tmp_path, kernel, X, raw, tiles, None, None, Y0, ldx=K, ldy=N,
+                 row_bytes=raw.shape[1], N=N, K=K, accumulate=True)
+    scale = np.abs(X).sum(1)[:, None] * np.abs(W).max()
+    assert np.max(np.abs(got - (Y0 + X @ W.T)) / scale) < GEMM_RTOL
+
+    # grouped experts over gathered rows, into NaN: every routed row written, the row past them not
+    E, F = 3, 40
+    raw, qt = as_raw(*weight(qtype, (E * F, K), 0.05, rng))
+    W = dq(raw, qt).reshape(E, F, K)
+    rows = rng.integers(0, T, 45).astype(np.int32)
+    groups = [(2, 0, 30), (0, 30, 15)]                  # (expert, row0, nrows)
+    eb = raw.nbytes // E
+    got = launch(gemm_host, tmp_path, kernel, X, raw, np.array([[e, r, n, 0] for e, r, n in groups], np.int32),
+                 rows, np.arange(E, dtype=np.int64) * eb, np.full((len(rows) + 1, F), np.nan, np.float32),
+                 ldx=K, ldy=F, row_bytes=eb // F, N=F, K=K, accumulate=False)
+    assert np.isnan(got[-1]).all()
+    for e, r0, n in groups:
+        want = X[rows[r0:r0 + n]] @ W[e].T
+        scale = np.abs(X[rows[r0:r0 + n]]).sum(1)[:, None] * np.abs(W[e]).max()
+        assert np.max(np.abs(got[r0:r0 + n] - want) / scale) < GEMM_RTOL, (e, r0)
