@@ -9,6 +9,7 @@ seconds. Tensors stream to disk one at a time.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,7 +17,9 @@ from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
-from gguf.constants import GGML_QUANT_SIZES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.synthetic_blocks import MAKERS, write_tensors  # noqa: E402
 
 ARCHES = ("qwen35moe", "qwen3next")   # qwen3next: one ssm_ba matrix instead of ssm_alpha + ssm_beta
 
@@ -44,58 +47,6 @@ REAL = Widths()
 # every matrix's input width a multiple of 256, so each recipe applies (K-quants included)
 TINY = Widths(hidden=256, vocab=512, experts=8, experts_used=2, expert_ffn=256, shared_ffn=256,
               k_heads=2, v_heads=4, head_k=64, head_v=64, heads=2, kv_heads=1, head_dim=128, rope_dim=32)
-
-
-# ---- random blocks: (rows, cols) of `qtype` with roughly the given standard deviation
-
-def _f16_field(rng, n: int, scale: float) -> np.ndarray:
-    return (scale * rng.uniform(0.5, 1.5, n)).astype(np.float16).view(np.uint8).reshape(n, 2)
-
-
-def _bytes(rng, rows: int, cols: int, qtype: T) -> np.ndarray:
-    block, nbytes = GGML_QUANT_SIZES[qtype]
-    return np.frombuffer(rng.bytes(rows * cols // block * nbytes), np.uint8).copy().reshape(-1, nbytes)
-
-
-def _q4_0(rng, rows, cols, std):
-    b = _bytes(rng, rows, cols, T.Q4_0)
-    b[:, 0:2] = _f16_field(rng, len(b), std / 4.6)          # nibbles - 8: std 4.6
-    return b
-
-
-def _q8_0(rng, rows, cols, std):
-    b = _bytes(rng, rows, cols, T.Q8_0)
-    b[:, 2:][b[:, 2:] == 0x80] = 0x81                      # quantizers never write -128
-    b[:, 0:2] = _f16_field(rng, len(b), std / 73.0)
-    return b
-
-
-def _kquant(spread: float, mean_q: float, qtype: T):
-    def make(rng, rows, cols, std):
-        b = _bytes(rng, rows, cols, qtype)
-        d = std / spread
-        b[:, 0:2] = _f16_field(rng, len(b), d)
-        b[:, 2:4] = _f16_field(rng, len(b), d * mean_q)   # mins cancel the mean of scale * q
-        return b
-    return make
-
-
-def _q6_k(rng, rows, cols, std):
-    b = _bytes(rng, rows, cols, T.Q6_K)
-    b[:, 208:210] = _f16_field(rng, len(b), std / 1365.0)  # int8 scale * (q - 32): std 1365
-    return b
-
-
-def _float(dtype):
-    def make(rng, rows, cols, std):
-        return (rng.standard_normal((rows, cols), np.float32) * std).astype(dtype).view(np.uint8)
-    return make
-
-
-MAKERS: dict[T, Callable] = {
-    T.Q4_0: _q4_0, T.Q8_0: _q8_0, T.Q4_K: _kquant(290.0, 7.5, T.Q4_K), T.Q5_K: _kquant(590.0, 15.5, T.Q5_K),
-    T.Q6_K: _q6_k, T.F32: _float(np.float32), T.F16: _float(np.float16),
-}
 
 
 # ---- recipes: tensor name, layer -> type of a matrix (1-D tensors are always F32)
@@ -231,31 +182,22 @@ def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", 
     else:
         writer.add_string("tokenizer.ggml.model", "none")
 
-    plan = []
-    for name, shape, kind in tensor_plan(w, layers, interval, arch, mtp):
+    def qtype_of(name: str, shape: tuple, kind: str):
         if len(shape) == 1 or kind == "conv" or name.endswith(FLOAT_SMALL):
-            qtype = T.F32
-        else:
-            layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-            qtype = RECIPES[recipe](name, _recipe_layer(layer, layers, interval))
-        block, nbytes = GGML_QUANT_SIZES[qtype]
-        byte_shape = (*shape[:-1], shape[-1] // block * nbytes)
-        writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
-        plan.append((name, shape, kind, qtype, byte_shape))
-    writer.write_header_to_file(path)
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for name, shape, kind, qtype, byte_shape in plan:
+            return T.F32
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
+        return RECIPES[recipe](name, _recipe_layer(layer, layers, interval))
+
+    def values(name: str, shape: tuple, kind: str, qtype) -> np.ndarray:
         if len(shape) == 1:
-            data = _one_d(rng, kind, shape[0]).view(np.uint8)
-        elif kind == "conv":
-            data = (0.5 * rng.standard_normal(shape)).astype(np.float32).view(np.uint8)
-        else:
-            fan_in = 1.0 if kind == "embed" else np.sqrt(shape[-1])
-            std = {"embed": 1.0, "router": ROUTER_GAIN}.get(kind, gain) / fan_in
-            data = MAKERS[qtype](rng, int(np.prod(shape[:-1])), shape[-1], std)
-        writer.write_tensor_data(np.ascontiguousarray(data).reshape(byte_shape))
-    writer.close()
+            return _one_d(rng, kind, shape[0]).view(np.uint8)
+        if kind == "conv":
+            return (0.5 * rng.standard_normal(shape)).astype(np.float32).view(np.uint8)
+        fan_in = 1.0 if kind == "embed" else np.sqrt(shape[-1])
+        std = {"embed": 1.0, "router": ROUTER_GAIN}.get(kind, gain) / fan_in
+        return MAKERS[qtype](rng, int(np.prod(shape[:-1])), shape[-1], std)
+
+    write_tensors(writer, path, tensor_plan(w, layers, interval, arch, mtp), qtype_of, values)
     return path
 
 

@@ -4,7 +4,7 @@ encoder benchmarks: the real tower's widths (27 blocks, hidden 1152, FFN 4304, 1
 
 The metadata and the tensors' names, shapes and types are those of `fermium convert --mmproj`
 (common/model/convert/mmproj.py), as llama.cpp's converter writes them: f16 by default, as its
-default. Weights are random blocks (tools/make_synthetic_gguf.py's makers), each matrix of standard
+default. Weights are random blocks (tools/synthetic_blocks.py), each matrix of standard
 deviation about 1 / sqrt(in); tensors stream to disk one at a time.
 
     python tools/make_synthetic_mmproj.py /tmp/mmproj-f16.gguf [--type f16|q8_0|f32] [--blocks 27]
@@ -20,12 +20,11 @@ import numpy as np
 from gguf import GGML_QUANT_VERSION, GGUFWriter
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
-from gguf.constants import GGML_QUANT_SIZES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.model.convert.mmproj import PROJECTOR_TYPE, mmproj_type  # noqa: E402
 from common.model.convert.quantize import file_type  # noqa: E402
-from tools.make_synthetic_gguf import MAKERS  # noqa: E402
+from tools.synthetic_blocks import MAKERS, write_tensors  # noqa: E402
 
 TYPES = ("f32", "f16", "q8_0")
 
@@ -99,20 +98,8 @@ def write_synthetic_mmproj(path: Path, out_type: str = "f16", tower: Tower = Tow
     writer.add_type("mmproj")
     writer.add_name("synthetic Qwen3.6 vision tower")
     _metadata(writer, tower, out_type)
-    plan = []
-    for name, shape, kind in tensor_plan(tower):
-        qtype = mmproj_type(name, shape, out_type)
-        block, nbytes = GGML_QUANT_SIZES[qtype]
-        byte_shape = (*shape[:-1], shape[-1] // block * nbytes)
-        writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
-        plan.append((name, shape, kind, qtype, byte_shape))
-    writer.write_header_to_file(path)
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for name, shape, kind, qtype, byte_shape in plan:
-        data = _values(rng, name, kind, shape, qtype)
-        writer.write_tensor_data(np.ascontiguousarray(data).reshape(byte_shape))
-    writer.close()
+    write_tensors(writer, path, tensor_plan(tower), lambda name, shape, kind: mmproj_type(name, shape, out_type),
+                  lambda name, shape, kind, qtype: _values(rng, name, kind, shape, qtype))
     return path
 
 
