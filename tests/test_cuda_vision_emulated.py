@@ -14,13 +14,11 @@ from gguf.quants import dequantize
 from common.reference.ops import softmax
 from common.reference.vision import VisionEncoder, gelu_erf, gelu_tanh, layer_norm, rotate
 from common.vision.preprocess import preprocess
-from common.vision.tensors import MmprojFile
 from native.cuda.vision import ACT_GELU_ERF, ACT_GELU_TANH, CudaVisionEncoder, KernelError, readable
 
 from .cuda_emulator import FakeDriver
-from .vision_helpers import SIZES_FOR_INTEROP, TinyVL
+from .vision_helpers import MMPROJ_TYPES, SIZES_FOR_INTEROP, tiny_towers
 
-MMPROJ_TYPES = ("f32", "f16", "q8_0")
 # numpy statements of the kernels in float32 against the reference: other summation orders only
 ENCODER_REL_TOL = 2e-5
 
@@ -75,12 +73,7 @@ class FakeVisionKernels:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from common.model.convert.mmproj import convert_mmproj
-    vl = TinyVL(tmp_path_factory.mktemp("vl"))
-    files = {"f32": vl.mmproj_path}
-    for t in MMPROJ_TYPES[1:]:
-        files[t] = convert_mmproj(vl.hf_dir, vl.root / f"mmproj-{t}.gguf", t, progress=False).path
-    return vl, {t: MmprojFile(p) for t, p in files.items()}
+    return tiny_towers(tmp_path_factory.mktemp("vl"))
 
 
 @pytest.mark.parametrize("mmproj_type", MMPROJ_TYPES)

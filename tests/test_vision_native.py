@@ -14,15 +14,13 @@ from common.model.convert.quantize import quantize
 from common.reference.ops import softmax
 from common.reference.vision import VisionEncoder, gelu_erf, gelu_tanh, layer_norm, rotary_2d, rotate
 from common.vision.preprocess import preprocess
-from common.vision.tensors import MmprojFile
 from native import cpu_lib
 from native.cpu_lib import Pool, ffi, lib, ptr
 from native.vision_runner import ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE, Matrix, NativeVisionEncoder, gemm
 
-from .vision_helpers import SIZES_FOR_INTEROP, TinyVL
+from .vision_helpers import MMPROJ_TYPES, SIZES_FOR_INTEROP, rel_err, tiny_towers
 
 ISAS = cpu_lib.supported_isas()
-MMPROJ_TYPES = ("f32", "f16", "q8_0")
 # both paths read the same dequantized weights in float32; only the summation order differs (over
 # up to 4608 terms, through 2 blocks and the merger): 2e-5 of the largest output value
 ENCODER_REL_TOL = 2e-5
@@ -47,16 +45,9 @@ def pool():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from common.model.convert.mmproj import convert_mmproj
-    vl = TinyVL(tmp_path_factory.mktemp("vl"))
-    files = {"f32": vl.mmproj_path}
-    for t in MMPROJ_TYPES[1:]:
-        files[t] = convert_mmproj(vl.hf_dir, vl.root / f"mmproj-{t}.gguf", t, progress=False).path
-    return vl, {t: MmprojFile(p) for t, p in files.items()}
+    return tiny_towers(tmp_path_factory.mktemp("vl"))
 
 
-def _rel(ours: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(ours - ref).max() / np.abs(ref).max())
 
 
 @pytest.mark.parametrize("isa", ISAS, indirect=True)
@@ -72,7 +63,7 @@ def test_encoder_as_the_reference(tiny, pool, isa, mmproj_type):
         want, got = ref.encode(patches), ours.encode(patches)
         assert got.shape == want.shape == (patches.n_tokens, mmproj.config.projection_dim)
         assert np.isfinite(got).all()
-        assert _rel(got, want) <= ENCODER_REL_TOL
+        assert rel_err(got, want) <= ENCODER_REL_TOL
 
 
 def test_the_types_give_different_outputs(tiny, pool):
@@ -105,12 +96,12 @@ def test_gemm_over_tiles_with_remainders(pool, isa, qtype, act):
     ref = x.astype(np.float64) @ w.T.astype(np.float64) + bias
     ref = {ACT_NONE: lambda a: a, ACT_GELU_TANH: gelu_tanh, ACT_GELU_ERF: gelu_erf}[act](ref.astype(np.float32))
     got = gemm(pool, m, x, bias, act)
-    assert _rel(got, ref) <= GEMM_REL_TOL
+    assert rel_err(got, ref) <= GEMM_REL_TOL
     if act == ACT_NONE:   # accumulate into y, and no bias
         y0 = rng.standard_normal((n, rows)).astype(np.float32)
         y = y0.copy()
         gemm(pool, m, x, None, out=y)
-        assert _rel(y - y0, (x.astype(np.float64) @ w.T.astype(np.float64))) <= GEMM_REL_TOL
+        assert rel_err(y - y0, (x.astype(np.float64) @ w.T.astype(np.float64))) <= GEMM_REL_TOL
 
 
 def test_gemm_refuses_a_type_it_cannot_read(pool):

@@ -125,3 +125,23 @@ def hf_image_inputs(ids: list[int], images) -> dict:
     return {"input_ids": torch.tensor([ids]), "pixel_values": features["pixel_values"],
             "image_grid_thw": features["image_grid_thw"],
             "mm_token_type_ids": torch.tensor([[1 if t == IMAGE_PAD else 0 for t in ids]])}
+
+
+MMPROJ_TYPES = ("f32", "f16", "q8_0")
+
+
+def tiny_towers(root: Path) -> tuple["TinyVL", dict]:
+    """The tiny vision model under root, and its tower as an mmproj of each of MMPROJ_TYPES (f32 is
+    the file TinyVL writes; the others come from fermium convert)."""
+    from common.model.convert.mmproj import convert_mmproj
+    from common.vision.tensors import MmprojFile
+    vl = TinyVL(root)
+    files = {"f32": vl.mmproj_path}
+    for t in MMPROJ_TYPES[1:]:
+        files[t] = convert_mmproj(vl.hf_dir, vl.root / f"mmproj-{t}.gguf", t, progress=False).path
+    return vl, {t: MmprojFile(p) for t, p in files.items()}
+
+
+def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
+    """The largest difference relative to the reference's largest magnitude."""
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())

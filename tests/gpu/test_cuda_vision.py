@@ -14,12 +14,10 @@ from common.model.convert.quantize import quantize
 from common.reference.ops import softmax
 from common.reference.vision import VisionEncoder, gelu_erf, gelu_tanh, layer_norm, rotary_2d, rotate
 from common.vision.preprocess import preprocess
-from common.vision.tensors import MmprojFile
 from native.cuda.vision import ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE, CudaVisionEncoder, VisionKernels
 
-from ..vision_helpers import SIZES_FOR_INTEROP, TinyVL
+from ..vision_helpers import MMPROJ_TYPES, SIZES_FOR_INTEROP, rel_err, tiny_towers
 
-MMPROJ_TYPES = ("f32", "f16", "q8_0")
 # both read the same dequantized weights in fp32; other summation orders, expf and erff on the device
 ENCODER_REL_TOL = 2e-5
 GEMM_REL_TOL = 1e-5      # up to 600 fp32 terms against float64
@@ -36,16 +34,9 @@ def vk(dev):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from common.model.convert.mmproj import convert_mmproj
-    vl = TinyVL(tmp_path_factory.mktemp("vl"))
-    files = {"f32": vl.mmproj_path}
-    for t in MMPROJ_TYPES[1:]:
-        files[t] = convert_mmproj(vl.hf_dir, vl.root / f"mmproj-{t}.gguf", t, progress=False).path
-    return vl, {t: MmprojFile(p) for t, p in files.items()}
+    return tiny_towers(tmp_path_factory.mktemp("vl"))
 
 
-def _rel(ours: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(ours - ref).max() / np.abs(ref).max())
 
 
 @pytest.mark.parametrize("mmproj_type", MMPROJ_TYPES)
@@ -60,7 +51,7 @@ def test_encoder_as_the_reference(dev, vk, tiny, mmproj_type):
             patches = preprocess(vl.image(height, width, seed=height), mmproj.config)
             want, got = VisionEncoder(mmproj).encode(patches), ours.encode(patches)
             assert got.shape == want.shape and np.isfinite(got).all()
-            assert _rel(got, want) <= ENCODER_REL_TOL
+            assert rel_err(got, want) <= ENCODER_REL_TOL
     finally:
         ours.free()
 
@@ -80,7 +71,7 @@ def test_gemm_with_remainders(dev, vk, qtype, act):
             bias=dev.put(bias), n=n, rows=rows, cols=cols, accumulate=True, act=act)
     act_fn = {ACT_NONE: lambda a: a, ACT_GELU_TANH: gelu_tanh, ACT_GELU_ERF: gelu_erf}[act]
     want = y0 + act_fn((x.astype(np.float64) @ wd.T.astype(np.float64) + bias).astype(np.float32))
-    assert _rel(dev.get(y, (n, rows)) - y0, want - y0) <= GEMM_REL_TOL
+    assert rel_err(dev.get(y, (n, rows)) - y0, want - y0) <= GEMM_REL_TOL
 
 
 def test_layer_norm_rotary_and_attention(dev, vk):
