@@ -98,3 +98,33 @@ def write_tiny_gguf(path: Path, seed: int = 0, context: int = 512, **dims: int) 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def up_stack_kwargs(monkeypatch, **options) -> dict:
+    """The keyword arguments that `fermium up` with these options passes to the Stack it starts
+    (the Stack is replaced, so nothing starts); the signal handlers up installs are put back."""
+    import signal
+
+    import pytest
+
+    from fermium import stack
+    from fermium.cli_services import up_command
+    from fermium.options import defaults
+    seen = {}
+
+    class Started(Exception):
+        pass
+
+    def fake_stack(path, **kwargs):
+        seen.update(kwargs)
+        raise Started
+
+    monkeypatch.setattr(stack, "Stack", fake_stack)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(Started):
+            up_command(**{**defaults(up_command), **options})
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return seen

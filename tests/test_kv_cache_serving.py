@@ -20,7 +20,7 @@ from common.model.tokenizer import Tokenizer
 from common.reference.model import ReferenceModel
 from common.snapshots import SnapshotStore
 from common.state import SequenceState
-from fermium.options import command, config, defaults, options
+from fermium.options import command, config, options
 from native.runners import load_runner
 from services.decode.config import DecodeConfig
 from services.prefill.config import PrefillConfig
@@ -241,27 +241,8 @@ def test_the_option_of_every_service_and_its_env_var(cls):
 
 
 def test_up_passes_the_kv_type_to_the_services_it_starts(monkeypatch):
-    import signal
-
-    from fermium import stack
-    from fermium.cli_services import up_command
-    seen = {}
-
-    class Started(Exception):
-        pass
-
-    def fake_stack(path, **kwargs):
-        seen.update(kwargs)
-        raise Started
-
-    monkeypatch.setattr(stack, "Stack", fake_stack)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with pytest.raises(Started):
-            up_command(**{**defaults(up_command), "kv_type": "q8_0", "model": default_model_path()})
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
+    from tests.stack_helpers import up_stack_kwargs
+    seen = up_stack_kwargs(monkeypatch, kv_type="q8_0", model=default_model_path())
     for role in ("router", "prefill", "decode"):
         flags = seen["extra"][role]
         assert flags[flags.index("--kv-type") + 1] == "q8_0", role

@@ -8,7 +8,6 @@ the plain greedy run's tokens (tests/speculative_helpers.OracleDrafts): random w
 drafts are never accepted."""
 from __future__ import annotations
 
-import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -125,27 +124,8 @@ def test_speculative_decoding_on_a_model_without_an_mtp_block_is_refused_at_star
 
 
 def test_up_passes_the_speculative_settings_to_decode(monkeypatch, mtp_file):
-    from fermium import stack
-    from fermium.cli_services import up_command
-    from fermium.options import defaults
-    seen = {}
-
-    class Started(Exception):
-        pass
-
-    def fake_stack(path, **kwargs):
-        seen.update(kwargs)
-        raise Started
-
-    monkeypatch.setattr(stack, "Stack", fake_stack)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with pytest.raises(Started):
-            up_command(**{**defaults(up_command), "model": mtp_file, "speculative": "mtp", "draft_tokens": 3,
-                          "draft_vocab": 300})
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
+    from tests.stack_helpers import up_stack_kwargs
+    seen = up_stack_kwargs(monkeypatch, model=mtp_file, speculative="mtp", draft_tokens=3, draft_vocab=300)
     flags = seen["extra"]["decode"]
     assert [flags[flags.index(f) + 1] for f in ("--speculative", "--draft-tokens", "--draft-vocab")] == \
         ["mtp", "3", "300"]

@@ -29,19 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from common.model.chat_template import default_template, render_chat  # noqa: E402
+from fermium.demo import TOOLS  # noqa: E402  (the tools the demo offers are the ones it was trained on)
 
 IGNORE = -100  # a label that takes no loss
 
 ASSISTANT_OPEN = "<|im_start|>assistant\n"
 TURN_END = "<|im_end|>"
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "lookup_line", "description": "Find the line of the play that holds these words",
-        "parameters": {"type": "object", "properties": {"words": {"type": "string"}}, "required": ["words"]}}},
-    {"type": "function", "function": {
-        "name": "count_words", "description": "Count the words in a text",
-        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}},
-]
 _SPEAKER = re.compile(r"^([A-Z][A-Za-z .']*):$")
 
 
