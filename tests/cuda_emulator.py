@@ -7,6 +7,9 @@ state in and out), not the CUDA code, which tests/gpu checks on a GPU.
 """
 from __future__ import annotations
 
+import mmap
+import time
+
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
@@ -47,11 +50,14 @@ class _Stream:
 
 
 class _Event:
+    """Work runs at issue time, so an event's time is the host clock when it is recorded."""
+    at = 0.0
+
     def record(self, stream=None):
-        pass
+        self.at = time.perf_counter()
 
     def time_since(self, other):
-        return 0.0
+        return (self.at - other.at) * 1e3
 
     def synchronize(self):
         pass
@@ -68,11 +74,28 @@ class _Context:
         pass
 
 
+class RegisteredHostMemory:
+    """pycuda's: the registered array's base, holding the array it was made from as its own base."""
+
+    def __init__(self, ary: np.ndarray):
+        self.base, self.registered = ary, True
+        self.__array_interface__ = ary.__array_interface__
+
+    def unregister(self):
+        self.registered = False
+
+
+def _span(arr: np.ndarray) -> tuple[int, int]:
+    start = arr.__array_interface__["data"][0]
+    return start, start + arr.nbytes
+
+
 class FakeDriver:
     """The subset of pycuda.driver the backend uses."""
 
     def __init__(self, nbytes: int = 512 << 20):
         self.mem = Memory(nbytes)
+        self.locked: list = []          # (array, its registration or None): the page-locked host memory
         self.Stream, self.Event = _Stream, _Event
         driver = self
 
@@ -106,7 +129,27 @@ class FakeDriver:
         return self.mem.buf.size - (self.mem.top - BASE), self.mem.buf.size
 
     def pagelocked_empty(self, shape, dtype):
-        return np.empty(shape, dtype)
+        arr = np.empty(shape, dtype)
+        self.locked.append((arr, None))
+        return arr
+
+    def register_host_memory(self, ary, flags=0):
+        """cuMemHostRegister's checks: a contiguous numpy array of whole, page-aligned pages."""
+        if not isinstance(ary, np.ndarray) or not ary.flags.c_contiguous:
+            raise ValueError("register_host_memory: ary argument is not a contiguous numpy array")
+        start, end = _span(ary)
+        if start % mmap.PAGESIZE or (end - start) % mmap.PAGESIZE:
+            raise ValueError("cuMemHostRegister failed: invalid argument (not whole pages)")
+        reg = RegisteredHostMemory(ary)
+        out = np.asarray(reg)
+        self.locked.append((out, reg))
+        return out
+
+    def is_locked(self, arr: np.ndarray) -> bool:
+        """Whether arr lies in page-locked memory: pagelocked_empty's, or still registered."""
+        start, end = _span(arr)
+        return any(a <= start and end <= b and (reg is None or reg.registered)
+                   for a, b, reg in ((*_span(x), r) for x, r in self.locked))
 
     def memcpy_htod(self, ptr, src):
         src = np.ascontiguousarray(src).view(np.uint8).reshape(-1)

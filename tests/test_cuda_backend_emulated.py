@@ -109,9 +109,10 @@ def test_budget_too_small_is_explained(model, emulated):
 
 
 def test_pageable_fallback_when_pinning_fails(model, emulated, monkeypatch, caplog):
-    def refuse(shape, dtype):
+    def refuse(*args, **kwargs):
         raise MemoryError("locked-memory limit reached")
     monkeypatch.setattr(emulated, "pagelocked_empty", refuse)
+    monkeypatch.setattr(emulated, "register_host_memory", refuse)       # the same limit refuses both
     tokens = list(np.random.default_rng(1).integers(0, model.config.vocab_size, 90))
     budget = budget_for(model, 0.0, 64)
     with caplog.at_level("WARNING", logger="fermium.prefill.cuda"):

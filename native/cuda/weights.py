@@ -3,12 +3,12 @@ pinned store of streamed experts, and the ring of slot regions that they stream 
 
 Lifecycle: `DeviceArena` owns every device allocation (its peak is the backend's peak);
 `ResidentWeights` uploads the dense tensors, the resident LM head and the pinned experts once;
+`HostExperts` (staging.py) stages the streamed experts in page-locked host memory;
 `ExpertStreamer` moves the routed, non-resident experts of one layer at a time on its own
 copy stream, one chunk per slot region, with events in both directions.
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,8 +17,8 @@ from gguf import GGMLQuantizationType as Q
 from common.model.layers import EXPERT_ROLES, VECTOR_ROLES, bind, fused_ba_rows
 
 from .plan import EXPERT_TENSORS, StreamPlan
+from .staging import HostExperts  # noqa: F401 (the backend takes all three from here)
 
-log = logging.getLogger("fermium.prefill.cuda")
 ALIGN = 256
 
 
@@ -122,38 +122,3 @@ class ResidentWeights:
 
     def __getitem__(self, key) -> DevTensor:
         return self.tensors[key]
-
-
-class HostExperts:
-    """Experts [pinned, E) of every layer in page-locked host memory, ready for async copies.
-
-    The GGUF mapping cannot be registered with the driver, so the bytes are copied once into
-    page-locked buffers. If the driver refuses page-locked memory, the copies come straight
-    from the mapping (pageable: slower, and they no longer overlap compute); this is logged.
-    """
-
-    def __init__(self, cuda, model, plan: StreamPlan):
-        cfg = model.config
-        self.src: dict[tuple[int, str], np.ndarray] = {}
-        self.pinned = True
-        already = bool(getattr(model, "host_pinned", False))
-        P = plan.pinned_experts
-        for i in range(cfg.n_layers):
-            for t in EXPERT_TENSORS:
-                raw = model.tensor(f"blk.{i}.{t}.weight").raw[P:]
-                if already or not self.pinned or raw.size == 0:
-                    self.src[(i, t)] = raw
-                    continue
-                try:
-                    buf = cuda.pagelocked_empty(raw.shape, np.uint8)
-                except Exception as exc:                      # locked-memory limit, out of memory
-                    log.warning("page-locked host memory refused (%s): streaming experts with "
-                                "pageable copies; raise `ulimit -l` / LimitMEMLOCK to overlap them", exc)
-                    self.pinned = False
-                    self.src[(i, t)] = raw
-                    continue
-                np.copyto(buf, raw)
-                self.src[(i, t)] = buf
-        if self.pinned and not already:
-            log.info("streamed experts staged in %.2f GiB of page-locked host memory",
-                     sum(a.nbytes for a in self.src.values()) / 2**30)

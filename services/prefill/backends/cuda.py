@@ -1,5 +1,5 @@
 """The `cuda` prefill backend: hand-written Fermi-subset kernels (native/cuda) under pycuda,
-with the weights streamed from page-locked host memory under a VRAM budget.
+with the weights streamed under a VRAM budget from page-locked host memory (native/cuda/staging.py).
 
 A prompt runs layer by layer over all of its tokens, so every streamed weight crosses the bus
 once per prompt (once per pass of `pass_tokens` for longer ones). Per layer, the routing is
@@ -62,7 +62,7 @@ class CUDABackend:
 
     def __init__(self, model, *, device: int = 0, vram_budget: int | str = DEFAULT_BUDGET,
                  pass_tokens: int = 4096, max_context: int = 8192, regions: int = 8, kv_type: str = "f32",
-                 mmproj: str | None = None, vision: str = "auto"):
+                 mmproj: str | None = None, vision: str = "auto", staging: str = "auto"):
         from native.cuda.kernels import Kernels
         from native.cuda.stream import ExpertStreamer
         from native.cuda.weights import DeviceArena, HostExperts, ResidentWeights
@@ -82,7 +82,7 @@ class CUDABackend:
             self.kernels = Kernels()
             self.arena = DeviceArena(cuda)
             self.weights = ResidentWeights(cuda, self.arena, model, self.plan)
-            self.host = HostExperts(cuda, model, self.plan)
+            self.host = HostExperts(cuda, model, self.plan, staging)    # native/cuda/staging.py
             self.streamer = ExpertStreamer(cuda, self.arena, self.plan, self.host, model)
             offsets, size = layout(workspace_bytes(cfg, self.plan.pass_tokens))
             base = self.arena.alloc("workspace", size)
@@ -110,6 +110,8 @@ class CUDABackend:
                 self.vision.free()
             if hasattr(self, "arena"):
                 self.arena.free()
+            if hasattr(self, "host"):
+                self.host.release()
             self.ctx.pop()
             self.ctx.detach()
             raise
@@ -119,7 +121,8 @@ class CUDABackend:
                        "calls": 0, "tokens": 0, "device_bytes_in_use": 0,
                        "peak_device_bytes": self.arena.peak, "vram_budget_bytes": parse_size(vram_budget),
                        "vision_device_bytes": self.vision.nbytes if self.vision else 0,
-                       "pinned_host": int(self.host.pinned)}
+                       "pinned_host": int(self.host.pinned), "staged_bytes": self.host.nbytes,
+                       "staging_seconds": self.host.seconds}
 
     def _alloc_state(self) -> StateBlock:
         cfg, a = self.cfg, self.arena
@@ -289,6 +292,7 @@ class CUDABackend:
             if self.vision is not None:
                 self.vision.free()
             self.arena.free()
+            self.host.release()
         finally:
             self.ctx.pop()
             self.ctx.detach()
