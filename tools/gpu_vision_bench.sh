@@ -42,28 +42,8 @@ cat "$OUT/machine.txt"
 
 # ---- 1. llama-mtmd-cli with CUDA, in the background
 MTMD=${MTMD:-$LLDIR/build/bin/llama-mtmd-cli}          # one already built skips the build
-# ggml-cuda links cuBLAS; a toolkit without it takes the first cuBLAS found elsewhere (a pip nvidia
-# wheel beside torch, say), its library and headers named to cmake, and its folder on LD_LIBRARY_PATH
-CUBLAS_FLAGS=()
-toolkit_cublas=0
-for dir in ${CUDA_HOME:-} /usr/local/cuda /usr/local/cuda-*; do
-    if compgen -G "$dir/include/cublas_v2.h" > /dev/null || compgen -G "$dir/targets/*/include/cublas_v2.h" > /dev/null
-    then toolkit_cublas=1; fi
-done
-if [[ $toolkit_cublas == 0 ]]; then
-    inc=$(find /opt /usr/local /usr/lib /usr/include -name cublas_v2.h 2>/dev/null | head -1)
-    [[ -n $inc ]] && inc=$(dirname "$inc")
-    lib=$([[ -n $inc ]] && find "$inc/../lib" "$inc/../lib64" -name 'libcublas.so*' 2>/dev/null | head -1)
-    if [[ -n $lib ]]; then
-        lt=$(find "$(dirname "$lib")" -name 'libcublasLt.so*' | head -1)
-        CUBLAS_FLAGS=("-DCUDA_cublas_LIBRARY=$lib" "-DCUDA_cublasLt_LIBRARY=$lt" "-DCMAKE_CUDA_FLAGS=-I$inc"
-                      "-DCMAKE_CXX_FLAGS=-I$inc")
-        export LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-        say "no cuBLAS in the CUDA toolkit; using $lib ($inc)"
-    else
-        say "no cuBLAS in the CUDA toolkit nor elsewhere: the llama.cpp CUDA build will fail"
-    fi
-fi
+source tools/cuda_cublas.sh                  # CUBLAS_FLAGS for the llama.cpp build
+[[ -n $CUBLAS_NOTE ]] && say "$CUBLAS_NOTE"
 build_llama() {
     [[ -x $MTMD ]] && return 0
     run tar xzf .cache/llcpp-src.tgz -C "$LLDIR" || return 1
