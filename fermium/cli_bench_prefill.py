@@ -19,11 +19,12 @@ def prefill_bench_command(
     layers: Optional[int] = typer.Option(None, min=1, help="Layers of the synthetic model (40, the real depth)."),
     staging: str = typer.Option("auto", help="How streamed experts reach page-locked memory: auto, register, copy."),
     compare_staging: bool = typer.Option(False, help="With --model: time staging by copy and by register too."),
+    phases: bool = typer.Option(False, help="Time each phase of each layer (CUDA events): seconds, share, TFLOP/s."),
     out: Optional[Path] = typer.Option(None, help="Write the figures as JSON here."),
 ):
     """Prompt tok/s, H2D GB/s against pinned, overlap ratio, achieved TFLOP/s against the device's fp32
     peak (SMs x fp32 lanes x 2 x clock), peak device memory, C2075 estimate; with --model, the seconds
-    and GB/s of staging its streamed experts."""
+    and GB/s of staging its streamed experts; with --phases, where each prompt's compute time goes."""
     from native.cuda.staging import STAGINGS
     if staging not in STAGINGS:
         typer.echo(f"--staging {staging!r}: choose one of {', '.join(STAGINGS)}", err=True)
@@ -50,4 +51,5 @@ def prefill_bench_command(
     args += ["--model", str(model)] if model else []
     args += ["--layers", str(layers)] if layers else []
     args += ["--compare-staging"] if compare_staging else []
+    args += ["--phases"] if phases else []
     raise typer.Exit(main(args + (["--out", str(out)] if out else [])))

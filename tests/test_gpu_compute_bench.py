@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from native.cuda.phases import IDLE, report
 from tools.gpu_compute_summary import summary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,13 +29,25 @@ def llama_row(T: int, ub: int, b: int, ts: float) -> str:
     return json.dumps({"n_prompt": T, "n_gen": 0, "n_gpu_layers": 0, "n_ubatch": ub, "n_batch": b, "avg_ts": ts})
 
 
+def phase_row(name: str, where: str, seconds: float, calls: int, flops: float = 0.0) -> dict:
+    return {"name": name, "where": where, "seconds": seconds, "calls": calls, "flops": flops}
+
+
+def phases() -> dict:
+    """A --phases report as native/cuda/phases.py makes it: 2 s of span."""
+    row = phase_row
+    return report(2.0, [row("deltanet chunk prep and scan", "stream", 0.5, 30),
+                        row("expert gate/up", "stream", 1.0, 400, flops=30e12), row(IDLE, "gap", 0.5, 900),
+                        row("tile build, first copies issued", "host", 0.25, 40)])
+
+
 def write_figures(out: Path) -> None:
     staging = {"method": "register", "seconds": 2.0, "bytes": 15e9, "gb_per_s": 7.5}
     (out / "prefill-file-1.json").write_text(json.dumps({"staging": staging, "runs": [
         prefill_run(947, 1100.0), prefill_run(4096, 4000.0, overlap=1.2)], "staging_compared": {
         "copy": {**staging, "method": "copy"}, "register": {"method": "register", "refused": "no"}}}))
     (out / "prefill-file-2.json").write_text(json.dumps({"staging": staging, "runs": [
-        prefill_run(947, 1200.0), prefill_run(4096, 3900.0)]}))
+        prefill_run(947, 1200.0), {**prefill_run(4096, 3900.0), "phases": phases()}]}))
     (out / "llama.jsonl").write_text("\n".join([
         llama_row(947, 512, 2048, 156.0), llama_row(4096, 512, 2048, 170.0),
         llama_row(947, 4096, 4096, 392.0), llama_row(4096, 4096, 4096, 1279.0), llama_row(947, 4096, 4096, 400.0),
@@ -58,6 +71,15 @@ def test_the_summary_takes_the_best_of_each_side_and_states_every_goal(tmp_path)
     measured = 4.85e12 / (0.25 * 1.03e12) + 15e9 / 6e9           # the first file run of 947 tokens
     assert f"C2075 from the measured efficiency (file, 947 tokens): {measured:.1f} s" in text
     assert "C2075, as fermium bench prefill prints it (file, 947 tokens): 4.7 s" in text
+    lines = text.splitlines()
+    at = lines.index(next(line for line in lines if "4096 tokens, file run 2:" in line))
+    assert "phases over a compute span of 2.000 s" in lines[at + 1]
+    table = "\n".join(lines[at + 1:at + 9])
+    assert "deltanet chunk prep and scan" in table and " 25.0% " in table and "    30" in table
+    assert "expert gate/up" in table and "30.00" in table and " 50.0% " in table      # 30 TFLOP in 1 s
+    assert f"{IDLE}" in table and "(host) tile build, first copies issued" in table and " 12.5% " in table
+    assert "stream phases + idle" in table and "100.0%" in table
+    assert text.count("phases over a compute span") == 1                 # only the run that has them
 
 
 def test_the_summary_names_what_is_missing(tmp_path):
@@ -89,6 +111,7 @@ def test_the_measure_phase_runs_the_issues_commands_and_keeps_going_past_failure
     model = work / "syn40-q4_k_m.gguf"
     assert f"-m fermium bench prefill --model {model} --budget 6GiB --prompt 947 --prompt 4096 --compare-staging" \
         in commands
+    assert f"--model {model} --budget 6GiB --prompt 947 --prompt 4096 --phases --out" in commands
     assert f"{fake_llama} -m {model} -ngl 0 -p 947,4096 -n 0 -r 2 -o jsonl -oe md" in commands
     assert commands.count("-ngl 0 -p 947,4096 -n 0 -r 2 -ub 4096 -b 4096 -o jsonl") == 2
     assert "fermium bench prefill --budget 6GiB --prompt 947 --prompt 4096 --out" in commands

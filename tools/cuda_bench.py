@@ -9,11 +9,13 @@ are random token ids below the vocabulary, from a fixed seed. It reports, per pr
 prompt tok/s, bytes moved to the device and the achieved H2D rate against the pinned rate
 measured here, the overlap ratio wall / max(copy, compute), achieved TFLOP/s against the
 device's fp32 peak (native/cuda/device_peak.py), peak device memory, and an estimate for a
-Tesla C2075 (tools/cuda_bench_figures.py).
+Tesla C2075 (tools/cuda_bench_figures.py). With --phases, each prompt's compute span is split
+into the phases of its layers (native/cuda/phases.py): seconds, share, calls, TFLOP/s of GEMMs.
 
     python tools/bench_cuda_prefill.py --budget 6GiB --prompts 947 4096 --out bench.json
     fermium bench prefill --budget 6GiB --prompt 947 --prompt 4096
     fermium bench prefill --model Qwen3.6-35B-A3B-Q4_K_M.gguf --compare-staging
+    fermium bench prefill --model Qwen3.6-35B-A3B-Q4_K_M.gguf --prompt 4096 --phases
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import numpy as np
 from common.model.config import ModelConfig
 from common.state import SequenceState
 from native.cuda.device_peak import device_peak
+from native.cuda.phases import phase_lines
 from native.cuda.plan import parse_size
 from native.cuda.staging import STAGINGS
 from services.prefill.backends import cuda as cuda_backend
@@ -55,6 +58,7 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, help="layers of the synthetic model (40, the real depth, unless set)")
     ap.add_argument("--staging", choices=STAGINGS, default="auto", help="how the streamed experts are staged")
     ap.add_argument("--compare-staging", action="store_true", help="time staging by copy and by register too")
+    ap.add_argument("--phases", action="store_true", help="time each phase of each layer with CUDA events")
     ap.add_argument("--bandwidth-bytes", type=int, default=1 << 30, help="bytes per H2D rate measurement")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     return ap.parse_args(argv)
@@ -101,7 +105,7 @@ def main(argv=None) -> int:
     longest = max(args.prompts)
     t = time.perf_counter()
     backend = cuda_backend.CUDABackend(model, vram_budget=args.budget, pass_tokens=longest, max_context=longest,
-                                       staging=args.staging)
+                                       staging=args.staging, phases=args.phases)
     print(f"backend ready in {time.perf_counter() - t:.1f} s")
     staging = staging_figures(backend.host)
     print(staging_line("staging", staging))
@@ -116,6 +120,8 @@ def main(argv=None) -> int:
         run = timed_run(backend, cfg, rng.integers(0, cfg.vocab_size, T).tolist(), pinned, peak)
         results["runs"].append(run)
         print(run_line(run))
+        if "phases" in run:
+            print("\n".join(phase_lines(run["phases"])))
     if args.compare_staging:
         results["staging_compared"] = cmp = compare_staging(cuda, backend, model)
         for line in compare_lines(cmp):

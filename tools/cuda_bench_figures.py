@@ -1,5 +1,6 @@
 """The figures of `fermium bench prefill`: FLOPs of a prefill, the host-to-device rates, and one
-timed prompt turned into its report (rates, overlap, share of fp32 peak, the C2075 estimate).
+timed prompt turned into its report (rates, overlap, share of fp32 peak, the C2075 estimate, and
+with phases on, its phase table: native/cuda/phases.py).
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def timed_run(backend, cfg: ModelConfig, tokens: list[int], pinned: float, peak)
         "c2075_copy_s": d["h2d_bytes"] / C2075_PCIE, "c2075_compute_s": flops / C2075_FLOPS,
     }
     run["c2075_estimate_s"] = max(run["c2075_copy_s"], run["c2075_compute_s"])
+    if getattr(backend, "last_phases", None):          # the backend made with phases=True
+        run["phases"] = backend.last_phases
     return run
 
 

@@ -8,7 +8,8 @@
 #       Run again, it resumes what is missing (SKIP_TESTS=1 skips the tests).
 #   tools/gpu_compute_bench.sh measure   the GEMMs against fp32 peak (tools/bench_cuda_gemm.py), then,
 #       alternating, `fermium bench prefill --model FILE` and llama-bench -ngl 0 (its default batches,
-#       and -ub 4096 -b 4096) on that file, then the synthetic prefill; summary.txt holds the goals.
+#       and -ub 4096 -b 4096) on that file (its second Fermium run with --phases: where the compute
+#       time goes, phase by phase), then the synthetic prefill; summary.txt holds the goals.
 # Every command is printed (and kept in $OUT/commands.txt); all logs go to $OUT/log.txt.
 # Env: OUT (default /tmp/fermium-compute-out), WORK (the file; /tmp/fermium-compute), LLDIR (the
 # llama.cpp tree and build; /tmp/fermium-llcpp), LLAMA_BENCH (one already built), JOBS (16),
@@ -136,7 +137,7 @@ phase_measure() {
     fermium_file 1 --compare-staging
     llama "default batches"
     llama "-ub 4096 -b 4096" -ub 4096 -b 4096
-    fermium_file 2
+    fermium_file 2 --phases
     llama "-ub 4096 -b 4096, again" -ub 4096 -b 4096
     step "fermium synthetic" 150 80 "$PY" -m fermium bench prefill --budget 6GiB --prompt 947 --prompt 4096 \
         --out "$OUT/prefill-synthetic.json"

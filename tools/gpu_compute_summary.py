@@ -3,6 +3,7 @@
 Reads from OUT: gemm.json (tools/bench_cuda_gemm.py), prefill-file-*.json and
 prefill-synthetic.json (`fermium bench prefill --out`), llama.jsonl (`llama-bench -o jsonl`, one
 row per configuration and prompt, every run appended). Missing inputs are named, not guessed.
+A file run made with --phases adds its phase table (native/cuda/phases.py) per prompt.
 
     python tools/gpu_compute_summary.py OUT
 """
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from native.cuda.phases import phase_lines  # noqa: E402
 from tools.cuda_bench_figures import C2075_FLOPS, C2075_PCIE, PAPER_947_SECONDS  # noqa: E402
 
 PROMPTS = (947, 4096)
@@ -115,6 +117,8 @@ def summary(out: Path) -> list[str]:
                          f"{'met' if o <= GOAL_OVERLAP else 'not met'}); {run['achieved_tflops']:.1f} TFLOP/s = "
                          f"{100 * run['peak_share']:.1f}% of peak in the compute spans; "
                          f"H2D {100 * run['h2d_vs_pinned']:.0f}% of pinned")
+            if run.get("phases"):
+                lines += phase_lines(run["phases"], indent="    ")
     synthetic = load(out / "prefill-synthetic.json")
     for run in (synthetic or {}).get("runs", []):
         lines.append(f"  {run['tokens']:5d} tokens, synthetic 40 layers: {run['tok_per_s']:.0f} tok/s, overlap "

@@ -3,7 +3,7 @@
 `LayerRunner` owns no memory: it is handed the resident weights, the workspace (device
 addresses by phase and name), the state block and the streams. Everything is enqueued on the
 compute stream; the only host synchronisation per layer is the routing count, which decides
-which experts cross the bus.
+which experts cross the bus. With `phases`, a PhaseClock (phases.py) times each phase of each layer.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 from common.model.layers import EXPERT_ROLES
 
 from .kernels import GEMM_BM
+from .phases import NULL_CLOCK, PhaseClock
 from .plan import EXPERT_TENSORS
 
 F32 = 4
@@ -31,7 +32,7 @@ class StateBlock:
 
 class LayerRunner:
     def __init__(self, cuda, kernels, cfg, weights, streamer, ws, state: StateBlock, compute,
-                 timeline, host_scratch, model):
+                 timeline, host_scratch, model, phases: bool = False):
         self.cuda, self.k, self.cfg, self.w, self.st = cuda, kernels, cfg, weights, streamer
         self.ws, self.state, self.s, self.tl, self.model = ws, state, compute, timeline, model
         self.slot_of = {i: n for n, i in enumerate(cfg.linear_layers)} | \
@@ -43,10 +44,12 @@ class LayerRunner:
         self.T = 0
         self.d2h = cuda.Stream()
         self.wait_seconds = 0.0         # host blocked on routing counts
+        self.clock = PhaseClock(cuda, compute) if phases else NULL_CLOCK
 
     # ---------------------------------------------------------------- helpers
     def dense(self, key: tuple[int, str], x: int, ldx: int, y: int, ldy: int, accumulate: bool = False) -> None:
         t = self.w[key]
+        self.clock.flops(2 * self.T * t.N * t.K)
         self.k.gemm(self.s, t.qtype, x=x, ldx=ldx, y=y, ldy=ldy, w=t.ptr, row_bytes=t.row_bytes,
                     tiles=self.ws["keep"]["tiles"], n_tiles=-(-self.T // GEMM_BM), N=t.N, K=t.K,
                     accumulate=accumulate)
@@ -62,14 +65,16 @@ class LayerRunner:
         self.T = T
         keep = self.ws["keep"]
         start = self.tl.begin(self.s)
-        self.norm((i, "attn_norm"), keep["x"], keep["xn"])
+        with self.clock("input norm"):
+            self.norm((i, "attn_norm"), keep["x"], keep["xn"])
         if self.cfg.is_full_attention(i):
             self.full(i, self.slot_of[i], pos)
         else:
             self.linear(i, self.slot_of[i])
         mixed = self.cuda.Event()
         mixed.record(self.s)
-        self.norm((i, "post_norm"), keep["x"], keep["xn"])
+        with self.clock("post norm"):
+            self.norm((i, "post_norm"), keep["x"], keep["xn"])
         self.moe(i, start)
         if sink:
             self.d2h.wait_for_event(mixed)
@@ -81,20 +86,25 @@ class LayerRunner:
         H, C, nk, nv, dk, dv = (cfg.hidden_size, cfg.conv_channels, cfg.n_k_heads, cfg.n_v_heads,
                                 cfg.head_k_dim, cfg.head_v_dim)
         xn = self.ws["keep"]["xn"]
-        self.dense((i, "qkv"), xn, H, L["qkv"], C)
-        self.dense((i, "z"), xn, H, L["z"], nv * dv)
-        self.dense((i, "beta"), xn, H, L["beta"], nv)                # a fused ssm_ba is split at upload
-        self.dense((i, "alpha"), xn, H, L["alpha"], nv)
-        k.conv1d(s, L["qkv"], self.state.conv[n], self.w[i, "conv_w"].ptr, L["conv"],
-                 T, C, cfg.conv_kernel)
-        k.l2_norm(s, L["conv"], C, T * nk, nk, dk, L2_EPS, float(1.0 / np.sqrt(dk)))
-        k.l2_norm(s, L["conv"] + nk * dk * F32, C, T * nk, nk, dk, L2_EPS, 1.0)
-        k.gdn_gates(s, L["alpha"], L["beta"], self.w[i, "ssm_a"].ptr, self.w[i, "dt_bias"].ptr, T, nv)
-        k.gdn_chunked(s, L["conv"], L["alpha"], L["beta"],
-                      (T, C, nk, nv, dk, dv, int(cfg.v_head_layout == "tiled")),
-                      L["gcum"], L["aqk"], L["u"], L["wk"], self.state.ssm[n], L["o"])
-        k.rms_norm_gated(s, L["o"], L["z"], L["o"], self.w[i, "ssm_norm"].ptr, T * nv, dv, cfg.rms_eps)
-        self.dense((i, "ssm_out"), L["o"], nv * dv, self.ws["keep"]["x"], H, accumulate=True)
+        with self.clock("deltanet input projections"):
+            self.dense((i, "qkv"), xn, H, L["qkv"], C)
+            self.dense((i, "z"), xn, H, L["z"], nv * dv)
+            self.dense((i, "beta"), xn, H, L["beta"], nv)                # a fused ssm_ba is split at upload
+            self.dense((i, "alpha"), xn, H, L["alpha"], nv)
+        with self.clock("deltanet conv, l2 norms, gates"):
+            k.conv1d(s, L["qkv"], self.state.conv[n], self.w[i, "conv_w"].ptr, L["conv"],
+                     T, C, cfg.conv_kernel)
+            k.l2_norm(s, L["conv"], C, T * nk, nk, dk, L2_EPS, float(1.0 / np.sqrt(dk)))
+            k.l2_norm(s, L["conv"] + nk * dk * F32, C, T * nk, nk, dk, L2_EPS, 1.0)
+            k.gdn_gates(s, L["alpha"], L["beta"], self.w[i, "ssm_a"].ptr, self.w[i, "dt_bias"].ptr, T, nv)
+        with self.clock("deltanet chunk prep and scan"):
+            k.gdn_chunked(s, L["conv"], L["alpha"], L["beta"],
+                          (T, C, nk, nv, dk, dv, int(cfg.v_head_layout == "tiled")),
+                          L["gcum"], L["aqk"], L["u"], L["wk"], self.state.ssm[n], L["o"])
+        with self.clock("deltanet gated norm"):
+            k.rms_norm_gated(s, L["o"], L["z"], L["o"], self.w[i, "ssm_norm"].ptr, T * nv, dv, cfg.rms_eps)
+        with self.clock("deltanet output projection"):
+            self.dense((i, "ssm_out"), L["o"], nv * dv, self.ws["keep"]["x"], H, accumulate=True)
 
     def full(self, i: int, n: int, pos: int) -> None:
         cfg, k, s, T, A = self.cfg, self.k, self.s, self.T, self.ws["full"]
@@ -102,40 +112,82 @@ class LayerRunner:
         xn, row = self.ws["keep"]["xn"], nkv * hd
         kc, vc = self.state.k[n], self.state.v[n]
         knew, vnew = kc + pos * row * F32, vc + pos * row * F32
-        self.dense((i, "q"), xn, H, A["q2"], nh * 2 * hd)
-        self.dense((i, "k"), xn, H, A["kraw"], row)
-        self.dense((i, "v"), xn, H, vnew, row)
-        k.rms_norm(s, A["q2"], nh * 2 * hd, 2 * hd, A["q"], nh * hd, hd,
-                   self.w[i, "q_norm"].ptr, T * nh, nh, hd, cfg.rms_eps)
-        k.rms_norm(s, A["kraw"], row, hd, knew, row, hd,
-                   self.w[i, "k_norm"].ptr, T * nkv, nkv, hd, cfg.rms_eps)
-        cs = self.ws["keep"]["rope"]
-        k.rope(s, A["q"], nh * hd, nh, hd, cfg.rope_dim, cs, T)
-        k.rope(s, knew, row, nkv, hd, cfg.rope_dim, cs, T)
-        k.attention(s, A["q"], kc, vc, A["q2"] + hd * F32, nh * 2 * hd, 2 * hd, A["att"], T, pos, nh, nkv, hd)
-        self.dense((i, "o"), A["att"], nh * hd, self.ws["keep"]["x"], H, accumulate=True)
+        with self.clock("attention input projections"):
+            self.dense((i, "q"), xn, H, A["q2"], nh * 2 * hd)
+            self.dense((i, "k"), xn, H, A["kraw"], row)
+            self.dense((i, "v"), xn, H, vnew, row)
+        with self.clock("attention q/k norms, rope"):
+            k.rms_norm(s, A["q2"], nh * 2 * hd, 2 * hd, A["q"], nh * hd, hd,
+                       self.w[i, "q_norm"].ptr, T * nh, nh, hd, cfg.rms_eps)
+            k.rms_norm(s, A["kraw"], row, hd, knew, row, hd,
+                       self.w[i, "k_norm"].ptr, T * nkv, nkv, hd, cfg.rms_eps)
+            cs = self.ws["keep"]["rope"]
+            k.rope(s, A["q"], nh * hd, nh, hd, cfg.rope_dim, cs, T)
+            k.rope(s, knew, row, nkv, hd, cfg.rope_dim, cs, T)
+        with self.clock("attention kernel", flops=2 * nh * 2 * hd * T * (pos + (T + 1) / 2)):
+            k.attention(s, A["q"], kc, vc, A["q2"] + hd * F32, nh * 2 * hd, 2 * hd, A["att"], T, pos, nh, nkv, hd)
+        with self.clock("attention output projection"):
+            self.dense((i, "o"), A["att"], nh * hd, self.ws["keep"]["x"], H, accumulate=True)
 
     # ---------------------------------------------------------------- MoE
     def moe(self, i: int, start) -> None:
         cfg, k, s, T, M = self.cfg, self.k, self.s, self.T, self.ws["moe"]
         H, E, top = cfg.hidden_size, cfg.n_experts, cfg.n_experts_used
         xn, x = self.ws["keep"]["xn"], self.ws["keep"]["x"]
-        self.dense((i, "router"), xn, H, M["logits"], E)
-        k.moe_route(s, M["logits"], M["ids"], M["w"], T, E, top)
-        self.cuda.memset_d32_async(M["counts"], 0, E, s)
-        k.moe_count(s, M["ids"], M["counts"], T * top)
-        self.cuda.memcpy_dtoh_async(self.counts_h, M["counts"], s)
+        with self.clock("router GEMM"):
+            self.dense((i, "router"), xn, H, M["logits"], E)
+        with self.clock("routing kernels, counts read back"):
+            k.moe_route(s, M["logits"], M["ids"], M["w"], T, E, top)
+            self.cuda.memset_d32_async(M["counts"], 0, E, s)
+            k.moe_count(s, M["ids"], M["counts"], T * top)
+            self.cuda.memcpy_dtoh_async(self.counts_h, M["counts"], s)
         routed = self.cuda.Event()
         routed.record(s)
         self.tl.end(s, start)
         start = self.tl.begin(s)                    # the shared expert runs while the host groups
-        shared = self.shared_expert(i)
+        with self.clock("shared expert"):
+            shared = self.shared_expert(i)
         self.tl.end(s, start)
         t0 = time.perf_counter()
-        routed.synchronize()
+        with self.clock.host("wait for the expert counts"):
+            routed.synchronize()
         self.wait_seconds += time.perf_counter() - t0
+        with self.clock.host("tile build, first copies issued"):
+            ready, counts, offsets, used, tile_start, chunks, places, n_t = self.group(i)
 
-        # host: group rows by expert, tile them, place the streamed chunks
+        start = self.tl.begin(s)
+        up = self.upload_h
+        with self.clock("tile upload, scatter"):
+            self.cuda.memcpy_htod_async(M["tiles"], up[:n_t], s)
+            self.cuda.memcpy_htod_async(M["cursor"], up[n_t:n_t + E], s)
+            self.cuda.memcpy_htod_async(M["woff"], up[n_t + E:n_t + 7 * E], s)
+            k.moe_scatter(s, M["ids"], M["cursor"], M["tok"], M["pos"], T * top, top)
+        P = self.st.plan.pinned_experts
+        resident = used[used < P]
+        if len(resident):
+            self.expert_gemms(i, int(resident[0]), int(resident[-1]), counts, offsets, tile_start)
+        self.tl.end(s, start)
+
+        for c, (experts, where) in enumerate(zip(chunks, places)):
+            if c not in ready:
+                ready[c] = self.st.issue(i, experts, where)
+            with self.clock("copy wait"):
+                s.wait_for_event(ready[c])
+            start = self.tl.begin(s)
+            self.expert_gemms(i, int(experts[0]), int(experts[-1]), counts, offsets, tile_start)
+            self.tl.end(s, start)
+            self.st.release(where.region, s)
+
+        start = self.tl.begin(s)
+        sg = M["sg"] if shared and self.layers[i]["sh_gate_inp"] is not None else 0
+        with self.clock("expert combine"):
+            k.moe_combine(s, x, M["down"], M["pos"], M["w"], M["shd"] if shared else 0, sg, T, H, top)
+        self.tl.end(s, start)
+
+    def group(self, i: int):
+        """Host: group rows by expert, tile them, place the streamed chunks, fill the upload buffer,
+        and issue the copies of the first ring's worth of chunks before any compute is queued."""
+        E = self.cfg.n_experts
         counts = self.counts_h[:E].astype(np.int64)
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
         used = np.nonzero(counts)[0]
@@ -151,7 +203,7 @@ class LayerRunner:
         row0 = offsets[expert_of] + local * bm
         tiles = np.stack([expert_of, row0, np.minimum(bm, counts[expert_of] - local * bm),
                           np.zeros_like(row0)], axis=1).astype(np.int32)
-        woff = np.zeros((3, E), np.int64)
+        woff = np.zeros((3, E), np.int64)           # device address of each expert's first row, by tensor
         for j, t in enumerate(EXPERT_TENSORS):
             eb = self.st.ebytes[(i, t)]
             if P:
@@ -169,29 +221,7 @@ class LayerRunner:
         for c in range(min(len(chunks), self.st.regions)):
             ready[c] = self.st.issue(i, chunks[c], places[c])
 
-        start = self.tl.begin(s)
-        self.cuda.memcpy_htod_async(M["tiles"], up[:n_t], s)
-        self.cuda.memcpy_htod_async(M["cursor"], up[n_t:n_t + E], s)
-        self.cuda.memcpy_htod_async(M["woff"], up[n_t + E:n_t + 7 * E], s)
-        k.moe_scatter(s, M["ids"], M["cursor"], M["tok"], M["pos"], T * top, top)
-        resident = used[used < P]
-        if len(resident):
-            self.expert_gemms(i, int(resident[0]), int(resident[-1]), counts, offsets, tile_start)
-        self.tl.end(s, start)
-
-        for c, (experts, where) in enumerate(zip(chunks, places)):
-            if c not in ready:
-                ready[c] = self.st.issue(i, experts, where)
-            s.wait_for_event(ready[c])
-            start = self.tl.begin(s)
-            self.expert_gemms(i, int(experts[0]), int(experts[-1]), counts, offsets, tile_start)
-            self.tl.end(s, start)
-            self.st.release(where.region, s)
-
-        start = self.tl.begin(s)
-        sg = M["sg"] if shared and self.layers[i]["sh_gate_inp"] is not None else 0
-        k.moe_combine(s, x, M["down"], M["pos"], M["w"], M["shd"] if shared else 0, sg, T, H, top)
-        self.tl.end(s, start)
+        return ready, counts, offsets, used, tile_start, chunks, places, n_t
 
     def expert_gemms(self, i: int, first: int, last: int, counts, offsets, tile_start) -> None:
         """gate, up, SiLU * up and down for the rows of experts first..last (one group)."""
@@ -200,15 +230,19 @@ class LayerRunner:
         r0, r1 = int(offsets[first]), int(offsets[last] + counts[last])
         t0, t1 = int(tile_start[first]), int(tile_start[last + 1])
         tiles = M["tiles"] + t0 * 16
-        for j, (t, out) in enumerate((("ffn_gate_exps", "g"), ("ffn_up_exps", "u"))):
-            w = self.eq[(i, t)]
-            k.gemm(s, w.qtype, x=self.ws["keep"]["xn"], ldx=H, xrows=M["tok"], y=M[out], ldy=F, w=0,
-                   woff=M["woff"] + j * E * 8, row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0,
-                   N=F, K=H)
-        k.silu_mul(s, M["g"] + r0 * F * F32, M["u"] + r0 * F * F32, M["g"] + r0 * F * F32, (r1 - r0) * F)
-        w = self.eq[(i, "ffn_down_exps")]
-        k.gemm(s, w.qtype, x=M["g"], ldx=F, y=M["down"], ldy=H, w=0, woff=M["woff"] + 2 * E * 8,
-               row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0, N=H, K=F)
+        flops = 2 * (r1 - r0) * F * H                 # one of gate, up, down over the group's rows
+        with self.clock("expert gate/up", flops=2 * flops):
+            for j, (t, out) in enumerate((("ffn_gate_exps", "g"), ("ffn_up_exps", "u"))):
+                w = self.eq[(i, t)]
+                k.gemm(s, w.qtype, x=self.ws["keep"]["xn"], ldx=H, xrows=M["tok"], y=M[out], ldy=F, w=0,
+                       woff=M["woff"] + j * E * 8, row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0,
+                       N=F, K=H)
+        with self.clock("expert SiLU"):
+            k.silu_mul(s, M["g"] + r0 * F * F32, M["u"] + r0 * F * F32, M["g"] + r0 * F * F32, (r1 - r0) * F)
+        with self.clock("expert down", flops=flops):
+            w = self.eq[(i, "ffn_down_exps")]
+            k.gemm(s, w.qtype, x=M["g"], ldx=F, y=M["down"], ldy=H, w=0, woff=M["woff"] + 2 * E * 8,
+                   row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0, N=H, K=F)
 
     def shared_expert(self, i: int) -> bool:
         if not self.cfg.has_shared_expert:

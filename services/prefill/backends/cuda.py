@@ -62,7 +62,7 @@ class CUDABackend:
 
     def __init__(self, model, *, device: int = 0, vram_budget: int | str = DEFAULT_BUDGET,
                  pass_tokens: int = 4096, max_context: int = 8192, regions: int = 8, kv_type: str = "f32",
-                 mmproj: str | None = None, vision: str = "auto", staging: str = "auto"):
+                 mmproj: str | None = None, vision: str = "auto", staging: str = "auto", phases: bool = False):
         from native.cuda.kernels import Kernels
         from native.cuda.stream import ExpertStreamer
         from native.cuda.weights import DeviceArena, HostExperts, ResidentWeights
@@ -100,7 +100,7 @@ class CUDABackend:
             self.head_host = None if self.plan.head_resident else self._head_source()
             self.runner = LayerRunner(cuda, self.kernels, cfg, self.weights, self.streamer, self.ws,
                                       self.state, self.compute, self.timeline,
-                                      (self.counts_h, self.upload_h), model)
+                                      (self.counts_h, self.upload_h), model, phases)
             self.vision = GpuVision.load(cuda, self.ctx, placement)
             self.device_used_at_start = free0 - cuda.mem_get_info()[0]
             log.info("device memory: %.2f GiB allocated by the backend (peak counted %.2f GiB)",
@@ -223,12 +223,13 @@ class CUDABackend:
                 sink = layer_sink(cfg, self.runner.slot_of[i], self.state, out_state, i, pos, T, last)
                 self.runner.layer(i, T, pos, sink)
             pos += T
-            if all_logits:
-                outs.append(self._head(keep["x"], T))
-            elif last:
-                outs.append(self._head(keep["x"] + (T - 1) * H * F32, 1))
+            if all_logits or last:
+                n = T if all_logits else 1
+                with self.runner.clock("final norm, LM head", flops=2 * n * H * cfg.vocab_size):
+                    outs.append(self._head(keep["x"] + (T - n) * H * F32, n))
         s.synchronize()
         self.streamer.copy.synchronize()
+        self.last_phases = self.runner.clock.take()     # native/cuda/phases.py; None without `phases`
         t_down = time.perf_counter()
         self.runner.d2h.synchronize()
         k, v = ([np.concatenate([a[:start], kv_encode(b[start:], state.kv_type)]) for a, b in zip(old, new)]
