@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stddef.h>
 #include "ops.h"
+#include "vexp_body.h"
 
 static inline __attribute__((always_inline)) void vis_micro(int kc, const float *const *a, const float *panel,
                                                             float *c, size_t ldc, const float *bias, int load_c) {
@@ -37,21 +38,6 @@ static inline __attribute__((always_inline)) void vis_micro(int kc, const float 
 }
 
 
-// e^x as fm_expf (ops.h), VW lanes at once
-static inline __attribute__((always_inline)) V vis_exp(V x) {
-    x = VMAX(VMIN(x, VSET1(88.0f)), VSET1(-87.0f));
-    const V k = VSUB(VFMA(x, VSET1(1.44269504f), VSET1(12582912.0f)), VSET1(12582912.0f));
-    const V r = VFMA(k, VSET1(2.12194440e-4f), VFMA(k, VSET1(-0.693359375f), x));
-    V p = VSET1(1.0f / 720.0f);
-    p = VFMA(p, r, VSET1(1.0f / 120.0f));
-    p = VFMA(p, r, VSET1(1.0f / 24.0f));
-    p = VFMA(p, r, VSET1(1.0f / 6.0f));
-    p = VFMA(p, r, VSET1(0.5f));
-    p = VFMA(p, r, VSET1(1.0f));
-    p = VFMA(p, r, VSET1(1.0f));
-    return VMUL(p, VPOW2I(k));
-}
-
 // s[0..n) <- e^(scale (s - max s)); returns their sum
 static inline float vis_softmax_row(float *s, int n, float scale) {
     V vm = VSET1(-INFINITY);
@@ -62,7 +48,7 @@ static inline float vis_softmax_row(float *s, int n, float scale) {
     const V vmax = VSET1(m), vscale = VSET1(scale);
     V sum = VZERO;
     for (j = 0; j + VW <= n; j += VW) {
-        const V p = vis_exp(VMUL(VSUB(VLOAD(s + j), vmax), vscale));
+        const V p = vexp(VMUL(VSUB(VLOAD(s + j), vmax), vscale));
         VSTORE(s + j, p);
         sum = VADD(sum, p);
     }
@@ -78,7 +64,7 @@ static inline void vis_gelu_tanh_row(float *r, int n) {
     for (; j + VW <= n; j += VW) {
         const V x = VLOAD(r + j);
         const V u = VMUL(c, VFMA(VMUL(c3, x), VMUL(x, x), x));
-        VSTORE(r + j, VDIV(x, VADD(one, vis_exp(u))));
+        VSTORE(r + j, VDIV(x, VADD(one, vexp(u))));
     }
     for (; j < n; j++) {
         const float x = r[j];
