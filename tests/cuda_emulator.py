@@ -288,3 +288,13 @@ class FakeKernels:
             gate = sigmoid(self.m.view(sg, T))[:, None] if sg else 1.0
             acc = acc + gate * self.m.view(shared, (T, H))
         X += acc
+
+
+def emulate_cuda(monkeypatch, driver: "FakeDriver | None" = None) -> "FakeDriver":
+    """The cuda prefill backend on this emulator: its driver and its kernels; returns the driver."""
+    from native.cuda import kernels as cuda_kernels
+    from services.prefill.backends import cuda as cuda_backend
+    driver = driver or FakeDriver()
+    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda_kernels, "Kernels", lambda: FakeKernels(driver))
+    return driver

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from native.cuda import kernels as cuda_kernels
 from native.cuda.device_peak import fp32_peak
 from services.prefill.backends import cuda as cuda_backend
 from tools import cuda_bench
 
-from .cuda_emulator import FakeDriver, FakeKernels
+from .cuda_emulator import emulate_cuda
 from .gpu.tiny_gguf import TinySpec, build
 from .test_cuda_backend_emulated import budget_for
 
@@ -27,9 +26,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture()
 def emulated(monkeypatch):
-    driver = FakeDriver()
-    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
-    monkeypatch.setattr(cuda_kernels, "Kernels", lambda: FakeKernels(driver))
+    driver = emulate_cuda(monkeypatch)
     # the emulator reports no SM count or clock: a Tesla C2075's (14 SMs of compute 2.0 at 1.15 GHz)
     monkeypatch.setattr(cuda_bench, "device_peak", lambda device: fp32_peak("emulated C2075", 14, (2, 0), 1150000))
     monkeypatch.setattr(cuda_backend.CUDABackend, "availability", classmethod(lambda cls: (True, "emulated")))

@@ -13,11 +13,10 @@ from common.kv_cache import kv_decode, kv_dtype
 from common.model.gguf_file import GGUFModel
 from common.reference.model import ReferenceModel
 from common.state import SequenceState
-from native.cuda import kernels as cuda_kernels
 from native.cuda.plan import make_plan
 from services.prefill.backends import cuda as cuda_backend
 
-from .cuda_emulator import FakeDriver, FakeKernels
+from .cuda_emulator import emulate_cuda
 from .gpu.tiny_gguf import TinySpec, build
 
 # the emulated kernels are the reference's own numpy ops, so only summation order differs
@@ -36,9 +35,7 @@ def model(request, tmp_path_factory):
 
 @pytest.fixture()
 def emulated(monkeypatch):
-    driver = FakeDriver()
-    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
-    monkeypatch.setattr(cuda_kernels, "Kernels", lambda: FakeKernels(driver))
+    driver = emulate_cuda(monkeypatch)
     return driver
 
 

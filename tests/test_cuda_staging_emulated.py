@@ -8,12 +8,11 @@ import pytest
 
 from common.model.gguf_file import GGUFModel
 from common.state import SequenceState
-from native.cuda import kernels as cuda_kernels
 from native.cuda import staging
 from native.cuda.plan import EXPERT_TENSORS
 from services.prefill.backends import cuda as cuda_backend
 
-from .cuda_emulator import FakeDriver, FakeKernels
+from .cuda_emulator import emulate_cuda
 from .gpu.tiny_gguf import TinySpec, build
 from .test_cuda_backend_emulated import LOGITS_ATOL, budget_for, reference
 
@@ -25,9 +24,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture()
 def emulated(monkeypatch):
-    driver = FakeDriver()
-    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
-    monkeypatch.setattr(cuda_kernels, "Kernels", lambda: FakeKernels(driver))
+    driver = emulate_cuda(monkeypatch)
     return driver
 
 

@@ -12,11 +12,10 @@ from common.model.gguf_file import GGUFModel, Tensor
 from common.model.layers import FULL, GLOBALS, MOE, NEXTN, NORMS, bind, layer_specs
 from common.reference.model import ReferenceModel
 from native.cpu_runner import CpuRunner
-from native.cuda import kernels as cuda_kernels
 from services.prefill.backends import cuda as cuda_backend
 
 from .conftest import Metadata
-from .cuda_emulator import FakeDriver, FakeKernels
+from .cuda_emulator import emulate_cuda
 from .gpu.tiny_gguf import TinySpec, build
 from .stack_helpers import write_tiny_gguf
 
@@ -37,9 +36,7 @@ def model(request, tmp_path) -> GGUFModel:
 
 
 def cuda_on_emulator(model, monkeypatch):
-    driver = FakeDriver()
-    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
-    monkeypatch.setattr(cuda_kernels, "Kernels", lambda: FakeKernels(driver))
+    emulate_cuda(monkeypatch)
     return cuda_backend.CUDABackend(model, max_context=64, vram_budget=1 << 40)
 
 

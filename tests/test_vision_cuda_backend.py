@@ -18,7 +18,6 @@ from common.reference.model import ReferenceModel
 from common.state import SequenceState
 from common.vision.preprocess import preprocess, smart_resize
 from common.vision.tensors import MmprojFile
-from native.cuda import kernels as cuda_kernels
 from native.cuda import vision as cuda_vision
 from native.cuda.plan import VramBudgetError, gib, make_plan
 from services.prefill.backends import cuda as cuda_backend
@@ -26,7 +25,7 @@ from services.prefill.backends.cuda_vision import plan_with_vision
 from services.prefill.config import PrefillConfig
 from services.prefill.vision import ImageRows, load_encoder
 
-from .cuda_emulator import FakeDriver, FakeKernels
+from .cuda_emulator import FakeDriver, emulate_cuda
 from .vision_helpers import IMAGE_PAD, SIZES_FOR_INTEROP, TinyVL, prompt_with_images, synthetic_image
 
 pytest.importorskip("torch")
@@ -82,8 +81,7 @@ def emulated(monkeypatch):
     from .test_cuda_vision_emulated import FakeVisionKernels
     driver, ctx = FakeDriver(1 << 30), Context()
     driver.Device.make_context = lambda self: (ctx.push(), ctx)[1]      # current once made, as pycuda's
-    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
-    monkeypatch.setattr(cuda_kernels, "Kernels", lambda: FakeKernels(driver))
+    emulate_cuda(monkeypatch, driver)
 
     class InContext(FakeVisionKernels):
         def gemm(self, *args, **kwargs):

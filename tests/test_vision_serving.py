@@ -346,12 +346,9 @@ def test_native_text_rows_are_unchanged_by_the_mrope_path(vl):
 
 
 def test_cuda_backend_host_side_places_images(vl, monkeypatch):
-    from native.cuda import kernels as cuda_kernels
     from services.prefill.backends import cuda as cuda_backend
-    from tests.cuda_emulator import FakeDriver, FakeKernels
-    driver = FakeDriver()
-    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
-    monkeypatch.setattr(cuda_kernels, "Kernels", lambda: FakeKernels(driver))
+    from tests.cuda_emulator import emulate_cuda
+    emulate_cuda(monkeypatch)
     model = vl[0]
     ids, mm = image_prompt(vl)
     want = ReferenceModel(model).prefill(ids, ReferenceModel(model).new_state(), all_logits=True, mm=mm)
