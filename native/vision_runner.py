@@ -94,9 +94,7 @@ class NativeVisionEncoder:
     def encode(self, patches: Patches) -> np.ndarray:
         """patches of one image -> its image-token embeddings [n_tokens, text hidden]."""
         cfg, v = self.cfg, self.vec
-        if patches.pixels.shape[1] != cfg.patch_dim or patches.merge != cfg.merge_size:
-            raise ValueError(f"patches of {patches.pixels.shape[1]} values (merge {patches.merge}); this tower "
-                             f"takes {cfg.patch_dim} (merge {cfg.merge_size})")
+        patches.check(cfg)
         rows, cols = patch_rows_cols(patches.grid_h, patches.grid_w, cfg.merge_size)
         pixels = np.ascontiguousarray(patches.pixels, np.float32)
         x = gemm(self.pool, self.patch, pixels, v["patch_b"])                                          # [N, H]

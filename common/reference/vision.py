@@ -98,9 +98,7 @@ class VisionEncoder:
     def encode(self, patches: Patches) -> np.ndarray:
         """patches of one image -> its image-token embeddings [n_tokens, text hidden]."""
         cfg, g = self.cfg, self.g
-        if patches.pixels.shape[1] != cfg.patch_dim or patches.merge != cfg.merge_size:
-            raise ValueError(f"patches of {patches.pixels.shape[1]} values (merge {patches.merge}); this tower "
-                             f"takes {cfg.patch_dim} (merge {cfg.merge_size})")
+        patches.check(cfg)
         rows, cols = patch_rows_cols(patches.grid_h, patches.grid_w, cfg.merge_size)
         x = patches.pixels @ self.patch_w.T + g["patch_b"]                      # [N, H]
         x = x + interpolated_positions(g["pos"], cfg.grid_side, rows, cols, patches.grid_h, patches.grid_w)

@@ -42,6 +42,12 @@ class Patches:
     def n_tokens(self) -> int:
         return self.token_rows * self.token_cols
 
+    def check(self, cfg: VisionConfig) -> None:
+        """ValueError unless these patches are of the shape the tower of `cfg` takes."""
+        if self.pixels.shape[1] != cfg.patch_dim or self.merge != cfg.merge_size:
+            raise ValueError(f"patches of {self.pixels.shape[1]} values (merge {self.merge}); this tower "
+                             f"takes {cfg.patch_dim} (merge {cfg.merge_size})")
+
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """(height, width) after the resize, each a multiple of `factor`."""

@@ -207,9 +207,7 @@ class CudaVisionEncoder:
     def encode(self, patches: Patches) -> np.ndarray:
         """patches of one image -> its image-token embeddings [n_tokens, text hidden]."""
         cfg, cuda, s = self.cfg, self.cuda, self.stream
-        if patches.pixels.shape[1] != cfg.patch_dim or patches.merge != cfg.merge_size:
-            raise ValueError(f"patches of {patches.pixels.shape[1]} values (merge {patches.merge}); this tower "
-                             f"takes {cfg.patch_dim} (merge {cfg.merge_size})")
+        patches.check(cfg)
         n, H, nh, hd = patches.pixels.shape[0], cfg.hidden_size, cfg.n_heads, cfg.head_dim
         tokens, D = n // cfg.merge_size ** 2, cfg.projection_dim
         rows, cols = patch_rows_cols(patches.grid_h, patches.grid_w, cfg.merge_size)
