@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from fermium.stack import free_port
 from tests.redis_helpers import RedisServer, needs_redis
 from tests.shared_stacks import metric, routers, wait_written
+from tests.up_helpers import wait_healthy
 
 CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "haproxy" / "haproxy.cfg"
 PREFILLED = "fermium_prefill_tokens_total"
@@ -43,16 +43,7 @@ class HAProxy:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "haproxy exited"
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("haproxy did not answer")
+        wait_healthy(self.url, self.proc, START_S, name="haproxy")
 
     def stop(self) -> None:
         self.proc.terminate()

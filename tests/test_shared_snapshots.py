@@ -18,6 +18,7 @@ from common.snapshots.keys import ROOT, tail_key
 from common.state import SequenceState
 from tests.redis_helpers import RedisServer, needs_redis
 from tests.test_snapshot_store import BLOCK, CFG, assert_same, put, state_after
+from tests.up_helpers import wait_healthy
 
 pytestmark = needs_redis
 
@@ -282,17 +283,9 @@ def test_fermium_up_takes_the_store(tmp_path, demo):
                 err = open(tmp_path / f"up{i}.err", "wb")
                 ups.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True),
                             f"http://127.0.0.1:{port}", metrics))
-            for proc, url, _ in ups:
-                deadline = time.monotonic() + READY_TIMEOUT_S
-                while True:
-                    assert proc.poll() is None, (tmp_path / "up0.err").read_text()[-2000:]
-                    try:
-                        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    assert time.monotonic() < deadline
-                    time.sleep(0.1)
+            for i, (proc, url, _) in enumerate(ups):
+                wait_healthy(url, proc, READY_TIMEOUT_S, lambda: (tmp_path / f"up{i}.err").read_text()[-2000:],
+                             "fermium up")
 
             def router_metric(metrics: int, name: str) -> float:
                 text = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=5).text

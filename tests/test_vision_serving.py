@@ -16,10 +16,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
@@ -43,6 +41,7 @@ from services.router.vision import VisionInput
 from tests.http_helpers import serve_app
 from tests.stack_helpers import CHATML, _byte_chars
 from tests.test_api_errors import lifespan
+from tests.up_helpers import wait_healthy
 
 from .vision_helpers import IMAGE_PAD, VISION_END, VISION_START, VOCAB, build_tiny_vl_checkpoint, synthetic_image
 
@@ -429,16 +428,7 @@ def test_fermium_up_serves_an_image_to_the_openai_client(vl, tmp_path):
                            "--port", str(port), "--runner", "reference"], stdout=log, stderr=subprocess.STDOUT,
                           cwd=Path(__file__).resolve().parents[1], env={**os.environ, "FERMIUM_REPACK": "0"})
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert up.poll() is None, (tmp_path / "up.log").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(f"http://127.0.0.1:{port}", up, 180, (tmp_path / "up.log").read_text, "fermium up", 0.5)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         reply = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=MAX_TOKENS, messages=[
             {"role": "user", "content": [{"type": "text", "text": "what now? "}, image_part(image)]}])

@@ -25,6 +25,21 @@ LONG = 8000                  # tokens: many seconds of decoding on the reference
 PROBE = dict(prompt="the cat", max_tokens=16, temperature=0)
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log=lambda: "", name: str = "the server",
+                 interval: float = 0.1) -> None:
+    """Until `url`/health answers 200; fails with log() when proc exits first or timeout passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"{name} exited: {log()}"
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{name} not serving within {timeout} s: {log()}"
+        time.sleep(interval)
+
+
 def figure(name: str, value: float | str) -> None:
     print(f"FIGURE {name}: {value:.3f} s" if isinstance(value, float) else f"FIGURE {name}: {value}", flush=True)
 
@@ -67,16 +82,7 @@ class Up:
         return httpx.get(f"{self.url}/health", timeout=2.0)
 
     def wait_serving(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.proc.poll() is None, f"fermium up exited: {self.stderr.read_text()[-3000:]}"
-            try:
-                if self.health().status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"not serving within {timeout} s: {self.stderr.read_text()[-3000:]}"
-            time.sleep(0.1)
+        wait_healthy(self.url, self.proc, timeout, lambda: self.stderr.read_text()[-3000:], "fermium up")
 
     def close(self) -> None:
         kids = self.children()
