@@ -34,37 +34,34 @@ def as_raw(data: np.ndarray, raw_dtype) -> tuple[np.ndarray, Q]:
     return data, raw_dtype
 
 
-@pytest.mark.parametrize("qtype", list(GEMM_KERNELS), ids=lambda q: q.name)
-def test_gemm_dense(dev, qtype):
-    T, N, K = 70, 200, 512
+def dense_gemm(dev, qtype, T: int, N: int, K: int, Y0: np.ndarray, accumulate: bool):
+    """Y0 (rows >= T) on the device, then the dense GEMM of a random [N, K] weight of qtype over T
+    random rows in tiles of GEMM_BM: (X, W as float, Y back from the device)."""
     raw, qt = as_raw(*weight(qtype, (N, K), 0.05, rng))
     W = dq(raw, qt).reshape(N, K)
     X = rng.standard_normal((T, K)).astype(np.float32)
-    Y0 = rng.standard_normal((T, N)).astype(np.float32)
     x, w, y = dev.put(X), dev.put(raw), dev.put(Y0)
     starts = np.arange(0, T, GEMM_BM)
     tiles = dev.put(np.array([[0, r, min(GEMM_BM, T - r), 0] for r in starts], np.int32))
     dev.k.gemm(dev.s, qt, x=x, ldx=K, y=y, ldy=N, w=w, row_bytes=raw.shape[1], tiles=tiles,
-               n_tiles=len(starts), N=N, K=K, accumulate=True)
-    want = Y0 + X @ W.T
-    got = dev.get(y, (T, N))
+               n_tiles=len(starts), N=N, K=K, accumulate=accumulate)
+    return X, W, dev.get(y, Y0.shape)
+
+
+@pytest.mark.parametrize("qtype", list(GEMM_KERNELS), ids=lambda q: q.name)
+def test_gemm_dense(dev, qtype):
+    T, N, K = 70, 200, 512
+    Y0 = rng.standard_normal((T, N)).astype(np.float32)
+    X, W, got = dense_gemm(dev, qtype, T, N, K, Y0, accumulate=True)
     scale = np.abs(X).sum(1)[:, None] * np.abs(W).max()
-    assert np.max(np.abs(got - want) / scale) < GEMM_RTOL
+    assert np.max(np.abs(got - (Y0 + X @ W.T)) / scale) < GEMM_RTOL
 
 
 @pytest.mark.parametrize("qtype", list(GEMM_KERNELS), ids=lambda q: q.name)
 def test_gemm_model_width_poisoned(dev, qtype):
     """A 35B projection (N 512, K 2048) over 130 rows into NaN: every output written, none twice."""
     T, N, K = 130, 512, 2048
-    raw, qt = as_raw(*weight(qtype, (N, K), 0.05, rng))
-    W = dq(raw, qt).reshape(N, K)
-    X = rng.standard_normal((T, K)).astype(np.float32)
-    x, w, y = dev.put(X), dev.put(raw), dev.put(np.full((T + 1, N), np.nan, np.float32))
-    starts = np.arange(0, T, GEMM_BM)
-    tiles = dev.put(np.array([[0, r, min(GEMM_BM, T - r), 0] for r in starts], np.int32))
-    dev.k.gemm(dev.s, qt, x=x, ldx=K, y=y, ldy=N, w=w, row_bytes=raw.shape[1], tiles=tiles,
-               n_tiles=len(starts), N=N, K=K)
-    got = dev.get(y, (T + 1, N))
+    X, W, got = dense_gemm(dev, qtype, T, N, K, np.full((T + 1, N), np.nan, np.float32), accumulate=False)
     assert np.isnan(got[T]).all()                       # the row past the last tile stays untouched
     scale = np.abs(X).sum(1)[:, None] * np.abs(W).max()
     assert np.max(np.abs(got[:T] - X @ W.T) / scale) < GEMM_RTOL
