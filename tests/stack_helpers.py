@@ -128,3 +128,28 @@ def up_stack_kwargs(monkeypatch, **options) -> dict:
         for s, h in handlers.items():
             signal.signal(s, h)
     return seen
+
+
+class DemoReference:
+    """The bundled demo model as the stack serves it (its KV type), for the answers a cold run gives:
+    `tok`, `config`, `corpus` (its held-out text as ids), cold(ids, n) and text(ids)."""
+
+    def __init__(self):
+        from common.kv_cache import DEFAULT_KV_TYPE
+        from common.model.default import default_model_path
+        from common.model.gguf_file import GGUFModel
+        from common.model.tokenizer import Tokenizer
+        from common.reference.model import ReferenceModel
+        model = GGUFModel(default_model_path())
+        self.config = model.config
+        self.tok, self.reference = Tokenizer.from_gguf(model), ReferenceModel(model, kv_type=DEFAULT_KV_TYPE)
+        self.corpus = self.tok.encode((default_model_path().parent / "heldout_sample.txt").read_text())
+
+    def cold(self, ids: list[int], n: int) -> list[int]:
+        """The n greedy tokens after ids, on the reference engine."""
+        from common.reference.generate import generate
+        from common.sampling import SamplingParams
+        return list(generate(self.reference, ids, SamplingParams(), n, self.tok.eos_ids))
+
+    def text(self, ids: list[int]) -> str:
+        return self.tok.decode([t for t in ids if t not in self.tok.eos_ids])

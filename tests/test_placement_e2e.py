@@ -18,13 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.kv_cache import DEFAULT_KV_TYPE
 from common.model.default import default_model_path
-from common.model.gguf_file import GGUFModel
-from common.model.tokenizer import Tokenizer
-from common.reference.generate import generate
-from common.reference.model import ReferenceModel
-from common.sampling import SamplingParams
 from common.state import state_specs
 from fermium.stack import Stack, free_port
+from tests.stack_helpers import DemoReference
 
 READY_TIMEOUT_S = 120            # four or five Python processes starting on a shared 2-core machine
 WAIT_S = 30
@@ -38,16 +34,8 @@ FROM_DECODE = ("fermium_prefill_state_bytes_received_total", {"source": "decode"
 
 @pytest.fixture(scope="module")
 def demo():
-    model = GGUFModel(default_model_path())
-    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model, kv_type=DEFAULT_KV_TYPE)   # the stack's
-
-    def cold(ids: list[int]) -> list[int]:
-        return list(generate(reference, ids, SamplingParams(), MAX_TOKENS, tok.eos_ids))
-
-    def text(ids: list[int]) -> str:
-        return tok.decode([t for t in ids if t not in tok.eos_ids])
-    corpus = tok.encode((default_model_path().parent / "heldout_sample.txt").read_text())
-    return model.config, cold, text, corpus
+    ref = DemoReference()
+    return ref.config, lambda ids: ref.cold(ids, MAX_TOKENS), ref.text, ref.corpus
 
 
 def make_stack(tmp, workers: tuple[str, ...], extra: dict[str, list[str]] | None = None) -> Stack:

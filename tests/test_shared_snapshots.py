@@ -201,20 +201,9 @@ SAVED = "fermium_snapshot_tokens_saved_total"
 
 @pytest.fixture(scope="module")
 def demo():
-    from common.kv_cache import DEFAULT_KV_TYPE
-    from common.model.default import default_model_path
-    from common.model.gguf_file import GGUFModel
-    from common.model.tokenizer import Tokenizer
-    from common.reference.generate import generate
-    from common.reference.model import ReferenceModel
-    from common.sampling import SamplingParams
-    model = GGUFModel(default_model_path())
-    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model, kv_type=DEFAULT_KV_TYPE)
-
-    def cold(ids: list[int], n: int = MAX_TOKENS) -> list[int]:
-        return list(generate(reference, ids, SamplingParams(), n, tok.eos_ids))
-    text = (default_model_path().parent / "heldout_sample.txt").read_text()
-    return tok, cold, tok.encode(text)
+    from tests.stack_helpers import DemoReference
+    ref = DemoReference()
+    return ref.tok, lambda ids, n=MAX_TOKENS: ref.cold(ids, n), ref.corpus
 
 
 def test_turn_two_on_another_router_prefills_only_its_new_tokens(tmp_path, demo):

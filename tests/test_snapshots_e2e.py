@@ -12,14 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.kv_cache import DEFAULT_KV_TYPE
 from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
-from common.model.tokenizer import Tokenizer
-from common.reference.generate import generate
-from common.reference.model import ReferenceModel
-from common.sampling import SamplingParams
 from common.snapshots import disk
 from fermium.stack import Stack, free_port
 from services.router.prefix_cache import model_folder
 from tests.snapshot_damage import DAMAGES
+from tests.stack_helpers import DemoReference
 
 READY_TIMEOUT_S = 60
 EVERY = 64                       # checkpoint interval: the prefill chunk
@@ -30,13 +27,8 @@ PREFILLED = "fermium_prefill_tokens_total"
 
 @pytest.fixture(scope="module")
 def demo():
-    model = GGUFModel(default_model_path())
-    tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model, kv_type=DEFAULT_KV_TYPE)   # the stack's
-
-    def cold(ids: list[int], n: int = MAX_TOKENS) -> list[int]:
-        return list(generate(reference, ids, SamplingParams(), n, tok.eos_ids))
-    text = (default_model_path().parent / "heldout_sample.txt").read_text()
-    return tok, cold, tok.encode(text)
+    ref = DemoReference()
+    return ref.tok, lambda ids, n=MAX_TOKENS: ref.cold(ids, n), ref.corpus
 
 
 def start(tmp, extra_router: list[str]) -> Stack:
