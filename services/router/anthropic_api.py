@@ -28,7 +28,7 @@ from .errors import APIError, failure
 from .generation import Delta
 from .schema import Job, chat_prompt, check_model, parse_body, validate
 from .tools import tool_plan
-from .vision import PLACEHOLDER
+from .vision import ImageReads
 
 
 def _event(body: dict[str, Any]) -> bytes:
@@ -57,18 +57,15 @@ class MessagesAPI:
 
     def _count(self, raw: bytes) -> int:
         """The prompt's tokens, each image's run of image tokens counted whole."""
-        api, read = self.api, []
+        api = self.api
         vision = AnthropicVision(getattr(api, "vision", None))
-
-        def reader(part: dict, where: str) -> str:
-            read.append(vision.read(part, where))
-            return PLACEHOLDER
+        reads = ImageReads(vision)
         try:
             body, prefill = openai_body(parse_body(raw), count=True)
             check_model(body["model"], api.served)
-            text, _ = chat_prompt(body, tool_plan(body), api.render, prefill, reader)
+            text, _ = chat_prompt(body, tool_plan(body), api.render, prefill, reads)
             ids = api.encode(text)
-            return len(vision.expand(ids, read)[0] if read else ids)
+            return len(vision.expand(ids, reads.read)[0] if reads.read else ids)
         except APIError as e:
             raise anthropic_param(e) from None
 

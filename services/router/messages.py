@@ -6,8 +6,8 @@ What clients send back in an agent loop is accepted: assistant turns with `tool_
 clients. Content may be a string or a list of text parts; the parts are joined. With a vision
 tower (`read_image`, services/router/vision.py), a user turn's list may hold `image_url` parts too:
 each is read then and stands in the text as what `read_image` returns (the template's image
-placeholder). Other keys of a message (`refusal`, `audio`, ...) are dropped. Each problem is a 400
-naming its path.
+markers, vision.py IMAGE_TEXT). Other keys of a message (`refusal`, `audio`, ...) are dropped.
+Each problem is a 400 naming its path.
 """
 from __future__ import annotations
 

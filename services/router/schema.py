@@ -32,7 +32,7 @@ from .sampling_args import INT64, sampling_params
 from .sampling_args import number as _num
 from .structured import request_grammar
 from .tools import ToolPlan, steer, tool_plan
-from .vision import PLACEHOLDER, PromptImages, VisionInput
+from .vision import ImageReads, PromptImages, VisionInput
 
 COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
                  "presence_penalty", "seed", "stop", "stream", "stream_options", "temperature",
@@ -241,15 +241,11 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     plan, reasoning, images = ToolPlan(), False, None
     if chat:
         plan = tool_plan(body)
-        read: list = []
-
-        def reader(part: dict, where: str) -> str:
-            read.append(vision.read(part, where))
-            return PLACEHOLDER
-        text, reasoning = chat_prompt(body, plan, render, prefill, reader if vision is not None else None)
+        reads = ImageReads(vision)
+        text, reasoning = chat_prompt(body, plan, render, prefill, reads if vision is not None else None)
         prompt_ids = encode(text)
-        if read:
-            prompt_ids, images = vision.expand(prompt_ids, read)
+        if reads.read:
+            prompt_ids, images = vision.expand(prompt_ids, reads.read)
     else:
         prompt_ids = _prompt(body, encode, vocab)
     grammar = request_grammar(body, plan, tokenizer, reasoning)

@@ -27,7 +27,19 @@ from .errors import bad_request
 from .images import DecodedImage, ImageLimits, image_block, image_part
 
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
-PLACEHOLDER = VISION_START + IMAGE_PAD + VISION_END
+IMAGE_TEXT = VISION_START + IMAGE_PAD + VISION_END     # an image in the rendered prompt, before expand()
+
+
+class ImageReads:
+    """chat_prompt's image reader: each image part read by `vision` (its read(part, where)) into
+    `read`, in order, and written into the prompt's text as IMAGE_TEXT."""
+
+    def __init__(self, vision):
+        self.vision, self.read = vision, []
+
+    def __call__(self, part: dict, where: str) -> str:
+        self.read.append(self.vision.read(part, where))
+        return IMAGE_TEXT
 
 
 @dataclass(frozen=True)
