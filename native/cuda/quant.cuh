@@ -15,45 +15,22 @@
 #include "fermi.cuh"
 
 // ---------------------------------------------------------------------------- aligned loads
-FM_HD uint4 fm_ld16(const unsigned char* p) {
+// a T at p: one aligned load on the device; memcpy on the host, where p may be unaligned
+template <typename T>
+FM_HD T fm_ld(const unsigned char* p) {
 #ifdef __CUDA_ARCH__
-    return *(const uint4*)p;
+    return *(const T*)p;
 #else
-    uint4 v;
-    memcpy(&v, p, 16);
+    T v;
+    memcpy(&v, p, sizeof(T));
     return v;
 #endif
 }
 
-FM_HD uint2 fm_ld8(const unsigned char* p) {
-#ifdef __CUDA_ARCH__
-    return *(const uint2*)p;
-#else
-    uint2 v;
-    memcpy(&v, p, 8);
-    return v;
-#endif
-}
-
-FM_HD unsigned int fm_ld4(const unsigned char* p) {
-#ifdef __CUDA_ARCH__
-    return *(const unsigned int*)p;
-#else
-    unsigned int v;
-    memcpy(&v, p, 4);
-    return v;
-#endif
-}
-
-FM_HD unsigned int fm_ld2(const unsigned char* p) {
-#ifdef __CUDA_ARCH__
-    return *(const unsigned short*)p;
-#else
-    unsigned short v;
-    memcpy(&v, p, 2);
-    return v;
-#endif
-}
+FM_HD uint4 fm_ld16(const unsigned char* p) { return fm_ld<uint4>(p); }
+FM_HD uint2 fm_ld8(const unsigned char* p) { return fm_ld<uint2>(p); }
+FM_HD unsigned int fm_ld4(const unsigned char* p) { return fm_ld<unsigned int>(p); }
+FM_HD unsigned int fm_ld2(const unsigned char* p) { return fm_ld<unsigned short>(p); }
 
 FM_HD unsigned int fm_byte(unsigned int w, int i) { return (w >> (8 * i)) & 255u; }
 FM_HD unsigned int fm_word(uint2 w, int i) { return i < 4 ? fm_byte(w.x, i) : fm_byte(w.y, i - 4); }
