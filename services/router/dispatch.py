@@ -154,7 +154,7 @@ class Dispatcher:
         req = PrefillRequest(rid, history[start:], history, start, decode.address, pending.sampling[0], job.max_tokens,
                              stops, keep, None if plan.held else state, every, self.kv_type, delta, pixels or None,
                              images.image_token if images else -1, plan.held, plan.hold)
-        self.placement.send(plan.worker, req, state)
+        self.placement.send(plan.worker, req, state, plan.key)
         if n > 1:
             pending.tracks, pending.sampling = tracks[1:], pending.sampling[1:]
             self.copies[rid] = pending

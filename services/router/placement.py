@@ -78,6 +78,7 @@ class Plan:
     worker: Worker
     held: str = ""               # the key the request names in place of the state's bytes
     hold: bool = False           # the worker keeps this request's states
+    key: bytes = b""             # the start state's snapshot key (text prompts with a state only)
 
 
 class Placement:
@@ -95,24 +96,23 @@ class Placement:
              text_only: bool) -> Plan | None:
         """The prefill worker for a prompt whose snapshot covers ids[:start] (`state`, None: none)."""
         workers = list(workers)
-        size, holders = state_bytes(state), set()
-        if state is not None and text_only:
-            holders = {wid for wid in self.holdings.holders(self.key(ids[:start]))
-                       if any(w.worker_id == wid and w.hold_budget >= size for w in workers)}
-        worker, held = pick_prefill(workers, holders)
+        key = self.key(ids[:start]) if state is not None and text_only else b""
+        size = state_bytes(state)
+        fits = {w.worker_id for w in workers if w.hold_budget >= size}
+        worker, held = pick_prefill(workers, self.holdings.holders(key) & fits if key else set())
         if worker is None:
             return None
-        key = self.key(ids[:start]).hex() if held else ""
-        return Plan(worker, key, text_only and worker.hold_budget > 0)
+        return Plan(worker, key.hex() if held else "", text_only and worker.hold_budget > 0, key)
 
-    def send(self, worker: Worker, req: PrefillRequest, state: list | None) -> None:
-        """Put `req` (its state named, or carried) on the worker's link, counting the state's bytes."""
+    def send(self, worker: Worker, req: PrefillRequest, state: list | None, key: bytes = b"") -> None:
+        """Put `req` (its state named, or carried) on the worker's link, counting the state's bytes;
+        `key`: the state's snapshot key where the plan has it already."""
         if req.held:
             self._sent[req.rid] = (req, state)
         else:
             self.metrics.state_bytes_sent.labels("prefill").inc(state_bytes(state))
             if req.hold and state is not None:               # it keeps what it was sent
-                self.holdings.add(self.key(req.history[:req.start_pos]), worker.worker_id)
+                self.holdings.add(key or self.key(req.history[:req.start_pos]), worker.worker_id)
         worker.link.put(req)
 
     def resend(self, worker: Worker | None, rid: str) -> bool:
