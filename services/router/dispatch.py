@@ -219,9 +219,9 @@ class Dispatcher:
                 self._cancel_orphan(msg)
             return
         if isinstance(msg, Snapshot):
-            self._store(track, track.prompt, msg, "prefill")
+            key = self._store(track, track.prompt, msg, "prefill")
             if track.hold:
-                self.placement.held_by(track.prefill, track.prompt, msg.pos)
+                self.placement.held_by(track.prefill, track.prompt, msg.pos, key)
             return
         if isinstance(msg, NotHeld):           # its worker is gone when nothing is resent: its requests fail
             self.placement.resend(self.registry.workers.get(track.prefill), msg.rid)
@@ -237,18 +237,18 @@ class Dispatcher:
             track.generated.extend(msg.tokens)
         elif isinstance(msg, Finished):
             if msg.state is not None and msg.logits is not None:
-                self._store(track, track.prompt + tuple(track.generated), msg, "decode")
+                key = self._store(track, ids := track.prompt + tuple(track.generated), msg, "decode")
                 if track.hold and track.prefill:        # decode sent it to the prefill worker too
-                    self.placement.held_by(track.prefill, track.prompt + tuple(track.generated), msg.pos)
+                    self.placement.held_by(track.prefill, ids, msg.pos, key)
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return
         track.events.put_nowait(msg)
 
-    def _store(self, track: Track, ids: tuple[int, ...], msg: Snapshot | Finished, source: str) -> None:
+    def _store(self, track: Track, ids: tuple[int, ...], msg: Snapshot | Finished, source: str) -> bytes | None:
         # a cache without images keeps its signature
         extra = {"marks": track.marks, "rope_delta": msg.rope_delta} if track.marks else {}
-        self.cache.store_state(ids, msg.pos, msg.state, msg.logits, source, msg.kv_type, **extra)
+        return self.cache.store_state(ids, msg.pos, msg.state, msg.logits, source, msg.kv_type, **extra)
 
     def _cancel_orphan(self, msg: Tokens) -> None:
         w = self.registry.workers.get(msg.worker_id)

@@ -127,9 +127,9 @@ class Placement:
         self.send(worker, dataclasses.replace(req, start_state=state, held=""), state)
         return True
 
-    def held_by(self, worker_id: str, ids, pos: int) -> None:
-        """The worker now holds the state after ids[:pos]."""
-        self.holdings.add(self.key(ids[:pos]), worker_id)
+    def held_by(self, worker_id: str, ids, pos: int, key: bytes | None = None) -> None:
+        """The worker now holds the state after ids[:pos] (`key`: its snapshot key, where known)."""
+        self.holdings.add(key or self.key(ids[:pos]), worker_id)
 
     def done(self, rid: str, prefilled: bool) -> None:
         """The prefill of `rid` ended; `prefilled`: it ran, on the held state it named, if any."""

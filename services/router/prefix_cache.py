@@ -31,7 +31,7 @@ class PrefixCache(Protocol):
     def lookup(self, ids: tuple[int, ...], marks: Marks = ()) -> tuple[int, list[np.ndarray] | None,
                                                                         np.ndarray | None]: ...
     def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
-                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> None: ...
+                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None: ...
 
 
 class NoPrefixCache:
@@ -45,7 +45,7 @@ class NoPrefixCache:
         return 0, None, None
 
     def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
-                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> None:
+                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None:
         return None
 
 
@@ -80,20 +80,21 @@ class SnapshotCache:
         self.metrics.snapshot_tokens_saved.inc(state.pos)
         return state.pos, state.arrays(), logits
 
-    def store_state(self, ids: Sequence[int], pos: int, arrays: list[np.ndarray],
-                    logits: np.ndarray, source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> None:
+    def store_state(self, ids: Sequence[int], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
+                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None:
         """Keep the state after ids[:pos] (its images at `marks`), its KV in `kv_type` (the store's
-        own, else refused); `logits` are those of token pos-1."""
+        own, else refused); `logits` are those of token pos-1. Returns its snapshot key, None if refused."""
         try:
             check_same_kv_type(kv_type, self.store.kv_type, f"the state from {source}", "the router")
             state = SequenceState.from_arrays(pos, list(arrays), self.cfg, self.store.kv_type, rope_delta)
-            self.store.put(list(ids[:pos]), state, logits, marks)
+            key = self.store.put(list(ids[:pos]), state, logits, marks)
         except (ValueError, OSError) as exc:
             log.error("snapshot at position %d not stored: %s", pos, exc)
-            return
+            return None
         self.metrics.snapshot_stored.labels(source).inc()
         evicted, self._evictions_seen = self.store.stats.evictions - self._evictions_seen, self.store.stats.evictions
         self.metrics.snapshot_evictions.inc(evicted)
+        return key
 
 
 def model_folder(disk_dir: str | Path, model_id: str, kv_type: str) -> Path:
