@@ -11,6 +11,7 @@ start, in one of three ways (the backend's `staging` option picks; `auto` walks 
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
@@ -58,6 +59,37 @@ def anonymous(nbytes: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), np.uint8)
 
 
+class _Libcuda:
+    """cuMemHostRegister through the driver library, for pycuda: its register_host_memory cannot
+    wrap an array that already has a base (NumPy sets a base once; pycuda issue 459)."""
+
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuMemHostRegister_v2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        lib.cuMemHostUnregister.argtypes = [ctypes.c_void_p]
+        lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self.lib = lib
+
+    def check(self, rc: int, call: str) -> None:
+        if rc:
+            msg = ctypes.c_char_p()
+            self.lib.cuGetErrorString(rc, ctypes.byref(msg))
+            raise RuntimeError(f"{call} failed: {(msg.value or b'unknown error').decode()} (CUresult {rc})")
+
+    def register(self, ary: np.ndarray):
+        ptr = ary.__array_interface__["data"][0]
+        self.check(self.lib.cuMemHostRegister_v2(ptr, ary.nbytes, 0), "cuMemHostRegister")
+        return lambda: self.check(self.lib.cuMemHostUnregister(ptr), "cuMemHostUnregister")
+
+
+def register_host(cuda, ary: np.ndarray):
+    """ary page-locked in place by the driver: (the array to copy from, the call that unlocks it)."""
+    if getattr(cuda, "__name__", None) == "pycuda.driver":
+        return ary, _Libcuda().register(ary)
+    reg = cuda.register_host_memory(ary)
+    return reg, reg.base.unregister
+
+
 @contextmanager
 def _opened(model):
     """A descriptor of the model's file for preadv, None for a model without one."""
@@ -84,7 +116,7 @@ class HostExperts:
             raise ValueError(f"staging {staging!r}: choose one of {', '.join(STAGINGS)}")
         self.cuda, self.staging = cuda, staging
         self.src: dict[tuple[int, str], np.ndarray] = {}
-        self.owned: list[tuple[str, np.ndarray]] = []        # what release() hands back to the driver
+        self.owned: list[tuple[str, object]] = []        # (way, page-locked array or unlock call) for release()
         self.bytes_by = {"register": 0, "copy": 0, "pageable": 0}
         P = plan.pinned_experts
         raws = {(i, t): model.tensor(f"blk.{i}.{t}.weight").raw[P:]
@@ -119,7 +151,7 @@ class HostExperts:
             how = self._ladder[0]
             try:
                 if how == "register":
-                    reg = self.cuda.register_host_memory(anonymous(raw.nbytes))
+                    reg, unlock = register_host(self.cuda, anonymous(raw.nbytes))
                 elif how == "copy":
                     buf = self.cuda.pagelocked_empty(raw.shape, np.uint8)
             except Exception as exc:                      # locked-memory limit, out of memory, old driver
@@ -135,7 +167,7 @@ class HostExperts:
                 np.copyto(buf, raw)
                 self.owned.append((how, buf))
                 return buf
-            self.owned.append((how, reg))
+            self.owned.append((how, unlock))
             offset = file_offset(model, raw)
             dst = reg[:raw.nbytes]
             if fd is None or offset is None:
@@ -146,10 +178,10 @@ class HostExperts:
 
     def release(self) -> None:
         """Unregister and free what was staged (the context must be current)."""
-        for how, arr in self.owned:
+        for how, held in self.owned:
             if how == "register":
-                arr.base.unregister()
-            elif hasattr(arr.base, "free"):
-                arr.base.free()
+                held()
+            elif hasattr(held.base, "free"):
+                held.base.free()
         self.owned.clear()
         self.src.clear()
