@@ -268,6 +268,17 @@ class FakeKernels:
     def moe_count(self, stream, ids, counts, n):
         np.add.at(self.m.view(counts, 1 << 10, np.int32), self.m.view(ids, n, np.int32), 1)
 
+    def moe_tiles(self, stream, counts, cursor, tiles, E, bm):
+        c = self.m.view(counts, E, np.int32).astype(np.int64)
+        first = np.concatenate([[0], np.cumsum(c)[:-1]])
+        self.m.view(cursor, E, np.int32)[:] = first
+        ntile = -(-c // bm)
+        expert = np.repeat(np.arange(E), ntile)
+        local = np.arange(len(expert)) - np.concatenate([[0], np.cumsum(ntile)[:-1]])[expert]
+        rows = np.stack([expert, first[expert] + local * bm, np.minimum(bm, c[expert] - local * bm),
+                         np.zeros_like(expert)], axis=1)
+        self.m.view(tiles, rows.shape, np.int32)[:] = rows
+
     def moe_scatter(self, stream, ids, cursor, tok, pos, n, k):
         experts = self.m.view(ids, n, np.int32)
         cur = self.m.view(cursor, int(experts.max()) + 1, np.int32)

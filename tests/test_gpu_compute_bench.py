@@ -38,7 +38,7 @@ def phases() -> dict:
     row = phase_row
     return report(2.0, [row("deltanet chunk prep and scan", "stream", 0.5, 30),
                         row("expert gate/up", "stream", 1.0, 400, flops=30e12), row(IDLE, "gap", 0.5, 900),
-                        row("tile build, first copies issued", "host", 0.25, 40)])
+                        row("expert tables, first copies issued", "host", 0.25, 40)])
 
 
 def write_figures(out: Path) -> None:
@@ -77,7 +77,7 @@ def test_the_summary_takes_the_best_of_each_side_and_states_every_goal(tmp_path)
     table = "\n".join(lines[at + 1:at + 9])
     assert "deltanet chunk prep and scan" in table and " 25.0% " in table and "    30" in table
     assert "expert gate/up" in table and "30.00" in table and " 50.0% " in table      # 30 TFLOP in 1 s
-    assert f"{IDLE}" in table and "(host) tile build, first copies issued" in table and " 12.5% " in table
+    assert f"{IDLE}" in table and "(host) expert tables, first copies issued" in table and " 12.5% " in table
     assert "stream phases + idle" in table and "100.0%" in table
     assert text.count("phases over a compute span") == 1                 # only the run that has them
 

@@ -34,7 +34,7 @@ SIGNATURES = {
     "rope_neox": "PiiiiPi", "conv1d_silu": "PPPPiii", "conv1d_state": "PPiii",
     "gdn_gates": "PPPPii", "gdn_chunk_prep": "PPPiiiiiiiPPPP", "gdn_chunk_scan": "PiiiiiiiPPPPPPi",
     "attn_prefill": "PPPPiiPiiiiif", "moe_route": "PPPii", "moe_count": "PPi",
-    "moe_scatter": "PPPPii", "silu_mul": "PPPq", "moe_combine": "PPPPPPiii",
+    "moe_tiles": "PPPii", "moe_scatter": "PPPPii", "silu_mul": "PPPq", "moe_combine": "PPPPPPiii",
 }
 
 
@@ -138,6 +138,9 @@ class Kernels:
 
     def moe_count(self, stream, ids, counts, n):
         self._go("moe_count", _blocks(n), (256, 1, 1), stream, ids, counts, n)
+
+    def moe_tiles(self, stream, counts, cursor, tiles, E, bm):
+        self._go("moe_tiles", (1, 1, 1), (256, 1, 1), stream, counts, cursor, tiles, E, bm)
 
     def moe_scatter(self, stream, ids, cursor, tok, pos, n, k):
         self._go("moe_scatter", _blocks(n), (256, 1, 1), stream, ids, cursor, tok, pos, n, k)

@@ -3,7 +3,9 @@
 `LayerRunner` owns no memory: it is handed the resident weights, the workspace (device
 addresses by phase and name), the state block and the streams. Everything is enqueued on the
 compute stream; the only host synchronisation per layer is the routing count, which decides
-which experts cross the bus. With `phases`, a PhaseClock (phases.py) times each phase of each layer.
+which experts cross the bus. Nothing is uploaded on the compute stream inside a layer: a copy
+there would queue behind the streamed experts on the copy engine. With `phases`, a PhaseClock
+(phases.py) times each phase of each layer.
 """
 from __future__ import annotations
 
@@ -152,16 +154,14 @@ class LayerRunner:
         with self.clock.host("wait for the expert counts"):
             routed.synchronize()
         self.wait_seconds += time.perf_counter() - t0
-        with self.clock.host("tile build, first copies issued"):
-            ready, counts, offsets, used, tile_start, chunks, places, n_t = self.group(i)
+        with self.clock.host("expert tables, first copies issued"):
+            ready, counts, offsets, used, tile_start, chunks, places, tables = self.group(i)
 
         start = self.tl.begin(s)
-        up = self.upload_h
-        with self.clock("tile upload, scatter"):
-            self.cuda.memcpy_htod_async(M["tiles"], up[:n_t], s)
-            self.cuda.memcpy_htod_async(M["cursor"], up[n_t:n_t + E], s)
-            self.cuda.memcpy_htod_async(M["woff"], up[n_t + E:n_t + 7 * E], s)
+        with self.clock("tile build, scatter"):
+            k.moe_tiles(s, M["counts"], M["cursor"], M["tiles"], E, GEMM_BM)
             k.moe_scatter(s, M["ids"], M["cursor"], M["tok"], M["pos"], T * top, top)
+            s.wait_for_event(tables)
         P = self.st.plan.pinned_experts
         resident = used[used < P]
         if len(resident):
@@ -185,8 +185,9 @@ class LayerRunner:
         self.tl.end(s, start)
 
     def group(self, i: int):
-        """Host: group rows by expert, tile them, place the streamed chunks, fill the upload buffer,
-        and issue the copies of the first ring's worth of chunks before any compute is queued."""
+        """Host: from the counts, each expert's rows and tiles (the device builds the same tiles),
+        the streamed chunks' places and the expert address table, which goes up on the copy stream
+        ahead of the first ring's worth of chunk copies."""
         E = self.cfg.n_experts
         counts = self.counts_h[:E].astype(np.int64)
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -194,15 +195,7 @@ class LayerRunner:
         P = self.st.plan.pinned_experts
         chunks = self.st.chunks(i, used[used >= P])
         places = self.st.place(i, chunks)
-        bm = GEMM_BM
-        ntile = -(-counts // bm)
-        tile_start = np.concatenate([[0], np.cumsum(ntile)])
-        n_tiles = int(tile_start[-1])
-        expert_of = np.repeat(np.arange(E), ntile)
-        local = np.arange(n_tiles) - tile_start[expert_of]
-        row0 = offsets[expert_of] + local * bm
-        tiles = np.stack([expert_of, row0, np.minimum(bm, counts[expert_of] - local * bm),
-                          np.zeros_like(row0)], axis=1).astype(np.int32)
+        tile_start = np.concatenate([[0], np.cumsum(-(-counts // GEMM_BM))])     # as moe_tiles builds them
         woff = np.zeros((3, E), np.int64)           # device address of each expert's first row, by tensor
         for j, t in enumerate(EXPERT_TENSORS):
             eb = self.st.ebytes[(i, t)]
@@ -210,18 +203,16 @@ class LayerRunner:
                 woff[j, :P] = self.w.experts[(i, t)].ptr + np.arange(P) * eb
             for experts, where in zip(chunks, places):
                 woff[j, experts] = where.addr[t] + np.arange(len(experts)) * eb
-        up = self.upload_h
-        n_t = tiles.size
-        up[:n_t] = tiles.reshape(-1)
-        up[n_t:n_t + E] = offsets
-        up[n_t + E:n_t + E + 6 * E] = woff.reshape(-1).view(np.int32)
+        up = self.upload_h[:6 * E]
+        up[:] = woff.reshape(-1).view(np.int32)
+        tables = self.st.upload(self.ws["moe"]["woff"], up)
 
         # copies for the first ring's worth of chunks go out before any compute is queued
         ready = {}
         for c in range(min(len(chunks), self.st.regions)):
             ready[c] = self.st.issue(i, chunks[c], places[c])
 
-        return ready, counts, offsets, used, tile_start, chunks, places, n_t
+        return ready, counts, offsets, used, tile_start, chunks, places, tables
 
     def expert_gemms(self, i: int, first: int, last: int, counts, offsets, tile_start) -> None:
         """gate, up, SiLU * up and down for the rows of experts first..last (one group)."""

@@ -1,6 +1,7 @@
 // moe.cu: the MoE block around the expert GEMMs: routing (softmax over all experts, top-k,
 // renormalise), SiLU(gate) * up, and the weighted combine with the sigmoid-gated shared expert.
-// Tokens are grouped by expert on the host between routing and the GEMMs.
+// Tokens are grouped by expert on the device (moe_tiles, moe_scatter) between routing and the
+// GEMMs; the host reads only the counts back, to size the launches and pick the streamed experts.
 #include "fermi.cuh"
 
 #define ROUTE_THREADS 256
@@ -73,6 +74,41 @@ extern "C" __global__ void moe_count(const int* ids, int* counts, int n)
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) atomicAdd(counts + ids[i], 1);
+}
+
+// one block. counts [E] -> cursor [E] (each expert's first row, experts in order) and tiles
+// [n, 4] = (expert, first row, rows, 0): ceil(count / bm) tiles per expert, in expert order.
+// The host computes the same tile starts from the counts it reads back (layers.py `group`).
+extern "C" __global__ void moe_tiles(const int* counts, int* cursor, int* tiles, int E, int bm)
+{
+    __shared__ int rsum[ROUTE_THREADS], tsum[ROUTE_THREADS];
+    const int tid = threadIdx.x, per = (E + ROUTE_THREADS - 1) / ROUTE_THREADS;
+    const int e0 = min(tid * per, E), e1 = min(e0 + per, E);
+    int rows = 0, ntile = 0;
+    for (int e = e0; e < e1; ++e) { rows += counts[e]; ntile += (counts[e] + bm - 1) / bm; }
+    rsum[tid] = rows;
+    tsum[tid] = ntile;
+    __syncthreads();
+    for (int s = 1; s < ROUTE_THREADS; s <<= 1) {       // inclusive scan of the threads' sums
+        const int a = tid >= s ? rsum[tid - s] : 0, b = tid >= s ? tsum[tid - s] : 0;
+        __syncthreads();
+        rsum[tid] += a;
+        tsum[tid] += b;
+        __syncthreads();
+    }
+    int row = rsum[tid] - rows, tile = tsum[tid] - ntile;
+    for (int e = e0; e < e1; ++e) {
+        const int c = counts[e];
+        cursor[e] = row;
+        for (int r0 = 0; r0 < c; r0 += bm, ++tile) {
+            int* t = tiles + 4 * tile;
+            t[0] = e;
+            t[1] = row + r0;
+            t[2] = min(bm, c - r0);
+            t[3] = 0;
+        }
+        row += c;
+    }
 }
 
 // group (token, slot) pairs by expert: cursor starts at each expert's first row. Rows within

@@ -109,6 +109,13 @@ class ExpertStreamer:
                 self.h2d_bytes += (end - first) * eb
         return self._done(start)
 
+    def upload(self, dst: int, src: np.ndarray):
+        """A small table on the copy stream, so that it is not queued behind chunks issued after it."""
+        self.cuda.memcpy_htod_async(dst, src, self.copy)
+        ev = self.cuda.Event()
+        ev.record(self.copy)
+        return ev
+
     def issue_rows(self, src: np.ndarray):
         """Copy rows of a 2-D host array (a slice of the LM head) into the next region."""
         region = self.next

@@ -90,9 +90,9 @@ class CUDABackend:
             self.state = self._alloc_state()
             self.compute = cuda.Stream()
             self.timeline = Timeline(cuda)
-            P, E, k = self.plan.pass_tokens, cfg.n_experts, cfg.n_experts_used
+            P, E = self.plan.pass_tokens, cfg.n_experts
             self.counts_h = self._host(E, np.int32)
-            self.upload_h = self._host((P * k // 32 + E + 1) * 4 + 7 * E, np.int32)
+            self.upload_h = self._host(6 * E, np.int32)          # the expert address table, int64 [3, E]
             self.embd = model.tensor("token_embd.weight")
             self.embed_h = self._host(P * self.embd.row_bytes, np.uint8)
             self.rope_h = self._host(P * max(cfg.rope_dim, 2), np.float32)
