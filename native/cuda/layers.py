@@ -16,6 +16,7 @@ import numpy as np
 
 from common.model.layers import EXPERT_ROLES
 
+from .experts import ExpertSchedule
 from .kernels import GEMM_BM
 from .phases import NULL_CLOCK, PhaseClock
 from .plan import EXPERT_TENSORS
@@ -39,7 +40,8 @@ class LayerRunner:
         self.ws, self.state, self.s, self.tl, self.model = ws, state, compute, timeline, model
         self.slot_of = {i: n for n, i in enumerate(cfg.linear_layers)} | \
                        {i: n for n, i in enumerate(cfg.full_layers)}
-        self.counts_h, self.upload_h = host_scratch
+        self.counts_h, tables_h = host_scratch
+        self.experts = ExpertSchedule(cuda, cfg, streamer, weights, tables_h, ws["keep"]["woff"])
         self.layers = weights.bound.layers       # per layer: role -> Tensor (common/model/layers.py)
         self.eq = {(i, t): tensors[role] for i, tensors in enumerate(self.layers)
                    for t, role in zip(EXPERT_TENSORS, EXPERT_ROLES)}
@@ -66,6 +68,9 @@ class LayerRunner:
         pairs of this layer's state, read back on the d2h stream while the MoE computes."""
         self.T = T
         keep = self.ws["keep"]
+        if i == 0:
+            self.experts.clear()
+        self.experts.prefetch(i, T)
         start = self.tl.begin(self.s)
         with self.clock("input norm"):
             self.norm((i, "attn_norm"), keep["x"], keep["xn"])
@@ -154,27 +159,29 @@ class LayerRunner:
         with self.clock.host("wait for the expert counts"):
             routed.synchronize()
         self.wait_seconds += time.perf_counter() - t0
+        counts = self.counts_h[:E].astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        tile_start = np.concatenate([[0], np.cumsum(-(-counts // GEMM_BM))])     # as moe_tiles builds them
         with self.clock.host("expert tables, first copies issued"):
-            ready, counts, offsets, used, tile_start, chunks, places, tables = self.group(i)
+            lx = self.experts.take(i, counts)
 
         start = self.tl.begin(s)
         with self.clock("tile build, scatter"):
             k.moe_tiles(s, M["counts"], M["cursor"], M["tiles"], E, GEMM_BM)
             k.moe_scatter(s, M["ids"], M["cursor"], M["tok"], M["pos"], T * top, top)
-            s.wait_for_event(tables)
+            s.wait_for_event(lx.tables)
         P = self.st.plan.pinned_experts
-        resident = used[used < P]
-        if len(resident):
-            self.expert_gemms(i, int(resident[0]), int(resident[-1]), counts, offsets, tile_start)
+        if P and tile_start[P] > 0:
+            self.expert_gemms(i, 0, P - 1, counts, offsets, tile_start, lx.woff)
         self.tl.end(s, start)
 
-        for c, (experts, where) in enumerate(zip(chunks, places)):
-            if c not in ready:
-                ready[c] = self.st.issue(i, experts, where)
+        for c, (experts, where) in enumerate(zip(lx.chunks, lx.places)):
+            if c not in lx.ready:
+                lx.ready[c] = self.st.issue(i, experts, where)
             with self.clock("copy wait"):
-                s.wait_for_event(ready[c])
+                s.wait_for_event(lx.ready[c])
             start = self.tl.begin(s)
-            self.expert_gemms(i, int(experts[0]), int(experts[-1]), counts, offsets, tile_start)
+            self.expert_gemms(i, int(experts[0]), int(experts[-1]), counts, offsets, tile_start, lx.woff)
             self.tl.end(s, start)
             self.st.release(where.region, s)
 
@@ -183,56 +190,31 @@ class LayerRunner:
         with self.clock("expert combine"):
             k.moe_combine(s, x, M["down"], M["pos"], M["w"], M["shd"] if shared else 0, sg, T, H, top)
         self.tl.end(s, start)
+        self.experts.finished(i, s)
+        self.experts.prefetch(i + 1, T)
 
-    def group(self, i: int):
-        """Host: from the counts, each expert's rows and tiles (the device builds the same tiles),
-        the streamed chunks' places and the expert address table, which goes up on the copy stream
-        ahead of the first ring's worth of chunk copies."""
-        E = self.cfg.n_experts
-        counts = self.counts_h[:E].astype(np.int64)
-        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        used = np.nonzero(counts)[0]
-        P = self.st.plan.pinned_experts
-        chunks = self.st.chunks(i, used[used >= P])
-        places = self.st.place(i, chunks)
-        tile_start = np.concatenate([[0], np.cumsum(-(-counts // GEMM_BM))])     # as moe_tiles builds them
-        woff = np.zeros((3, E), np.int64)           # device address of each expert's first row, by tensor
-        for j, t in enumerate(EXPERT_TENSORS):
-            eb = self.st.ebytes[(i, t)]
-            if P:
-                woff[j, :P] = self.w.experts[(i, t)].ptr + np.arange(P) * eb
-            for experts, where in zip(chunks, places):
-                woff[j, experts] = where.addr[t] + np.arange(len(experts)) * eb
-        up = self.upload_h[:6 * E]
-        up[:] = woff.reshape(-1).view(np.int32)
-        tables = self.st.upload(self.ws["moe"]["woff"], up)
-
-        # copies for the first ring's worth of chunks go out before any compute is queued
-        ready = {}
-        for c in range(min(len(chunks), self.st.regions)):
-            ready[c] = self.st.issue(i, chunks[c], places[c])
-
-        return ready, counts, offsets, used, tile_start, chunks, places, tables
-
-    def expert_gemms(self, i: int, first: int, last: int, counts, offsets, tile_start) -> None:
-        """gate, up, SiLU * up and down for the rows of experts first..last (one group)."""
+    def expert_gemms(self, i: int, first: int, last: int, counts, offsets, tile_start, woff: int) -> None:
+        """gate, up, SiLU * up and down for the rows of experts first..last (one group); woff: the
+        layer's expert address table."""
         cfg, k, s, M = self.cfg, self.k, self.s, self.ws["moe"]
         H, E, F = cfg.hidden_size, cfg.n_experts, cfg.expert_ffn
         r0, r1 = int(offsets[first]), int(offsets[last] + counts[last])
         t0, t1 = int(tile_start[first]), int(tile_start[last + 1])
+        if t1 == t0:
+            return                                    # a prefetched chunk that no token routed to
         tiles = M["tiles"] + t0 * 16
         flops = 2 * (r1 - r0) * F * H                 # one of gate, up, down over the group's rows
         with self.clock("expert gate/up", flops=2 * flops):
             for j, (t, out) in enumerate((("ffn_gate_exps", "g"), ("ffn_up_exps", "u"))):
                 w = self.eq[(i, t)]
                 k.gemm(s, w.qtype, x=self.ws["keep"]["xn"], ldx=H, xrows=M["tok"], y=M[out], ldy=F, w=0,
-                       woff=M["woff"] + j * E * 8, row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0,
+                       woff=woff + j * E * 8, row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0,
                        N=F, K=H)
         with self.clock("expert SiLU"):
             k.silu_mul(s, M["g"] + r0 * F * F32, M["u"] + r0 * F * F32, M["g"] + r0 * F * F32, (r1 - r0) * F)
         with self.clock("expert down", flops=flops):
             w = self.eq[(i, "ffn_down_exps")]
-            k.gemm(s, w.qtype, x=M["g"], ldx=F, y=M["down"], ldy=H, w=0, woff=M["woff"] + 2 * E * 8,
+            k.gemm(s, w.qtype, x=M["g"], ldx=F, y=M["down"], ldy=H, w=0, woff=woff + 2 * E * 8,
                    row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0, N=H, K=F)
 
     def shared_expert(self, i: int) -> bool:

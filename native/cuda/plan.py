@@ -71,7 +71,7 @@ def workspace_bytes(cfg: ModelConfig, T: int) -> dict[str, dict[str, int]]:
     hr = head_rows(cfg, T)
     return {
         "keep": {"x": T * H * F32, "xn": T * H * F32, "rope": T * max(cfg.rope_dim, 2) * F32,
-                 "tiles": (-(-T // 64)) * 16},
+                 "tiles": (-(-T // 64)) * 16, "woff": 2 * 3 * E * 8},     # two expert address tables
         "linear": {"qkv": T * C * F32, "conv": T * C * F32, "z": T * nv * dv * F32,
                    "alpha": T * nv * F32, "beta": T * nv * F32, "o": T * nv * dv * F32,
                    "gcum": rows * nv * F32, "aqk": rows * 64 * nv * F32,
@@ -79,7 +79,7 @@ def workspace_bytes(cfg: ModelConfig, T: int) -> dict[str, dict[str, int]]:
         "full": {"q2": T * nh * 2 * hd * F32, "q": T * nh * hd * F32, "kraw": T * nkv * hd * F32,
                  "att": T * nh * hd * F32},
         "moe": {"logits": T * E * F32, "ids": T * k * 4, "w": T * k * F32, "tok": T * k * 4,
-                "pos": T * k * 4, "tiles": tiles * 4, "woff": 3 * E * 8,
+                "pos": T * k * 4, "tiles": tiles * 4,
                 "counts": E * 4, "cursor": E * 4, "g": T * k * F * F32,
                 "u": T * k * F * F32, "down": T * k * H * F32, "sg": T * F32,
                 "shg": T * Fs * F32, "shu": T * Fs * F32, "shd": T * H * F32},

@@ -92,7 +92,7 @@ class CUDABackend:
             self.timeline = Timeline(cuda)
             P, E = self.plan.pass_tokens, cfg.n_experts
             self.counts_h = self._host(E, np.int32)
-            self.upload_h = self._host(6 * E, np.int32)          # the expert address table, int64 [3, E]
+            self.tables_h = self._host((2, 6 * E), np.int32)     # two expert address tables, int64 [3, E]
             self.embd = model.tensor("token_embd.weight")
             self.embed_h = self._host(P * self.embd.row_bytes, np.uint8)
             self.rope_h = self._host(P * max(cfg.rope_dim, 2), np.float32)
@@ -100,7 +100,7 @@ class CUDABackend:
             self.head_host = None if self.plan.head_resident else self._head_source()
             self.runner = LayerRunner(cuda, self.kernels, cfg, self.weights, self.streamer, self.ws,
                                       self.state, self.compute, self.timeline,
-                                      (self.counts_h, self.upload_h), model, phases)
+                                      (self.counts_h, self.tables_h), model, phases)
             self.vision = GpuVision.load(cuda, self.ctx, placement)
             self.device_used_at_start = free0 - cuda.mem_get_info()[0]
             log.info("device memory: %.2f GiB allocated by the backend (peak counted %.2f GiB)",
