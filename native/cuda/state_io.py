@@ -1,11 +1,11 @@
 """A sequence's state between the host and the CUDA prefill's device state (native/cuda/layers.py
-StateBlock): up before a prompt (KV decoded to f32), and the host arrays and per-layer read-backs
-of the state after it."""
+StateBlock): up before a prompt (KV decoded to f32), and the state after it, read back layer by
+layer."""
 from __future__ import annotations
 
 import numpy as np
 
-from common.kv_cache import kv_decode
+from common.kv_cache import kv_decode, kv_encode
 from common.model.config import ModelConfig
 from common.state import SequenceState
 
@@ -27,21 +27,37 @@ def upload_state(cuda, dev, state: SequenceState, stream) -> None:
                 cuda.memcpy_htod(d, np.ascontiguousarray(kv_decode(host[:state.pos], state.kv_type), np.float32))
 
 
-def host_state(cfg: ModelConfig, state: SequenceState, end: int) -> SequenceState:
-    """f32 host arrays for the state after this call; KV rows before state.pos are left unset
-    (the caller keeps the state's own)."""
-    kv = [np.empty((end, cfg.n_kv_heads, cfg.head_dim), np.float32) for _ in state.k + state.v]
-    n = len(state.k)
-    return SequenceState(end, [np.empty_like(c, dtype=np.float32) for c in state.conv],
-                         [np.empty((cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim), np.float32)
-                          for _ in state.ssm], kv[:n], kv[n:])
+class HostState:
+    """The state after this call on the host: the recurrent state in f32, and per attention layer
+    the new KV rows, read back a pass at a time into f32 scratch and encoded to the cache's type
+    there, while later layers compute, instead of all at the end."""
 
+    def __init__(self, cfg: ModelConfig, state: SequenceState, pass_tokens: int):
+        self.cfg, self.start, self.kv_type = cfg, state.pos, state.kv_type
+        self.conv = [np.empty_like(c, dtype=np.float32) for c in state.conv]
+        self.ssm = [np.empty((cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim), np.float32) for _ in state.ssm]
+        rows = (pass_tokens, cfg.n_kv_heads, cfg.head_dim)
+        self.scratch = [(np.empty(rows, np.float32), np.empty(rows, np.float32)) for _ in state.k]
+        self.k: list[list[np.ndarray]] = [[] for _ in state.k]      # encoded rows, pass by pass
+        self.v: list[list[np.ndarray]] = [[] for _ in state.v]
 
-def layer_sink(cfg: ModelConfig, slot: int, dev, out: SequenceState, layer: int, pos: int, T: int,
-               last: bool) -> list:
-    """State of one layer to read back: this pass's KV rows, and the final recurrent state."""
-    if cfg.is_full_attention(layer):
-        row = cfg.n_kv_heads * cfg.head_dim * F32
-        return [(out.k[slot][pos:pos + T], dev.k[slot] + pos * row),
-                (out.v[slot][pos:pos + T], dev.v[slot] + pos * row)]
-    return [(out.conv[slot], dev.conv[slot]), (out.ssm[slot], dev.ssm[slot])] if last else []
+    def sink(self, slot: int, dev, layer: int, pos: int, T: int, last: bool) -> list:
+        """(host array, device address) pairs of one layer's state to read back after this pass."""
+        if self.cfg.is_full_attention(layer):
+            row = self.cfg.n_kv_heads * self.cfg.head_dim * F32
+            k, v = self.scratch[slot]
+            return [(k[:T], dev.k[slot] + pos * row), (v[:T], dev.v[slot] + pos * row)]
+        return [(self.conv[slot], dev.conv[slot]), (self.ssm[slot], dev.ssm[slot])] if last else []
+
+    def encode(self, slot: int, T: int) -> None:
+        """The pass's KV rows of one attention layer, read back, into the cache's type."""
+        k, v = self.scratch[slot]
+        self.k[slot].append(kv_encode(k[:T], self.kv_type))
+        self.v[slot].append(kv_encode(v[:T], self.kv_type))
+
+    def into(self, state: SequenceState, end: int) -> None:
+        """Set `state` to this call's result: its KV rows before the call, then the new ones."""
+        keep = self.start
+        state.k = [np.concatenate([old[:keep], *new]) for old, new in zip(state.k, self.k)]
+        state.v = [np.concatenate([old[:keep], *new]) for old, new in zip(state.v, self.v)]
+        state.pos, state.conv, state.ssm = end, self.conv, self.ssm

@@ -21,12 +21,12 @@ import time
 
 import numpy as np
 
-from common.kv_cache import check_same_kv_type, kv_encode
+from common.kv_cache import check_same_kv_type
 from common.reference.multimodal import MropeInput, mrope_rows, text_input
 from common.state import SequenceState
 from native.cuda.layers import F32, LayerRunner, StateBlock
 from native.cuda.plan import DEFAULT_BUDGET, head_rows, layout, parse_size, workspace_bytes
-from native.cuda.state_io import host_state, layer_sink, upload_state
+from native.cuda.state_io import HostState, upload_state
 from native.cuda.stream import Timeline
 from native.cuda.tables import dense_tiles, rope_table
 
@@ -191,14 +191,14 @@ class CUDABackend:
             raise ValueError(f"token id out of range [0, {cfg.vocab_size})")
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this backend")
         mm = self._rows_of(mm, state, len(ids))
-        pos = start = state.pos
+        pos = state.pos
         if pos + len(ids) > self.plan.max_context:
             raise ValueError(f"context of {pos + len(ids)} tokens exceeds this backend's max_context "
                              f"{self.plan.max_context}")
         h2d0, t0 = self.streamer.h2d_bytes, time.perf_counter()
         wait0 = self.runner.wait_seconds
         upload_state(self.cuda, self.state, state, self.compute)
-        out_state = host_state(self.cfg, state, pos + len(ids))
+        out_state = HostState(self.cfg, state, self.plan.pass_tokens)
         t_up = time.perf_counter()
         H, keep, outs = cfg.hidden_size, self.ws["keep"], []
         for p0 in range(0, len(ids), self.plan.pass_tokens):
@@ -220,8 +220,11 @@ class CUDABackend:
                 cuda.memcpy_htod_async(keep["rope"], self.rope_h[:table.size], s)
             last = p0 + T >= len(ids)
             for i in range(cfg.n_layers):
-                sink = layer_sink(cfg, self.runner.slot_of[i], self.state, out_state, i, pos, T, last)
-                self.runner.layer(i, T, pos, sink)
+                slot = self.runner.slot_of[i]
+                self.runner.layer(i, T, pos, out_state.sink(slot, self.state, i, pos, T, last))
+                if cfg.is_full_attention(i):        # its rows are back once the host has its counts
+                    self.runner.d2h.synchronize()
+                    out_state.encode(slot, T)
             pos += T
             if all_logits or last:
                 n = T if all_logits else 1
@@ -232,9 +235,7 @@ class CUDABackend:
         self.last_phases = self.runner.clock.take()     # native/cuda/phases.py; None without `phases`
         t_down = time.perf_counter()
         self.runner.d2h.synchronize()
-        k, v = ([np.concatenate([a[:start], kv_encode(b[start:], state.kv_type)]) for a, b in zip(old, new)]
-                for old, new in ((state.k, out_state.k), (state.v, out_state.v)))
-        state.pos, state.conv, state.ssm, state.k, state.v = out_state.pos, out_state.conv, out_state.ssm, k, v
+        out_state.into(state, pos)
         wall = time.perf_counter() - t0
         st = self._stats
         st["h2d_bytes"] += self.streamer.h2d_bytes - h2d0
