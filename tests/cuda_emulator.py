@@ -179,8 +179,8 @@ class FakeKernels:
     def __init__(self, driver: FakeDriver):
         self.m = driver.mem
 
-    def gemm(self, stream, qtype, *, x, ldx, y, ldy, w, row_bytes, tiles, n_tiles, N, K,
-             xrows=0, woff=0, accumulate=False, bm=64):
+    def _tiles(self, qtype, x, ldx, xrows, w, woff, row_bytes, tiles, n_tiles, N, K, bm=64):
+        """(row0, nrows, X[tile rows] @ W[group]^T) for each tile, as the GEMM kernels see them."""
         m, weights = self.m, {}
         for group, row0, nrows, _ in m.view(tiles, (n_tiles, 4), np.int32).tolist():
             assert 0 < nrows <= bm
@@ -188,11 +188,21 @@ class FakeKernels:
             if base not in weights:
                 raw = m.view(base, (N, row_bytes), np.uint8)
                 weights[base] = raw.view(np.float32) if qtype == Q.F32 else dequantize(raw, Q(qtype))
-            W = weights[base]
             src = m.view(xrows + 4 * row0, nrows, np.int32) if xrows else np.arange(row0, row0 + nrows)
             X = m.view(x, (int(max(src)) + 1, K), np.float32, (ldx * 4, 4))[src]
-            Y = _f(m, y + row0 * ldy * 4, nrows, N, ldy)
-            Y[:] = (Y if accumulate else 0) + X @ W.T
+            yield row0, nrows, X @ weights[base].T
+
+    def gemm(self, stream, qtype, *, x, ldx, y, ldy, w, row_bytes, tiles, n_tiles, N, K,
+             xrows=0, woff=0, accumulate=False, bm=64):
+        for row0, nrows, prod in self._tiles(qtype, x, ldx, xrows, w, woff, row_bytes, tiles, n_tiles, N, K, bm):
+            Y = _f(self.m, y + row0 * ldy * 4, nrows, N, ldy)
+            Y[:] = (Y if accumulate else 0) + prod
+
+    def gemm_gate_up(self, stream, qtype, *, x, ldx, y, ldy, woff, woff_up, row_bytes, tiles, n_tiles, N, K,
+                     xrows=0, w=0):
+        gate, up = (self._tiles(qtype, x, ldx, xrows, w, t, row_bytes, tiles, n_tiles, N, K) for t in (woff, woff_up))
+        for (row0, nrows, g), (_, _, u) in zip(gate, up):
+            _f(self.m, y + row0 * ldy * 4, nrows, N, ldy)[:] = silu(g) * u
 
     def dequant_rows(self, stream, qtype, w, row_bytes, rows, out, n, K):
         idx = self.m.view(rows, n, np.int32) if rows else np.arange(n)

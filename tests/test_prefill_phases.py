@@ -21,7 +21,7 @@ EVERY_LAYER = ("input norm", "post norm", "router GEMM", "routing kernels, count
 LINEAR = ("deltanet input projections", "deltanet conv, l2 norms, gates", "deltanet chunk prep and scan",
           "deltanet gated norm", "deltanet output projection")
 FULL = ("attention input projections", "attention q/k norms, rope", "attention kernel", "attention output projection")
-GROUPS = ("expert gate/up", "expert SiLU", "expert down")         # once per group of experts in a layer
+GROUPS = ("expert gate/up", "expert down")         # once per group of experts in a layer
 HOST = ("wait for the expert counts", "expert tables, first copies issued")
 GEMMS = ("router GEMM", "shared expert", "deltanet input projections", "deltanet output projection",
          "attention input projections", "attention output projection", "attention kernel", "expert gate/up",

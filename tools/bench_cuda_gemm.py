@@ -1,8 +1,9 @@
 """GEMM microbenchmark of native/cuda/gemm.cu at the 35B's shapes, against the device's fp32 peak.
 
 Expert GEMMs (256 experts, top-8 routing of T tokens drawn at random, hidden 2048, expert FFN
-512): gate/up N=512 K=2048 over gathered token rows, down N=2048 K=512; and the dense
-projections over T rows. Weights are random blocks with valid scales, far larger than the L2.
+512): gate/up N=512 K=2048 over gathered token rows, the fused gate+up+SiLU over the same rows
+(its TFLOP/s count both GEMMs), down N=2048 K=512; and the dense projections over T rows.
+Weights are random blocks with valid scales, far larger than the L2.
 Every listed source is timed in the same process (CUDA events, median of --reps launches) and
 checked against the first one's output, so `--source old=PATH` gives the old/new ratio.
 
@@ -22,7 +23,15 @@ from gguf.constants import GGML_QUANT_SIZES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from native.cuda.device_peak import device_peak  # noqa: E402
-from native.cuda.kernels import CUDA_DIR, GEMM_BM, GEMM_BN, GEMM_KERNELS, NVCC_OPTIONS, SIGNATURES  # noqa: E402
+from native.cuda.kernels import (  # noqa: E402
+    CUDA_DIR,
+    GATE_UP_KERNELS,
+    GEMM_BM,
+    GEMM_BN,
+    GEMM_KERNELS,
+    NVCC_OPTIONS,
+    SIGNATURES,
+)
 
 H, F, E, TOP = 2048, 512, 256, 8
 SHAPES = {GEMM_BM: (GEMM_BN, "gemm_")}          # tile rows -> (block columns, kernel name prefix)
@@ -69,13 +78,24 @@ class Source:
                 f = module.get_function(kname)
                 f.prepare(SIGNATURES[qname])
                 self.fn[kname] = f
-        self.regs = max(f.num_regs for f in self.fn.values())
+        self.gate_up = {}                           # the fused gate/up kernels, where the source has them
+        for qtype, kname in GATE_UP_KERNELS.items():
+            try:
+                self.gate_up[qtype] = module.get_function(kname)
+            except Exception:
+                continue
+            self.gate_up[qtype].prepare(SIGNATURES[kname])
+        self.regs = max(f.num_regs for f in [*self.fn.values(), *self.gate_up.values()])
 
     def launch(self, stream, qtype, bm, x, ldx, xrows, y, ldy, w, woff, row_bytes, tiles, n_tiles, N, K):
         bn, prefix = self.shapes[bm]
         self.fn[GEMM_KERNELS[qtype].replace("gemm_", prefix)].prepared_async_call(
             (-(-N // bn), n_tiles, 1), (256, 1, 1), stream, x, ldx, xrows, y, ldy, 0, w, woff, row_bytes,
             tiles, N, K)
+
+    def launch_gate_up(self, stream, qtype, x, ldx, xrows, y, ldy, woff, woff_up, row_bytes, tiles, n_tiles, N, K):
+        self.gate_up[qtype].prepared_async_call((-(-N // (GEMM_BN // 2)), n_tiles, 1), (256, 1, 1), stream,
+                                                x, ldx, xrows, y, ldy, 0, woff, woff_up, row_bytes, tiles, N, K)
 
 
 def expert_tiles(T: int, bm: int, rng) -> tuple[np.ndarray, np.ndarray, int]:
@@ -122,7 +142,7 @@ def main(argv=None) -> int:
     print(f"\n{'type':6s} {'GEMM':26s} {'T':>5s} {'bm':>3s} " + " ".join(f"{n + ' TF/s':>10s}" for n in names)
           + f" {'% peak':>7s}" + "".join(f" {'new/' + n:>9s}" for n in names[1:]) + "  max rel diff")
     for r in rows:
-        tf = [r["tflops"][n] for n in names]
+        tf = [r["tflops"].get(n, float("nan")) for n in names]           # nan: a source without that kernel
         print(f"{r['type']:6s} {r['gemm']:26s} {r['tokens']:5d} {r['bm']:3d} " + " ".join(f"{v:10.2f}" for v in tf)
               + f" {100 * r['peak_share']['new']:6.1f}%" + "".join(f" {tf[0] / v:9.2f}" for v in tf[1:])
               + f"  {max(r['rel_diff'].values(), default=0):.1e}")
@@ -152,27 +172,29 @@ def run_all(cuda, args, sources, peak_flops: float) -> list[dict]:
     y = int(ymem)
     results = []
 
-    def time(src, qtype, bm, *launch_args):
+    def time(go):
         for _ in range(2):
-            src.launch(stream, qtype, bm, *launch_args)
+            go()
         times = []
         for _ in range(args.reps):
             start.record(stream)
-            src.launch(stream, qtype, bm, *launch_args)
+            go()
             stop.record(stream)
             stop.synchronize()
             times.append(stop.time_since(start) / 1e3)
         return float(np.median(times))
 
-    def measure(qtype, gemm, T, bm, flops, nout, ldy, launch_args):
+    def measure(qtype, gemm, T, bm, flops, nout, ldy, launch_args, fused=False):
         row = {"type": qtype.name.lower(), "gemm": gemm, "tokens": T, "bm": bm, "flops": flops,
                "seconds": {}, "tflops": {}, "peak_share": {}, "rel_diff": {}}
         ref = None
         for src in sources:
-            if bm not in src.shapes:
+            if (qtype not in src.gate_up) if fused else (bm not in src.shapes):
                 continue
+            go = (lambda: src.launch_gate_up(stream, qtype, *launch_args)) if fused else \
+                (lambda: src.launch(stream, qtype, bm, *launch_args))
             cuda.memset_d32(y, 0x7fc00000, nout * ldy)                 # NaN: every output must be written
-            src.launch(stream, qtype, bm, *launch_args)
+            go()
             stream.synchronize()
             out = np.empty((min(nout, CHECK_ROWS), ldy), np.float32)
             cuda.memcpy_dtoh(out, y)
@@ -183,7 +205,7 @@ def run_all(cuda, args, sources, peak_flops: float) -> list[dict]:
                                                   / np.max(np.abs(ref)))
             if not np.isfinite(out).all():
                 row["rel_diff"][src.name + " unwritten"] = float("inf")
-            sec = time(src, qtype, bm, *launch_args)
+            sec = time(go)
             row["seconds"][src.name] = sec
             row["tflops"][src.name] = flops / sec / 1e12
             row["peak_share"][src.name] = flops / sec / peak_flops
@@ -196,6 +218,7 @@ def run_all(cuda, args, sources, peak_flops: float) -> list[dict]:
         block, size = GGML_QUANT_SIZES[qtype]
         raw = random_weights(qtype, E * F * H, rng)
         w = put(raw)
+        w_up = put(random_weights(qtype, E * F * H, np.random.default_rng(1)))  # the fused kernel's up rows
         for T in args.tokens:
             for bm in sorted(sources[0].shapes):
                 tiles_h, tok, n = expert_tiles(T, bm, np.random.default_rng(T))
@@ -206,6 +229,10 @@ def run_all(cuda, args, sources, peak_flops: float) -> list[dict]:
                     woff = put((w + np.arange(E) * N * rb).astype(np.int64))
                     measure(qtype, gemm, T, bm, 2.0 * n * N * K, n, N,
                             (x, K, xrows if gather else 0, y, N, 0, woff, rb, tiles, len(tiles_h), N, K))
+                rb = H // block * size
+                woff, woff_up = (put((base + np.arange(E) * F * rb).astype(np.int64)) for base in (w, w_up))
+                measure(qtype, "fused gate/up 2x512x2048", T, bm, 4.0 * n * F * H, n, F,
+                        (x, H, xrows, y, F, woff, woff_up, rb, tiles, len(tiles_h), F, H), fused=True)
             for gemm, (N, K) in DENSE.items():
                 rb = K // block * size
                 tiles_h = dense_tiles(T, 64)

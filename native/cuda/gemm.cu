@@ -1,5 +1,5 @@
 // gemm.cu: Y[rows, N] (+)= X[rows, K] . W[N, K]^T with W kept in its GGUF blocks.
-// One kernel per weight type, all sharing one body and one signature. Work comes
+// Per weight type a GEMM kernel and a fused gate/up one (GATE_UP below), all sharing one body. Work comes
 // as tiles of at most BM rows: {group, row0, nrows, unused}. A group selects a weight matrix (an
 // expert) through `woff`; dense layers use one group. X rows may be gathered through `xrows`
 // (tokens routed to an expert); Y rows are written at row0.. in tile order.
@@ -14,6 +14,9 @@
 // tile stays rolled: unrolled, the compiler hoists fragment loads past the register cap. A warp
 // computes 16 rows, and skips its FMAs when all of them lie past the tile's rows (experts' last
 // tiles are partly empty).
+// GATE_UP (the MoE's gate and up in one launch): a block's BN columns are BN/2 features, each
+// as its gate row of W + woff[group] then its up row of W + woff_up[group], so a thread's 4
+// columns hold (gate, up) of 2 features and the epilogue writes Y[r, f] = silu(gate) * up.
 // Register use (ptxas -v, sm_75, -maxrregcount=63) is in docs/performance.md.
 #include "quant.cuh"
 
@@ -86,11 +89,12 @@ __device__ __forceinline__ void gemm_loop(float (&acc)[GEMM_TM][GEMM_TN], float 
     }
 }
 
-template <class QT, int BM, int BN, int BK>
+template <class QT, int BM, int BN, int BK, bool GATE_UP>
 __device__ __forceinline__ void gemm_body(
     const float* X, int ldx, const int* xrows,           // X: [*, K] row stride ldx; xrows: [rows] or null
     float* Y, int ldy, int accumulate,                   // Y: [*, N] row stride ldy
     const unsigned char* W, const long long* woff,       // W: [N, row_bytes] per group at W + woff[group]
+    const long long* woff_up,                            // GATE_UP: the up rows' table, like woff
     long long row_bytes, const int* tiles, int N, int K)
 {
     static_assert((BM / GEMM_TM) * (BN / GEMM_TN) == GEMM_THREADS, "an 8 x 4 block of outputs per thread");
@@ -104,10 +108,13 @@ __device__ __forceinline__ void gemm_body(
     const int* tile = tiles + 4 * blockIdx.y;
     const int group = tile[0], row0 = tile[1], nrows = tile[2];
 
-    // W loaders: the first BN threads, row tid of the tile (a warp: 32 rows)
+    // W loaders: the first BN threads, row tid of the tile (a warp: 32 rows); GATE_UP: the gate
+    // (even tid) or up (odd tid) row of feature tid / 2
     const bool loads_w = tid < BN;
+    const int wn = GATE_UP ? blockIdx.x * (BN / 2) + tid / 2 : n0 + tid;
+    const long long* wtab = GATE_UP && (tid & 1) ? woff_up : woff;
     const unsigned char* wsrc = 0;
-    if (loads_w && n0 + tid < N) wsrc = W + (woff ? woff[group] : 0) + (long long)(n0 + tid) * row_bytes;
+    if (loads_w && wn < N) wsrc = W + (wtab ? wtab[group] : 0) + (long long)wn * row_bytes;
     // X loaders: the other threads, row xm of the tile, 4 consecutive k from xk
     const int ux = loads_w ? 0 : tid - BN;
     const int xm = ux / (BK / 4), xk = (ux % (BK / 4)) * 4;
@@ -138,15 +145,16 @@ __device__ __forceinline__ void gemm_body(
     const volatile int* vtile = tiles + 4 * blockIdx.y;
     const int y0 = vtile[1], yn = vtile[2];
     const int ym = (warp / (BN / 64)) * 16 + (lane / 16) * GEMM_TM;
-    const int yc = blockIdx.x * BN + (warp % (BN / 64)) * 64 + (lane % 16) * GEMM_TN;
+    const int yc = (warp % (BN / 64)) * 64 + (lane % 16) * GEMM_TN;     // the thread's first tile column
 #pragma unroll
     for (int i = 0; i < GEMM_TM; ++i) {
         if (ym + i < yn) {
             float* y = Y + (long long)(y0 + ym + i) * ldy;
 #pragma unroll
-            for (int j = 0; j < GEMM_TN; ++j) {
-                const int n = yc + j;
-                if (n < N) y[n] = accumulate ? y[n] + acc[i][j] : acc[i][j];
+            for (int j = 0; j < (GATE_UP ? GEMM_TN / 2 : GEMM_TN); ++j) {
+                const int n = GATE_UP ? blockIdx.x * (BN / 2) + yc / 2 + j : blockIdx.x * BN + yc + j;
+                const float v = GATE_UP ? fm_silu(acc[i][2 * j]) * acc[i][2 * j + 1] : acc[i][j];
+                if (n < N) y[n] = accumulate ? y[n] + v : v;
             }
         }
     }
@@ -161,17 +169,28 @@ __device__ __forceinline__ void gemm_body(
         const unsigned char* W, const long long* woff, long long row_bytes, const int* tiles,   \
         int N, int K)                                                                           \
     {                                                                                           \
-        gemm_body<qt, 64, 128, 8>(X, ldx, xrows, Y, ldy, accumulate, W, woff, row_bytes, tiles, N, K); \
+        gemm_body<qt, 64, 128, 8, false>(X, ldx, xrows, Y, ldy, accumulate, W, woff, 0, row_bytes, tiles, N, K); \
     }
 
-GEMM_KERNEL(gemm_f32, QT_f32)
-GEMM_KERNEL(gemm_f16, QT_f16)
-GEMM_KERNEL(gemm_bf16, QT_bf16)
-GEMM_KERNEL(gemm_q8_0, QT_q8_0)
-GEMM_KERNEL(gemm_q4_0, QT_q4_0)
-GEMM_KERNEL(gemm_q4_k, QT_q4_k)
-GEMM_KERNEL(gemm_q5_k, QT_q5_k)
-GEMM_KERNEL(gemm_q6_k, QT_q6_k)
+// act[rows, N] = silu(X . Wg^T) * (X . Wu^T): 64 features per block, N the features
+#define GATE_UP_KERNEL(name, qt)                                                                \
+    extern "C" __global__ void name(                                                            \
+        const float* X, int ldx, const int* xrows, float* Y, int ldy, const unsigned char* W,   \
+        const long long* woff, const long long* woff_up, long long row_bytes, const int* tiles, \
+        int N, int K)                                                                           \
+    {                                                                                           \
+        gemm_body<qt, 64, 128, 8, true>(X, ldx, xrows, Y, ldy, 0, W, woff, woff_up, row_bytes, tiles, N, K); \
+    }
+
+#define GEMM_KERNELS(t, qt) GEMM_KERNEL(gemm_##t, qt) GATE_UP_KERNEL(gemm_gate_up_##t, qt)
+GEMM_KERNELS(f32, QT_f32)
+GEMM_KERNELS(f16, QT_f16)
+GEMM_KERNELS(bf16, QT_bf16)
+GEMM_KERNELS(q8_0, QT_q8_0)
+GEMM_KERNELS(q4_0, QT_q4_0)
+GEMM_KERNELS(q4_k, QT_q4_k)
+GEMM_KERNELS(q5_k, QT_q5_k)
+GEMM_KERNELS(q6_k, QT_q6_k)
 
 // ---------------------------------------------------------------------------- row dequantization
 // out[r, :] = W[rows ? rows[r] : r, :] as fp32, one block per row (embedding lookups)

@@ -5,7 +5,8 @@
 // machine without a GPU. Shared memory is a function-local static, one block at a time.
 //   gemm_host KERNEL X W TILES XROWS|- WOFF|- Y ldx ldy row_bytes N K n_tiles accumulate
 // X, W, TILES, XROWS (int32), WOFF (int64 byte offsets into W) and Y are raw files; Y is
-// read, updated in place and written back.
+// read, updated in place and written back. For gemm_gate_up_* kernels WOFF holds the gate
+// table, then the up table (as many entries each), and accumulate is ignored.
 #include <barrier>
 #include <cmath>
 #include <cstdio>
@@ -36,11 +37,13 @@ static void __syncthreads() { block_barrier->arrive_and_wait(); }
 // ---------------------------------------------------------------------------- driver
 typedef void (*Kernel)(const float*, int, const int*, float*, int, int, const unsigned char*, const long long*,
                        long long, const int*, int, int);
-struct Entry { const char* name; Kernel fn; };
-#define GEMM_ENTRY(t) {"gemm_" #t, gemm_##t}
+typedef void (*GateUp)(const float*, int, const int*, float*, int, const unsigned char*, const long long*,
+                       const long long*, long long, const int*, int, int);
+struct Entry { const char* name; Kernel fn; GateUp gate_up; };
+#define GEMM_ENTRY(t) {"gemm_" #t, gemm_##t, 0}, {"gemm_gate_up_" #t, 0, gemm_gate_up_##t}
 static const Entry TABLE[] = {GEMM_ENTRY(f32), GEMM_ENTRY(f16), GEMM_ENTRY(bf16), GEMM_ENTRY(q8_0),
                               GEMM_ENTRY(q4_0), GEMM_ENTRY(q4_k), GEMM_ENTRY(q5_k), GEMM_ENTRY(q6_k)};
-static const int BLOCK_COLUMNS = 128;               // GEMM_BN of native/cuda/kernels.py
+static const int BLOCK_COLUMNS = 128;               // GEMM_BN of native/cuda/kernels.py; gate/up: half as many features
 
 static std::vector<unsigned char> load(const char* path) {
     std::vector<unsigned char> v;
@@ -73,16 +76,24 @@ int main(int argc, char** argv) {
     }
     std::barrier<> barrier(256);
     block_barrier = &barrier;
+    const float* x = (const float*)X.data();
+    const int* xr = xrows.empty() ? 0 : (const int*)xrows.data();
+    const unsigned char* w = woff.empty() ? W.data() : 0;
+    const long long* wo = woff.empty() ? 0 : woff.data();
+    const int columns = e->gate_up ? BLOCK_COLUMNS / 2 : BLOCK_COLUMNS;
     for (int by = 0; by < n_tiles; ++by) {
-        for (int bx = 0; bx < (N + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS; ++bx) {
+        for (int bx = 0; bx < (N + columns - 1) / columns; ++bx) {
             blockIdx = {(unsigned int)bx, (unsigned int)by, 0};
             std::vector<std::thread> threads;
             for (int t = 0; t < 256; ++t)
                 threads.emplace_back([&, t] {
                     threadIdx = {(unsigned int)t, 0, 0};
-                    e->fn((const float*)X.data(), ldx, xrows.empty() ? 0 : (const int*)xrows.data(),
-                          (float*)Y.data(), ldy, accumulate, woff.empty() ? W.data() : 0,
-                          woff.empty() ? 0 : woff.data(), row_bytes, (const int*)tiles.data(), N, K);
+                    float* y = (float*)Y.data();
+                    if (e->gate_up)
+                        e->gate_up(x, ldx, xr, y, ldy, w, wo, wo ? wo + woff.size() / 2 : 0, row_bytes,
+                                   (const int*)tiles.data(), N, K);
+                    else
+                        e->fn(x, ldx, xr, y, ldy, accumulate, w, wo, row_bytes, (const int*)tiles.data(), N, K);
                 });
             for (std::thread& t : threads) t.join();
         }

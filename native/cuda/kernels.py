@@ -19,6 +19,7 @@ GEMM_KERNELS: dict[Q, str] = {
     Q.Q4_0: "gemm_q4_0", Q.Q4_K: "gemm_q4_k", Q.Q5_K: "gemm_q5_k", Q.Q6_K: "gemm_q6_k",
 }
 ROWS_KERNELS: dict[Q, str] = {q: name.replace("gemm_", "rows_") for q, name in GEMM_KERNELS.items()}
+GATE_UP_KERNELS: dict[Q, str] = {q: name.replace("gemm_", "gemm_gate_up_") for q, name in GEMM_KERNELS.items()}
 GEMM_BM, GEMM_BN = 64, 128   # rows per tile (a tile list entry), output columns per block
 GEMM_BK = 32            # K must be a multiple of this (the 32-element blocks; the kernels step by 8)
 GEMM_X_ALIGN = 4        # X rows are read as float4: row stride and base in multiples of 4 floats
@@ -30,6 +31,7 @@ ROUTE_MAX_E = 1024
 SIGNATURES = {
     **{name: "PiPPiiPPqPii" for name in GEMM_KERNELS.values()},
     **{name: "PqPPi" for name in ROWS_KERNELS.values()},
+    **{name: "PiPPiPPPqPii" for name in GATE_UP_KERNELS.values()},
     "rms_norm": "PiiPiiPiif", "rms_norm_gated": "PPPPif", "l2_norm": "Piiiff",
     "rope_neox": "PiiiiPi", "conv1d_silu": "PPPPiii", "conv1d_state": "PPiii",
     "gdn_gates": "PPPPii", "gdn_chunk_prep": "PPPiiiiiiiPPPP", "gdn_chunk_scan": "PiiiiiiiPPPPPPi",
@@ -85,6 +87,23 @@ class Kernels:
             return
         self._go(GEMM_KERNELS[qtype], (-(-N // GEMM_BN), n_tiles, 1), (256, 1, 1), stream,
                  x, ldx, xrows, y, ldy, int(accumulate), w, woff, row_bytes, tiles, N, K)
+
+    def gemm_gate_up(self, stream, qtype: Q, *, x: int, ldx: int, y: int, ldy: int, woff: int, woff_up: int,
+                     row_bytes: int, tiles: int, n_tiles: int, N: int, K: int, xrows: int = 0, w: int = 0) -> None:
+        """act[rows, N] = silu(X Wg^T) * (X Wu^T) over a tile list, N features: group g's gate rows at
+        w + woff[g], its up rows at w + woff_up[g] (both [N, row_bytes] of qtype)."""
+        if qtype not in GATE_UP_KERNELS:
+            raise KernelError(f"no gate/up GEMM kernel for {Q(qtype).name}")
+        if K % GEMM_BK:
+            raise KernelError(f"GEMM inner dimension {K} is not a multiple of {GEMM_BK}")
+        if ldx % GEMM_X_ALIGN or x % (4 * GEMM_X_ALIGN):
+            raise KernelError(f"GEMM X at {x:#x} with row stride {ldx}: need 16-byte rows")
+        if not woff or not woff_up:
+            raise KernelError("the gate/up GEMM reads its weights through the woff and woff_up tables")
+        if n_tiles == 0:
+            return
+        self._go(GATE_UP_KERNELS[qtype], (-(-N // (GEMM_BN // 2)), n_tiles, 1), (256, 1, 1), stream,
+                 x, ldx, xrows, y, ldy, w, woff, woff_up, row_bytes, tiles, N, K)
 
     def dequant_rows(self, stream, qtype: Q, w: int, row_bytes: int, rows: int, out: int, n: int, K: int):
         """out[r] = row rows[r] (or r when rows is 0) of W as fp32, for n rows."""

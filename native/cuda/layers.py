@@ -204,14 +204,19 @@ class LayerRunner:
             return                                    # a prefetched chunk that no token routed to
         tiles = M["tiles"] + t0 * 16
         flops = 2 * (r1 - r0) * F * H                 # one of gate, up, down over the group's rows
+        gate, up = self.eq[(i, "ffn_gate_exps")], self.eq[(i, "ffn_up_exps")]
         with self.clock("expert gate/up", flops=2 * flops):
-            for j, (t, out) in enumerate((("ffn_gate_exps", "g"), ("ffn_up_exps", "u"))):
-                w = self.eq[(i, t)]
-                k.gemm(s, w.qtype, x=self.ws["keep"]["xn"], ldx=H, xrows=M["tok"], y=M[out], ldy=F, w=0,
-                       woff=woff + j * E * 8, row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0,
-                       N=F, K=H)
-        with self.clock("expert SiLU"):
-            k.silu_mul(s, M["g"] + r0 * F * F32, M["u"] + r0 * F * F32, M["g"] + r0 * F * F32, (r1 - r0) * F)
+            if (gate.qtype, gate.row_bytes) == (up.qtype, up.row_bytes):     # one launch, SiLU fused
+                k.gemm_gate_up(s, gate.qtype, x=self.ws["keep"]["xn"], ldx=H, xrows=M["tok"], y=M["g"], ldy=F,
+                               woff=woff, woff_up=woff + E * 8, row_bytes=gate.row_bytes, tiles=tiles,
+                               n_tiles=t1 - t0, N=F, K=H)
+            else:
+                for j, (w, out) in enumerate(((gate, "g"), (up, "u"))):
+                    k.gemm(s, w.qtype, x=self.ws["keep"]["xn"], ldx=H, xrows=M["tok"], y=M[out], ldy=F, w=0,
+                           woff=woff + j * E * 8, row_bytes=w.row_bytes, tiles=tiles, n_tiles=t1 - t0,
+                           N=F, K=H)
+                g, u = M["g"] + r0 * F * F32, M["u"] + r0 * F * F32
+                k.silu_mul(s, g, u, g, (r1 - r0) * F)
         with self.clock("expert down", flops=flops):
             w = self.eq[(i, "ffn_down_exps")]
             k.gemm(s, w.qtype, x=M["g"], ldx=F, y=M["down"], ldy=H, w=0, woff=woff + 2 * E * 8,

@@ -9,12 +9,13 @@ from gguf.quants import dequantize
 from common.reference.deltanet import chunked_rule
 from common.reference.moe import route
 from common.reference.ops import l2_norm, rms_norm, rope_neox, sigmoid, silu
-from native.cuda.kernels import GEMM_BM, GEMM_KERNELS
+from native.cuda.kernels import GATE_UP_KERNELS, GEMM_BM, GEMM_KERNELS
 from native.cuda.tables import rope_table
 
 from .tiny_gguf import weight
 
 GEMM_RTOL = 2e-5        # fp32 sums of K=512 products in another order, relative to |X||W|
+GATE_UP_RTOL = 1.1 * GEMM_RTOL  # through silu(g) * u (slope at most 1.1), relative to |X||W|(|g| + |u|)
 NORM_ATOL = 2e-5        # rsqrt and exp in fp32 on the device vs numpy
 SCAN_ATOL = 5e-4        # chunked delta rule: the reference solves in float64, the kernel inverts in fp32
 ATTN_ATOL = 2e-5        # online softmax vs a full softmax, fp32
@@ -85,6 +86,32 @@ def test_gemm_grouped_gather(dev, qtype):
     for e, r0, n in groups:
         want = X[rows[r0:r0 + n]] @ W[e].T
         np.testing.assert_allclose(got[r0:r0 + n], want, atol=GEMM_RTOL * H * 4 * np.abs(W).max())
+
+
+@pytest.mark.parametrize("qtype", list(GATE_UP_KERNELS), ids=lambda q: q.name)
+def test_gemm_gate_up_experts(dev, qtype):
+    """Fused gate/up/SiLU at the 35B's expert widths (F 512, K 2048) over gathered rows into NaN,
+    gate and up weights in separate allocations: every routed row written, the row past them not."""
+    E, F, H, T = 3, 512, 2048, 60
+    (raw_g, qt), (raw_u, _) = (as_raw(*weight(qtype, (E * F, H), 0.05, rng)) for _ in range(2))
+    Wg, Wu = (dq(raw, qt).reshape(E, F, H) for raw in (raw_g, raw_u))
+    X = rng.standard_normal((T, H)).astype(np.float32)
+    rows = rng.integers(0, T, 99).astype(np.int32)
+    groups = [(2, 0, 64), (2, 64, 6), (0, 70, 29)]      # (expert, row0, nrows): full, nearly empty, partial
+    eb = raw_g.nbytes // E
+    woff, woff_up = (dev.put(dev.put(raw) + np.arange(E, dtype=np.int64) * eb) for raw in (raw_g, raw_u))
+    y = dev.put(np.full((len(rows) + 1, F), np.nan, np.float32))
+    dev.k.gemm_gate_up(dev.s, qt, x=dev.put(X), ldx=H, xrows=dev.put(rows), y=y, ldy=F, woff=woff, woff_up=woff_up,
+                       row_bytes=eb // F, tiles=dev.put(np.array([[e, r, n, 0] for e, r, n in groups], np.int32)),
+                       n_tiles=len(groups), N=F, K=H)
+    got = dev.get(y, (len(rows) + 1, F))
+    assert np.isnan(got[-1]).all()
+    wmax = max(np.abs(Wg).max(), np.abs(Wu).max())
+    for e, r0, n in groups:
+        Xe = X[rows[r0:r0 + n]]
+        g, u = Xe @ Wg[e].T, Xe @ Wu[e].T
+        scale = np.abs(Xe).sum(1)[:, None] * wmax * (np.abs(g) + np.abs(u))
+        assert np.max(np.abs(got[r0:r0 + n] - silu(g) * u) / scale) < GATE_UP_RTOL, (e, r0)
 
 
 def test_rms_norms_and_rope(dev):
