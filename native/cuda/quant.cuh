@@ -33,12 +33,29 @@ FM_HD unsigned int fm_ld4(const unsigned char* p) { return fm_ld<unsigned int>(p
 FM_HD unsigned int fm_ld2(const unsigned char* p) { return fm_ld<unsigned short>(p); }
 
 FM_HD unsigned int fm_byte(unsigned int w, int i) { return (w >> (8 * i)) & 255u; }
-FM_HD unsigned int fm_word(uint2 w, int i) { return i < 4 ? fm_byte(w.x, i) : fm_byte(w.y, i - 4); }
 FM_HD int fm_sbyte(unsigned int w, int i) { return (int)(w << (24 - 8 * i)) >> 24; }   // signed byte i
 
 // (float)(q - c) for 0 <= q < 2^23, exactly: q in the mantissa of 2^23, then 2^23 + c subtracted
 // (an integer op and an add rather than a conversion, which runs at a quarter of the FMA rate)
 FM_HD float fm_q2f(unsigned int q, float c) { return fm_bits_to_float(0x4b000000u | q) - (8388608.0f + c); }
+
+// __byte_perm (prmt, sm_20): byte n of the result is byte (s >> 4n) & 7 of {x, y}, x the low word
+FM_HD unsigned int fm_prmt(unsigned int x, unsigned int y, unsigned int s) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, y, s);
+#else
+    const unsigned long long xy = ((unsigned long long)y << 32) | x;
+    unsigned int r = 0;
+    for (int n = 0; n < 4; ++n) r |= (unsigned int)((xy >> (8 * ((s >> (4 * n)) & 7))) & 255u) << (8 * n);
+    return r;
+#endif
+}
+
+// fm_q2f of byte i of w: one permute puts the byte under the exponent (no shift and mask per byte)
+FM_HD float fm_b2f(unsigned int w, int i, float c) {
+    return fm_bits_to_float(fm_prmt(w, 0x4b000000u, 0x7440u + i)) - (8388608.0f + c);
+}
+FM_HD float fm_w2f(uint2 w, int i, float c) { return i < 4 ? fm_b2f(w.x, i, c) : fm_b2f(w.y, i - 4, c); }
 
 // ---------------------------------------------------------------------------- plain floats
 struct QT_none { struct scale {}; static const int SPAN = 1 << 30;
@@ -158,8 +175,8 @@ struct QT_q4_k : QT_k4_scale {
     }
     static FM_HD void decode(const raw& r, const scale& sc, int k, float* v, int st) {
         const int shift = ((k >> 5) & 1) * 4;
-        const uint2 q = make_uint2(r.qs.x >> shift, r.qs.y >> shift);
-        for (int i = 0; i < 8; ++i) v[i * st] = sc.d * fm_q2f(fm_word(q, i) & 15, 0.0f) - sc.m;
+        const uint2 q = make_uint2((r.qs.x >> shift) & 0x0f0f0f0fu, (r.qs.y >> shift) & 0x0f0f0f0fu);
+        for (int i = 0; i < 8; ++i) v[i * st] = sc.d * fm_w2f(q, i, 0.0f) - sc.m;
     }
 };
 
@@ -178,11 +195,9 @@ struct QT_q5_k : QT_k4_scale {
     }
     static FM_HD void decode(const raw& r, const scale& sc, int k, float* v, int st) {
         const int j = (k & 255) >> 5, shift = (j & 1) * 4;
-        const uint2 lo = make_uint2(r.qs.x >> shift, r.qs.y >> shift), hi = make_uint2(r.qh.x >> j, r.qh.y >> j);
-        for (int i = 0; i < 8; ++i) {
-            const unsigned int q = (fm_word(lo, i) & 15) | ((fm_word(hi, i) & 1) << 4);
-            v[i * st] = sc.d * fm_q2f(q, 0.0f) - sc.m;
-        }
+        const uint2 q = make_uint2(((r.qs.x >> shift) & 0x0f0f0f0fu) | (((r.qh.x >> j) << 4) & 0x10101010u),
+                                   ((r.qs.y >> shift) & 0x0f0f0f0fu) | (((r.qh.y >> j) << 4) & 0x10101010u));
+        for (int i = 0; i < 8; ++i) v[i * st] = sc.d * fm_w2f(q, i, 0.0f) - sc.m;
     }
 };
 
@@ -214,12 +229,11 @@ struct QT_q6_k {
         q6_words(b + 128 + 32 * n + (q & 31), r.qh);
     }
     static FM_HD void decode(const raw& r, const scale& sc, int k, float* v, int st) {
-        const int q = k & 127, lshift = (q >> 6) * 4, hshift = (q >> 5) * 2;
-        uint2 ql = q6_bytes(r.ql, sc.off), qh = q6_bytes(r.qh, sc.off);
-        ql = make_uint2(ql.x >> lshift, ql.y >> lshift);
-        qh = make_uint2(qh.x >> hshift, qh.y >> hshift);
-        for (int i = 0; i < 8; ++i)
-            v[i * st] = sc.d * fm_q2f((fm_word(ql, i) & 15) | ((fm_word(qh, i) & 3) << 4), 32.0f);
+        const int e = k & 127, lshift = (e >> 6) * 4, hshift = (e >> 5) * 2;
+        const uint2 ql = q6_bytes(r.ql, sc.off), qh = q6_bytes(r.qh, sc.off);
+        const uint2 q = make_uint2(((ql.x >> lshift) & 0x0f0f0f0fu) | (((qh.x >> hshift) << 4) & 0x30303030u),
+                                   ((ql.y >> lshift) & 0x0f0f0f0fu) | (((qh.y >> hshift) << 4) & 0x30303030u));
+        for (int i = 0; i < 8; ++i) v[i * st] = sc.d * fm_w2f(q, i, 32.0f);
     }
 };
 
