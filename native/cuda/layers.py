@@ -49,6 +49,19 @@ class LayerRunner:
         self.d2h = cuda.Stream()
         self.wait_seconds = 0.0         # host blocked on routing counts
         self.clock = PhaseClock(cuda, compute) if phases else NULL_CLOCK
+        self.shared_fused = self._shared_tables()
+
+    def _shared_tables(self) -> bool:
+        """Each layer's shared gate and up addresses on the device, for one fused launch; False
+        when some layer's gate and up differ in type (they then run as two GEMMs and a SiLU)."""
+        if not self.cfg.has_shared_expert:
+            return False
+        pairs = [(self.w[i, "sh_gate"], self.w[i, "sh_up"]) for i in range(self.cfg.n_layers)]
+        if any((g.qtype, g.row_bytes) != (u.qtype, u.row_bytes) for g, u in pairs):
+            return False
+        table = np.array([(g.ptr, u.ptr) for g, u in pairs], np.int64)
+        self.cuda.memcpy_htod(self.ws["keep"]["shared_woff"], table)
+        return True
 
     # ---------------------------------------------------------------- helpers
     def dense(self, key: tuple[int, str], x: int, ldx: int, y: int, ldy: int, accumulate: bool = False) -> None:
@@ -227,9 +240,16 @@ class LayerRunner:
             return False
         M, Fs, H = self.ws["moe"], self.cfg.shared_ffn, self.cfg.hidden_size
         xn = self.ws["keep"]["xn"]
-        self.dense((i, "sh_gate"), xn, H, M["shg"], Fs)
-        self.dense((i, "sh_up"), xn, H, M["shu"], Fs)
-        self.k.silu_mul(self.s, M["shg"], M["shu"], M["shg"], self.T * Fs)
+        if self.shared_fused:
+            g, table = self.w[i, "sh_gate"], self.ws["keep"]["shared_woff"] + i * 16
+            self.clock.flops(2 * 2 * self.T * g.N * g.K)
+            self.k.gemm_gate_up(self.s, g.qtype, x=xn, ldx=H, y=M["shg"], ldy=Fs, woff=table, woff_up=table + 8,
+                                row_bytes=g.row_bytes, tiles=self.ws["keep"]["tiles"], n_tiles=-(-self.T // GEMM_BM),
+                                N=Fs, K=H)
+        else:
+            self.dense((i, "sh_gate"), xn, H, M["shg"], Fs)
+            self.dense((i, "sh_up"), xn, H, M["shu"], Fs)
+            self.k.silu_mul(self.s, M["shg"], M["shu"], M["shg"], self.T * Fs)
         self.dense((i, "sh_down"), M["shg"], Fs, M["shd"], H)
         if self.layers[i]["sh_gate_inp"] is not None:
             self.dense((i, "sh_gate_inp"), xn, H, M["sg"], 1)

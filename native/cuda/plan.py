@@ -71,7 +71,8 @@ def workspace_bytes(cfg: ModelConfig, T: int) -> dict[str, dict[str, int]]:
     hr = head_rows(cfg, T)
     return {
         "keep": {"x": T * H * F32, "xn": T * H * F32, "rope": T * max(cfg.rope_dim, 2) * F32,
-                 "tiles": (-(-T // 64)) * 16, "woff": 2 * 3 * E * 8},     # two expert address tables
+                 "tiles": (-(-T // 64)) * 16, "woff": 2 * 3 * E * 8,      # two expert address tables
+                 "shared_woff": cfg.n_layers * 2 * 8},                 # per layer: shared gate, up addresses
         "linear": {"qkv": T * C * F32, "conv": T * C * F32, "z": T * nv * dv * F32,
                    "alpha": T * nv * F32, "beta": T * nv * F32, "o": T * nv * dv * F32,
                    "gcum": rows * nv * F32, "aqk": rows * 64 * nv * F32,
