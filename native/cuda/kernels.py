@@ -24,7 +24,7 @@ GEMM_BM, GEMM_BN = 64, 128   # rows per tile (a tile list entry), output columns
 GEMM_BK = 32            # K must be a multiple of this (the 32-element blocks; the kernels step by 8)
 GEMM_X_ALIGN = 4        # X rows are read as float4: row stride and base in multiples of 4 floats
 GDN_CHUNK, GDN_TILE, GDN_MAX_DK = 64, 32, 128
-ATT_Q, ATT_MAX_HD = 16, 256
+ATT_BQ, ATT_THREADS, ATT_MAX_HD = 32, 512, 256   # query rows (token, head of a group) per block
 ROUTE_MAX_E = 1024
 
 # kernel -> pycuda prepared-call argument format (P pointer, i int32, q int64, f float32)
@@ -146,7 +146,11 @@ class Kernels:
     def attention(self, stream, q, kc, vc, gate, ldg, hsg, out, T, pos0, nh, nkv, hd):
         if hd > ATT_MAX_HD or hd % 16:
             raise KernelError(f"attention head dim {hd}: need a multiple of 16, at most {ATT_MAX_HD}")
-        self._go("attn_prefill", (-(-T // ATT_Q), nh, 1), (256, 1, 1), stream,
+        if nh % nkv:
+            raise KernelError(f"attention with {nh} query heads over {nkv} KV heads: need a whole group each")
+        if (q | kc | vc) % 16:
+            raise KernelError("attention q, k and v caches are read as float4: need 16-byte addresses")
+        self._go("attn_prefill", (-(-T * (nh // nkv) // ATT_BQ), nkv, 1), (ATT_THREADS, 1, 1), stream,
                  q, kc, vc, gate, ldg, hsg, out, T, pos0, nh, nkv, hd, np.float32(1.0 / np.sqrt(hd)))
 
     # ---- MoE
