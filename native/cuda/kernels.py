@@ -24,6 +24,7 @@ GEMM_BM, GEMM_BN = 64, 128   # rows per tile (a tile list entry), output columns
 GEMM_BK = 32            # K must be a multiple of this (the 32-element blocks; the kernels step by 8)
 GEMM_X_ALIGN = 4        # X rows are read as float4: row stride and base in multiples of 4 floats
 GDN_CHUNK, GDN_TILE, GDN_MAX_DK = 64, 32, 128
+GDN_SLICE = 16          # dv columns per scan block
 ATT_BQ, ATT_THREADS, ATT_MAX_HD = 32, 512, 256   # query rows (token, head of a group) per block
 ROUTE_MAX_E = 1024
 
@@ -137,9 +138,11 @@ class Kernels:
         T, C, nk, nv, dk, dv, tiled = shape
         if dk > GDN_MAX_DK or dk % GDN_TILE or dv % GDN_TILE:
             raise KernelError(f"Gated DeltaNet head dims {dk}/{dv}: need multiples of {GDN_TILE}, dk <= {GDN_MAX_DK}")
+        if qkv % 16:
+            raise KernelError(f"Gated DeltaNet qkv at {qkv:#x}: the kernels read 16-byte rows")
         nch = -(-T // GDN_CHUNK)
         self._go("gdn_chunk_prep", (nch, nv, 1), (256, 1, 1), stream, qkv, g, beta, *shape, gcum, aqk, u, wk)
-        self._go("gdn_chunk_scan", (nv, dv // GDN_TILE, 1), (256, 1, 1), stream, qkv, *shape,
+        self._go("gdn_chunk_scan", (nv, dv // GDN_SLICE, 1), (256, 1, 1), stream, qkv, *shape,
                  gcum, aqk, u, wk, state, o, nch)
 
     # ---- attention
