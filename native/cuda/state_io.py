@@ -51,9 +51,9 @@ class HostState:
 
     def encode(self, slot: int, T: int) -> None:
         """The pass's KV rows of one attention layer, read back, into the cache's type."""
-        k, v = self.scratch[slot]
-        self.k[slot].append(kv_encode(k[:T], self.kv_type))
-        self.v[slot].append(kv_encode(v[:T], self.kv_type))
+        for rows, out in zip(self.scratch[slot], (self.k[slot], self.v[slot])):
+            coded = kv_encode(rows[:T], self.kv_type)
+            out.append(coded.copy() if np.shares_memory(coded, rows) else coded)   # f32: the next pass reuses rows
 
     def into(self, state: SequenceState, end: int) -> None:
         """Set `state` to this call's result: its KV rows before the call, then the new ones."""
