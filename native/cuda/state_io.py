@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.kv_cache import kv_decode, kv_encode
+from common.kv_cache import kv_decode, kv_dtype, kv_encode, kv_shape
 from common.model.config import ModelConfig
 from common.state import SequenceState
 
@@ -29,17 +29,22 @@ def upload_state(cuda, dev, state: SequenceState, stream) -> None:
 
 class HostState:
     """The state after this call on the host: the recurrent state in f32, and per attention layer
-    the new KV rows, read back a pass at a time into f32 scratch and encoded to the cache's type
-    there, while later layers compute, instead of all at the end."""
+    the KV cache in its type, the rows before the call copied once and each pass's new rows read
+    back into f32 scratch and encoded into place while later layers compute."""
 
-    def __init__(self, cfg: ModelConfig, state: SequenceState, pass_tokens: int):
+    def __init__(self, cfg: ModelConfig, state: SequenceState, n_new: int, pass_tokens: int):
         self.cfg, self.start, self.kv_type = cfg, state.pos, state.kv_type
         self.conv = [np.empty_like(c, dtype=np.float32) for c in state.conv]
         self.ssm = [np.empty((cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim), np.float32) for _ in state.ssm]
         rows = (pass_tokens, cfg.n_kv_heads, cfg.head_dim)
         self.scratch = [(np.empty(rows, np.float32), np.empty(rows, np.float32)) for _ in state.k]
-        self.k: list[list[np.ndarray]] = [[] for _ in state.k]      # encoded rows, pass by pass
-        self.v: list[list[np.ndarray]] = [[] for _ in state.v]
+        shape = kv_shape(state.pos + n_new, cfg.n_kv_heads, cfg.head_dim, state.kv_type)
+        self.k, self.v = ([self._after(old, shape) for old in olds] for olds in (state.k, state.v))
+
+    def _after(self, old: np.ndarray, shape) -> np.ndarray:
+        out = np.empty(shape, kv_dtype(self.kv_type))
+        out[:self.start] = old[:self.start]
+        return out
 
     def sink(self, slot: int, dev, layer: int, pos: int, T: int, last: bool) -> list:
         """(host array, device address) pairs of one layer's state to read back after this pass."""
@@ -49,15 +54,14 @@ class HostState:
             return [(k[:T], dev.k[slot] + pos * row), (v[:T], dev.v[slot] + pos * row)]
         return [(self.conv[slot], dev.conv[slot]), (self.ssm[slot], dev.ssm[slot])] if last else []
 
-    def encode(self, slot: int, T: int) -> None:
-        """The pass's KV rows of one attention layer, read back, into the cache's type."""
-        for rows, out in zip(self.scratch[slot], (self.k[slot], self.v[slot])):
-            coded = kv_encode(rows[:T], self.kv_type)
-            out.append(coded.copy() if np.shares_memory(coded, rows) else coded)   # f32: the next pass reuses rows
+    def encode(self, slot: int, pos: int, T: int) -> None:
+        """The pass's KV rows of one attention layer, read back, into the cache's type in place."""
+        for rows, cache in zip(self.scratch[slot], (self.k[slot], self.v[slot])):
+            if self.kv_type == "q8_0":
+                cache[pos:pos + T] = kv_encode(rows[:T], self.kv_type)
+            else:                                   # f16 rounds to nearest even, as kv_encode does
+                np.copyto(cache[pos:pos + T], rows[:T], casting="same_kind")
 
     def into(self, state: SequenceState, end: int) -> None:
-        """Set `state` to this call's result: its KV rows before the call, then the new ones."""
-        keep = self.start
-        state.k = [np.concatenate([old[:keep], *new]) for old, new in zip(state.k, self.k)]
-        state.v = [np.concatenate([old[:keep], *new]) for old, new in zip(state.v, self.v)]
-        state.pos, state.conv, state.ssm = end, self.conv, self.ssm
+        """Set `state` to this call's result, `end` positions long."""
+        state.pos, state.conv, state.ssm, state.k, state.v = end, self.conv, self.ssm, self.k, self.v

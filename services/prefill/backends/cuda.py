@@ -198,7 +198,7 @@ class CUDABackend:
         h2d0, t0 = self.streamer.h2d_bytes, time.perf_counter()
         wait0 = self.runner.wait_seconds
         upload_state(self.cuda, self.state, state, self.compute)
-        out_state = HostState(self.cfg, state, self.plan.pass_tokens)
+        out_state = HostState(self.cfg, state, len(ids), self.plan.pass_tokens)
         t_up = time.perf_counter()
         H, keep, outs = cfg.hidden_size, self.ws["keep"], []
         for p0 in range(0, len(ids), self.plan.pass_tokens):
@@ -224,7 +224,7 @@ class CUDABackend:
                 self.runner.layer(i, T, pos, out_state.sink(slot, self.state, i, pos, T, last))
                 if cfg.is_full_attention(i):        # its rows are back once the host has its counts
                     self.runner.d2h.synchronize()
-                    out_state.encode(slot, T)
+                    out_state.encode(slot, pos, T)
             pos += T
             if all_logits or last:
                 n = T if all_logits else 1
