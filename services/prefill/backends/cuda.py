@@ -232,17 +232,18 @@ class CUDABackend:
                     outs.append(self._head(keep["x"] + (T - n) * H * F32, n))
         s.synchronize()
         self.streamer.copy.synchronize()
-        self.last_phases = self.runner.clock.take()     # native/cuda/phases.py; None without `phases`
         t_down = time.perf_counter()
         self.runner.d2h.synchronize()
         out_state.into(state, pos)
-        wall = time.perf_counter() - t0
+        t_end = time.perf_counter()
+        wall = t_end - t0
+        self.last_phases = self.runner.clock.take()     # native/cuda/phases.py; None without `phases`
         st = self._stats
         st["h2d_bytes"] += self.streamer.h2d_bytes - h2d0
         st["copy_seconds"] += self.streamer.copies.seconds()
         st["compute_seconds"] += self.timeline.seconds()
         st["wall_seconds"] += wall
-        st["state_io_seconds"] += (t_up - t0) + (time.perf_counter() - t_down)
+        st["state_io_seconds"] += (t_up - t0) + (t_end - t_down)     # not the event sums below
         st["routing_wait_seconds"] += self.runner.wait_seconds - wait0
         st["device_bytes_in_use"] = self.free_at_start - cuda.mem_get_info()[0]
         st["calls"] += 1
