@@ -62,6 +62,9 @@ class _Event:
     def synchronize(self):
         pass
 
+    def query(self):
+        return True
+
 
 class _Context:
     def push(self):

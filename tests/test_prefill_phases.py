@@ -61,8 +61,8 @@ def test_phases_cover_every_layer_and_sum_to_the_span_without_changing_the_outpu
         assert stream[name]["calls"] == calls, name
     for name in GROUPS:
         assert stream[name]["calls"] >= cfg.n_layers
-    assert stream["copy wait"]["calls"] >= 1                  # the budget streams every expert
-    assert set(stream) == set(expected) | set(GROUPS) | {"copy wait"}
+    # the budget streams every expert; chunks past the ring are waited for, arrived ones are not
+    assert set(stream) - {"copy wait"} == set(expected) | set(GROUPS)
     for name in HOST:
         assert rows["host", name]["calls"] == cfg.n_layers
     idle = rows["gap", IDLE]

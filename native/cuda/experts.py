@@ -27,6 +27,13 @@ class LayerExperts:
     tables: object         # event: the address table has arrived
     woff: int              # device address of the table: int64 [3, E]
 
+    def arrived(self) -> int:
+        """How many chunks, in order from the first, have arrived by now."""
+        n = 0
+        while n in self.ready and self.ready[n].query():
+            n += 1
+        return n
+
 
 class ExpertSchedule:
     def __init__(self, cuda, cfg, streamer, weights, host_tables: np.ndarray, device_tables: int):

@@ -183,12 +183,18 @@ class LayerRunner:
             k.moe_tiles(s, M["counts"], M["cursor"], M["tiles"], E, GEMM_BM)
             k.moe_scatter(s, M["ids"], M["cursor"], M["tok"], M["pos"], T * top, top)
             s.wait_for_event(lx.tables)
-        P = self.st.plan.pinned_experts
-        if P and tile_start[P] > 0:
-            self.expert_gemms(i, 0, P - 1, counts, offsets, tile_start, lx.woff)
+        # the resident experts and every chunk already arrived go in one launch: fewer, fuller grids
+        arrived = lx.arrived()
+        last = int(lx.chunks[arrived - 1][-1]) if arrived else self.st.plan.pinned_experts - 1
+        if last >= 0:
+            self.expert_gemms(i, 0, last, counts, offsets, tile_start, lx.woff)
         self.tl.end(s, start)
+        for c in range(arrived):
+            self.st.release(lx.places[c].region, s)
 
         for c, (experts, where) in enumerate(zip(lx.chunks, lx.places)):
+            if c < arrived:
+                continue
             if c not in lx.ready:
                 lx.ready[c] = self.st.issue(i, experts, where)
             with self.clock("copy wait"):
