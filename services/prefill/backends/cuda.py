@@ -2,11 +2,10 @@
 with the weights streamed under a VRAM budget from page-locked host memory (native/cuda/staging.py).
 
 A prompt runs layer by layer over all of its tokens, so every streamed weight crosses the bus
-once per prompt (once per pass of `pass_tokens` for longer ones). Per layer, the routing is
-counted on the GPU and read back; only the experts some token routes to are copied, in chunks
-on a copy stream that overlap the GEMMs of the chunks already there. See native/cuda/plan.py for what
-is resident, and native/cuda/stream.py for the ring of slot regions. The GPU keeps KV in f32: a
-state's KV goes up kv_decode'd, and the rows it adds come back kv_encode'd into its kv_type.
+once per prompt (once per pass of `pass_tokens` for longer ones), in chunks on a copy stream
+that overlap compute (native/cuda/experts.py: which, and when; plan.py: what is resident;
+stream.py: the ring of slot regions). The GPU keeps KV in f32: a state's KV goes up
+kv_decode'd, and the rows it adds come back kv_encode'd into its kv_type.
 A prompt with images (`mm`, common/reference/multimodal.py) differs only on the host: its rows'
 rotary table follows their (T, H, W) positions frequency by frequency (the rope kernel reads one
 table row per token either way), and the image rows go up over their tokens' embedding rows.
