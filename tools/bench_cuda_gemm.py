@@ -231,7 +231,7 @@ def run_all(cuda, args, sources, peak_flops: float) -> list[dict]:
                             (x, K, xrows if gather else 0, y, N, 0, woff, rb, tiles, len(tiles_h), N, K))
                 rb = H // block * size
                 woff, woff_up = (put((base + np.arange(E) * F * rb).astype(np.int64)) for base in (w, w_up))
-                measure(qtype, "fused gate/up 2x512x2048", T, bm, 4.0 * n * F * H, n, F,
+                measure(qtype, "experts fused gate/up 2x512x2048", T, bm, 4.0 * n * F * H, n, F,
                         (x, H, xrows, y, F, woff, woff_up, rb, tiles, len(tiles_h), F, H), fused=True)
             for gemm, (N, K) in DENSE.items():
                 rb = K // block * size
