@@ -49,3 +49,24 @@ def test_prefetch_streams_every_expert_only_when_nearly_all_are_routed(model, mo
             assert 0 < copied < streamed_bytes(backend)
     finally:
         backend.close()
+
+
+def test_two_attention_layers_in_passes_share_the_read_back_scratch(tmp_path, monkeypatch):
+    """Eight layers (attention at 3 and 7) in passes of 16: each attention layer's rows are read
+    back into the one scratch and encoded from it later, while the next layer computes."""
+    emulate_cuda(monkeypatch)
+    model = GGUFModel(build(tmp_path / "eight.gguf", TinySpec(layers=8)))
+    cfg = model.config
+    assert len(cfg.full_layers) == 2
+    tokens = list(np.random.default_rng(8).integers(0, cfg.vocab_size, 53))
+    ref = ReferenceModel(model, kv_type="f32")
+    want_state = ref.new_state()
+    want = ref.prefill(tokens, want_state)
+    backend = cuda_backend.CUDABackend(model, pass_tokens=16, max_context=128, kv_type="f32")
+    try:
+        state = want_state.empty(cfg, "f32")
+        np.testing.assert_allclose(backend.prefill(tokens, state), want, atol=LOGITS_ATOL)
+        for got, ref_rows in zip(state.k + state.v, want_state.k + want_state.v):
+            np.testing.assert_allclose(got, ref_rows, atol=LOGITS_ATOL)
+    finally:
+        backend.close()

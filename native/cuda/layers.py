@@ -48,6 +48,7 @@ class LayerRunner:
         self.T = 0
         self.d2h = cuda.Stream()
         self.wait_seconds = 0.0         # host blocked on routing counts
+        self.host_work: list = []       # (event, call): host work done while the host would wait
         self.clock = PhaseClock(cuda, compute) if phases else NULL_CLOCK
         self.shared_fused = self._shared_tables()
 
@@ -64,6 +65,19 @@ class LayerRunner:
         return True
 
     # ---------------------------------------------------------------- helpers
+    def later(self, call) -> None:
+        """Run `call` once the d2h stream's copies so far have landed, the next time the host
+        waits on the GPU (before a layer's routing counts), instead of holding up the queue now."""
+        ev = self.cuda.Event()
+        ev.record(self.d2h)
+        self.host_work.append((ev, call))
+
+    def run_host_work(self) -> None:
+        for ev, call in self.host_work:
+            ev.synchronize()
+            call()
+        self.host_work.clear()
+
     def dense(self, key: tuple[int, str], x: int, ldx: int, y: int, ldy: int, accumulate: bool = False) -> None:
         t = self.w[key]
         self.clock.flops(2 * self.T * t.N * t.K)
@@ -168,6 +182,7 @@ class LayerRunner:
         with self.clock("shared expert"):
             shared = self.shared_expert(i)
         self.tl.end(s, start)
+        self.run_host_work()
         t0 = time.perf_counter()
         with self.clock.host("wait for the expert counts"):
             routed.synchronize()

@@ -23,9 +23,9 @@ import numpy as np
 from common.kv_cache import check_same_kv_type
 from common.reference.multimodal import MropeInput, mrope_rows, text_input
 from common.state import SequenceState
-from native.cuda.layers import F32, LayerRunner, StateBlock
+from native.cuda.layers import F32, LayerRunner
 from native.cuda.plan import DEFAULT_BUDGET, head_rows, layout, parse_size, workspace_bytes
-from native.cuda.state_io import HostState, upload_state
+from native.cuda.state_io import HostState, alloc_state, upload_state
 from native.cuda.stream import Timeline
 from native.cuda.tables import dense_tiles, rope_table
 
@@ -86,7 +86,7 @@ class CUDABackend:
             offsets, size = layout(workspace_bytes(cfg, self.plan.pass_tokens))
             base = self.arena.alloc("workspace", size)
             self.ws = {ph: {n: base + o for n, o in names.items()} for ph, names in offsets.items()}
-            self.state = self._alloc_state()
+            self.state = alloc_state(cfg, self.arena, self.plan.max_context)
             self.compute = cuda.Stream()
             self.timeline = Timeline(cuda)
             P, E = self.plan.pass_tokens, cfg.n_experts
@@ -96,6 +96,7 @@ class CUDABackend:
             self.embed_h = self._host(P * self.embd.row_bytes, np.uint8)
             self.rope_h = self._host(P * max(cfg.rope_dim, 2), np.float32)
             self.tiles_h = self._host(-(-P // 64) * 4, np.int32)
+            self.kv_scratch_h = self._host(HostState.scratch_shape(cfg, P), np.float32)
             self.head_host = None if self.plan.head_resident else self._head_source()
             self.runner = LayerRunner(cuda, self.kernels, cfg, self.weights, self.streamer, self.ws,
                                       self.state, self.compute, self.timeline,
@@ -122,16 +123,6 @@ class CUDABackend:
                        "vision_device_bytes": self.vision.nbytes if self.vision else 0,
                        "pinned_host": int(self.host.pinned), "staged_bytes": self.host.nbytes,
                        "staging_seconds": self.host.seconds}
-
-    def _alloc_state(self) -> StateBlock:
-        cfg, a = self.cfg, self.arena
-        conv = cfg.conv_channels * (cfg.conv_kernel - 1) * F32
-        ssm = cfg.n_v_heads * cfg.head_k_dim * cfg.head_v_dim * F32
-        kv = self.plan.max_context * cfg.n_kv_heads * cfg.head_dim * F32
-        return StateBlock(conv=[a.alloc(f"conv {n}", conv) for n in range(len(cfg.linear_layers))],
-                          ssm=[a.alloc(f"ssm {n}", ssm) for n in range(len(cfg.linear_layers))],
-                          k=[a.alloc(f"k {n}", kv) for n in range(len(cfg.full_layers))],
-                          v=[a.alloc(f"v {n}", kv) for n in range(len(cfg.full_layers))])
 
     def _host(self, shape, dtype) -> np.ndarray:
         """A page-locked host buffer, or a pageable one (logged) when the driver refuses."""
@@ -197,7 +188,8 @@ class CUDABackend:
         h2d0, t0 = self.streamer.h2d_bytes, time.perf_counter()
         wait0 = self.runner.wait_seconds
         upload_state(self.cuda, self.state, state, self.compute)
-        out_state = HostState(self.cfg, state, len(ids), self.plan.pass_tokens)
+        self.runner.host_work.clear()           # left by a call that failed part way
+        out_state = HostState(self.cfg, state, len(ids), self.kv_scratch_h)
         t_up = time.perf_counter()
         H, keep, outs = cfg.hidden_size, self.ws["keep"], []
         for p0 in range(0, len(ids), self.plan.pass_tokens):
@@ -219,11 +211,9 @@ class CUDABackend:
                 cuda.memcpy_htod_async(keep["rope"], self.rope_h[:table.size], s)
             last = p0 + T >= len(ids)
             for i in range(cfg.n_layers):
-                slot = self.runner.slot_of[i]
-                self.runner.layer(i, T, pos, out_state.sink(slot, self.state, i, pos, T, last))
-                if cfg.is_full_attention(i):        # its rows are back once the host has its counts
-                    self.runner.d2h.synchronize()
-                    out_state.encode(slot, pos, T)
+                self.runner.layer(i, T, pos, out_state.sink(self.runner.slot_of[i], self.state, i, pos, T, last))
+                if cfg.is_full_attention(i):
+                    self.runner.later(out_state.encoder(self.runner.slot_of[i], pos, T))
             pos += T
             if all_logits or last:
                 n = T if all_logits else 1
@@ -233,6 +223,7 @@ class CUDABackend:
         self.streamer.copy.synchronize()
         t_down = time.perf_counter()
         self.runner.d2h.synchronize()
+        self.runner.run_host_work()
         out_state.into(state, pos)
         t_end = time.perf_counter()
         wall = t_end - t0
