@@ -8,7 +8,6 @@ tests/gpu/test_cuda_kernels.py repeats the check on a device, up to 65,536 keys.
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,9 +17,8 @@ import pytest
 
 from native.cuda.kernels import ATT_BQ, ATT_MAX_HD, ATT_THREADS, KernelError, Kernels
 
-REPO = Path(__file__).resolve().parents[1]
-GXX = shutil.which("g++")
-needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ not on PATH")
+from .cuda_host_build import host_program, needs_gxx
+
 ATTN_RTOL = 1e-5       # fp32 scores, exp and running sums vs float64, relative to the largest |V|
 
 # (T, pos0, nh, nkv, hd): one token; GQA 8 at the model's head dim; an odd multiple of 16; a
@@ -32,17 +30,7 @@ CASES = [(1, 0, 4, 1, 64), (5, 37, 16, 2, ATT_MAX_HD), (33, 300, 2, 2, 80), (64,
 
 @pytest.fixture(scope="module")
 def attention_host(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("attention")
-    probe = tmp / "probe.cpp"
-    probe.write_text("#include <barrier>\nint main() { std::barrier<> b(1); b.arrive_and_wait(); }\n")
-    if subprocess.run([GXX, "-std=c++20", "-pthread", str(probe), "-o", str(tmp / "probe")],
-                      capture_output=True).returncode != 0:
-        pytest.skip("g++ without C++20 <barrier>")
-    exe, src = tmp / "attention_host", REPO / "native/cuda/attention_host.cpp"
-    run = subprocess.run([GXX, "-std=c++20", "-O2", "-w", "-pthread", "-I", str(src.parent), str(src), "-o", str(exe)],
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    return exe
+    return host_program(tmp_path_factory.mktemp("attention"), "attention_host", "-O2")
 
 
 def reference(q, kc, vc, gate, pos0: int) -> np.ndarray:

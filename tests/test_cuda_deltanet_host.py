@@ -7,7 +7,6 @@ both head layouts, a nonzero start state. tests/gpu repeats the check on a devic
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,25 +16,15 @@ import pytest
 from common.reference.deltanet import recurrent_rule
 from common.reference.ops import l2_norm, sigmoid
 
-REPO = Path(__file__).resolve().parents[1]
-GXX = shutil.which("g++")
-pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not on PATH")
+from .cuda_host_build import host_program, needs_gxx
+
+pytestmark = needs_gxx
 SCAN_RTOL = 1e-4       # fp32 chunked form against the float64 recurrence, relative to the largest value
 
 
 @pytest.fixture(scope="module")
 def deltanet_host(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("deltanet")
-    probe = tmp / "probe.cpp"
-    probe.write_text("#include <barrier>\nint main() { std::barrier<> b(1); b.arrive_and_wait(); }\n")
-    if subprocess.run([GXX, "-std=c++20", "-pthread", str(probe), "-o", str(tmp / "probe")],
-                      capture_output=True).returncode != 0:
-        pytest.skip("g++ without C++20 <barrier>")
-    exe, src = tmp / "deltanet_host", REPO / "native/cuda/deltanet_host.cpp"
-    run = subprocess.run([GXX, "-std=c++20", "-O1", "-w", "-fno-strict-aliasing", "-pthread", "-I",
-                          str(src.parent), str(src), "-o", str(exe)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    return exe
+    return host_program(tmp_path_factory.mktemp("deltanet"), "deltanet_host", "-O1", "-fno-strict-aliasing")
 
 
 CASES = [(T, 2, 4, 32, 32, 1) for T in (1, 63, 64, 65, 200)] + [

@@ -7,7 +7,6 @@ the checks on a device, at the model's widths.
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,29 +16,18 @@ import pytest
 from common.reference.ops import silu
 from native.cuda.kernels import GATE_UP_KERNELS, GEMM_BM, GEMM_KERNELS
 
+from .cuda_host_build import host_program, needs_gxx
 from .gpu.test_cuda_kernels import as_raw, dq
 from .gpu.tiny_gguf import weight
 
-REPO = Path(__file__).resolve().parents[1]
-GXX = shutil.which("g++")
-pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not on PATH")
+pytestmark = needs_gxx
 GEMM_RTOL = 2e-6       # fp32 sums of K=256 products in another order, relative to |X||W|
 GATE_UP_RTOL = 1.1 * GEMM_RTOL  # through silu(g) * u: silu's slope is at most 1.1, relative to |X||W|(|g| + |u|)
 
 
 @pytest.fixture(scope="module")
 def gemm_host(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("gemm")
-    probe = tmp / "probe.cpp"
-    probe.write_text("#include <barrier>\nint main() { std::barrier<> b(1); b.arrive_and_wait(); }\n")
-    if subprocess.run([GXX, "-std=c++20", "-pthread", str(probe), "-o", str(tmp / "probe")],
-                      capture_output=True).returncode != 0:
-        pytest.skip("g++ without C++20 <barrier>")
-    exe, src = tmp / "gemm_host", REPO / "native/cuda/gemm_host.cpp"
-    run = subprocess.run([GXX, "-std=c++20", "-O1", "-w", "-pthread", "-I", str(src.parent), str(src), "-o", str(exe)],
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    return exe
+    return host_program(tmp_path_factory.mktemp("gemm"), "gemm_host", "-O1")
 
 
 def launch(exe: Path, tmp: Path, kernel: str, X, raw, tiles, xrows, woff, Y, *, ldx, ldy, row_bytes, N, K,

@@ -1,36 +1,16 @@
 // attention_host.cpp: run the prefill attention kernel of attention.cu on the CPU, for tests.
-// Not a kernel and not fast: a host program built by tests (g++ -std=c++20 -pthread) that runs
-// every block of a launch as ATT_THREADS std::threads meeting at a std::barrier for
-// __syncthreads, so the kernel's row mapping, stages and online softmax can be checked against
-// numpy on a machine without a GPU. Shared memory is function-local statics, one block at a time.
+// A host program built by tests (g++ -std=c++20 -pthread) that runs every block of a launch as
+// ATT_THREADS threads (host_launch.h), so the kernel's row mapping, stages and online softmax can
+// be checked against numpy on a machine without a GPU.
 //   attention_host Q KC VC GATE OUT T pos0 nh nkv hd ldg hsg goff
 // Q [T, nh, hd], KC and VC [pos0 + T, nkv, hd], GATE (the gate at float goff) and OUT [T, nh * hd]
 // are raw fp32 files; OUT is written.
-#include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <thread>
 #include <vector>
 
-// ---------------------------------------------------------------------------- the CUDA names attention.cu uses
-struct float2 { float x, y; };
-struct float4 { float x, y, z, w; };
-static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-struct dim3u { unsigned int x, y, z; };
-static thread_local dim3u threadIdx;
-static dim3u blockIdx, gridDim;
-static std::barrier<>* block_barrier;
-static void __syncthreads() { block_barrier->arrive_and_wait(); }
-using std::max;
-using std::min;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __align__(n) __attribute__((aligned(n)))
+#include "host_launch.h"
 #include "attention.cu"
 
 // ---------------------------------------------------------------------------- driver
@@ -52,22 +32,10 @@ int main(int argc, char** argv) {
     const int ldg = atoi(argv[11]), hsg = atoi(argv[12]), goff = atoi(argv[13]);
     std::vector<float> out((size_t)T * nh * hd, NAN);
     const float scale = (float)(1.0 / sqrt((double)hd));            // as Kernels.attention passes it
-    std::barrier<> barrier(ATT_THREADS);
-    block_barrier = &barrier;
-    gridDim = {(unsigned int)((T * (nh / nkv) + ATT_BQ - 1) / ATT_BQ), (unsigned int)nkv, 1};
-    for (unsigned int by = 0; by < gridDim.y; ++by) {
-        for (unsigned int bx = 0; bx < gridDim.x; ++bx) {
-            blockIdx = {bx, by, 0};
-            std::vector<std::thread> threads;
-            for (int t = 0; t < ATT_THREADS; ++t)
-                threads.emplace_back([&, t] {
-                    threadIdx = {(unsigned int)t, 0, 0};
-                    attn_prefill(q.data(), kc.data(), vc.data(), gate.data() + goff, ldg, hsg, out.data(),
-                                 T, pos0, nh, nkv, hd, scale);
-                });
-            for (std::thread& t : threads) t.join();
-        }
-    }
+    launch((T * (nh / nkv) + ATT_BQ - 1) / ATT_BQ, nkv, ATT_THREADS, [&] {
+        attn_prefill(q.data(), kc.data(), vc.data(), gate.data() + goff, ldg, hsg, out.data(), T, pos0, nh, nkv, hd,
+                     scale);
+    });
     FILE* f = fopen(argv[5], "wb");
     fwrite(out.data(), 4, out.size(), f);
     fclose(f);
