@@ -161,7 +161,7 @@ def test_a_held_state_prefills_as_its_bytes_do_and_a_missing_one_is_answered(cfg
     from services.prefill.server import PrefillServer
     server = PrefillServer(PrefillConfig(str(write_tiny_gguf(tmp_path / "tiny.gguf")), router="tcp://127.0.0.1:9"))
     decoder, replies = Decoder(), []
-    server._decoder = lambda address: decoder
+    server.decoders.get = lambda address: decoder
     server.link.send = replies.append
     ids = [int(x) for x in np.random.default_rng(0).integers(0, cfg.vocab_size, 60)]
     try:

@@ -220,10 +220,10 @@ def test_prefill_bounds_and_reaps_its_decode_connections(cfg, tmp_path_factory, 
         server.link._queue.put(prefill_request(cfg, rid="bad-address", decode_address="tcp://nowhere"))
         server.step()
         assert [rid for rid, _ in replies.failed] == ["bad-address"] and not server.decoders
-        queues = [server._decoder(f"tcp://127.0.0.1:{10 + i}") for i in range(prefill_server.MAX_DECODERS + 3)]
+        queues = [server.decoders.get(f"tcp://127.0.0.1:{10 + i}") for i in range(prefill_server.MAX_DECODERS + 3)]
         assert len(server.decoders) == prefill_server.MAX_DECODERS
         assert all(q._stop.is_set() for q in queues[:3]) and not any(q._stop.is_set() for q in queues[3:])
-        monkeypatch.setattr(prefill_server, "IDLE_DECODER_S", 0.0)
+        server.decoders.idle_s = 0.0
         server.step(timeout=0)
         assert not server.decoders and all(q._stop.is_set() for q in queues)
     finally:

@@ -5,7 +5,7 @@ sampled on arrival (that is the time to first token); then the sequence waits fo
 slot and decodes one token per step with the others. Each token goes to the router
 as a Tokens message; the end goes as Finished, with the final state when it was asked for,
 and, when the request names a prefill worker that keeps it (`hold_at`), to that worker too as
-HoldState (holders.py), so the next turn's prompt need not carry it. Heartbeats report the
+HoldState (over common.push_links), so the next turn's prompt need not carry it. Heartbeats report the
 batch slots (--max-batch) that the router places sequences by.
 
 A request with a grammar (SamplingParams.grammar) samples only the tokens it allows, the first
@@ -43,6 +43,7 @@ from common.protocol.checks import check_decode
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import HoldState
 from common.protocol.router import Finished, Tokens
+from common.push_links import PushLinks
 from common.sampling import Sampler
 from common.speculative import Speculator, check_mtp, draft_vocab_ids
 from common.worker import WorkerServer
@@ -50,10 +51,11 @@ from native.runners import load_runner
 
 from .config import DecodeConfig
 from .grammar import Grammars
-from .holders import HolderLinks
 from .scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("fermium.decode")
+MAX_HOLDERS = 8            # prefill workers holding states that one decode worker sends them to
+IDLE_HOLDER_S = 120.0
 
 
 class DecodeServer(WorkerServer):
@@ -84,7 +86,7 @@ class DecodeServer(WorkerServer):
         self.sched = BatchScheduler(cfg.max_batch)
         super().__init__(cfg, ContextModel(model, self.ctx_size), DecodeMetrics(), capacity=cfg.capacity,
                          slots=cfg.max_batch)
-        self.holders = HolderLinks()
+        self.holders = PushLinks("decode", MAX_HOLDERS, IDLE_HOLDER_S)
         self.grammars = Grammars(model, model.config.vocab_size, self.metrics, tokenizer)
 
     def load(self) -> tuple[int, int]:

@@ -19,19 +19,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 
 from common.config import ContextModel, plan_context, reserve_context
 from common.kv_cache import check_same_kv_type
 from common.metrics import PrefillMetrics
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel
-from common.mp import PushQueue
-from common.mp_local import push_queue
 from common.protocol.checks import check_hold, check_prefill
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import HoldState, PrefillRequest
 from common.protocol.router import NotHeld, PrefillDone, Snapshot
+from common.push_links import PushLinks
 from common.reference.multimodal import MropeInput
 from common.state import SequenceState, wire_limits
 from common.worker import WorkerServer
@@ -63,7 +62,7 @@ class PrefillServer(WorkerServer):
         reserve_context(getattr(self.backend, "runner", None), self.ctx_size)
         log.info("prefill: %s", self.memory.describe(PREFILL_STATES))     # once nothing has refused to start
         self.queue: deque[PrefillRequest] = deque()
-        self.decoders: OrderedDict[str, tuple[PushQueue, float]] = OrderedDict()   # address -> (queue, last use)
+        self.decoders = PushLinks("prefill", MAX_DECODERS, IDLE_DECODER_S)
         self.busy = 0
         metrics = PrefillMetrics()
         self.vision = ImageRows(cfg.mmproj, metrics=metrics, backend=self.backend) if cfg.mmproj else None
@@ -100,7 +99,7 @@ class PrefillServer(WorkerServer):
 
     def step(self, timeout: float = 0.1) -> None:
         self._take(timeout if not self.queue else 0)
-        self._reap_decoders()
+        self.decoders.reap()
         if not self.queue:
             return
         req = self.queue.popleft()
@@ -158,7 +157,7 @@ class PrefillServer(WorkerServer):
         out = DecodeRequest(req.rid, state.pos, req.history, req.sampling, req.max_tokens, req.stop_ids,
                             req.return_state, state.arrays(), logits.astype("float32", copy=False), state.kv_type,
                             state.rope_delta, self.link.address if self._hold(req) and req.return_state else "")
-        self._decoder(req.decode_address).put(out)
+        self.decoders.get(req.decode_address).put(out)
         self.link.send(PrefillDone(req.rid, self.link.worker_id, len(req.tokens), seconds))
 
     def _prefill_with_snapshots(self, req: PrefillRequest, state: SequenceState, mm: MropeInput | None):
@@ -199,26 +198,6 @@ class PrefillServer(WorkerServer):
             if isinstance(value, (int, float)):
                 self.metrics.backend_stat.labels(key).set(value)
 
-    def _decoder(self, address: str) -> PushQueue:
-        if address in self.decoders:
-            q = self.decoders.pop(address)[0]
-        else:
-            q = push_queue(address, name=f"prefill->{address}")
-            while len(self.decoders) >= MAX_DECODERS:
-                self.decoders.popitem(last=False)[1][0].close()
-        self.decoders[address] = (q, time.monotonic())
-        return q
-
-    def _reap_decoders(self) -> None:
-        now = time.monotonic()
-        while self.decoders:
-            address, (q, used) = next(iter(self.decoders.items()))
-            if now - used < IDLE_DECODER_S:
-                return
-            del self.decoders[address]
-            q.close()
-
     def close(self) -> None:
         super().close()
-        for q, _ in self.decoders.values():
-            q.close(wait=1.0)
+        self.decoders.close()
