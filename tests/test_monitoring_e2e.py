@@ -22,6 +22,7 @@ from fermium.stack import free_port
 from tests.conftest import REPO
 from tests.deploy_helpers import system_tool, unit_command
 from tests.stack_helpers import write_tiny_gguf
+from tests.up_helpers import wait_healthy
 
 DEPLOY = REPO / "deploy"
 SCRAPE_S = 1                   # scrape and rule evaluation interval of the test server
@@ -120,16 +121,7 @@ def prometheus(stack, tmp_path_factory):
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, f"prometheus exited: {(root / 'prometheus.log').read_text()}"
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "prometheus did not become ready"
-            time.sleep(0.2)
+        wait_healthy(url, proc, READY_TIMEOUT_S, (root / "prometheus.log").read_text, "prometheus", 0.2, "/-/ready")
         yield url
     finally:
         proc.terminate()

@@ -26,13 +26,13 @@ PROBE = dict(prompt="the cat", max_tokens=16, temperature=0)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log=lambda: "", name: str = "the server",
-                 interval: float = 0.1) -> None:
-    """Until `url`/health answers 200; fails with log() when proc exits first or timeout passes."""
+                 interval: float = 0.1, path: str = "/health") -> None:
+    """Until `url``path` answers 200; fails with log() when proc exits first or timeout passes."""
     deadline = time.monotonic() + timeout
     while True:
         assert proc.poll() is None, f"{name} exited: {log()}"
         try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
