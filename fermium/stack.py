@@ -171,13 +171,17 @@ def chat_events(url: str, body: dict):
         if r.status_code != 200:
             r.read()
             raise SystemExit(f"error {r.status_code}: {r.text}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
+        for event in sse_events(r):
             if "error" in event:
                 raise SystemExit(f"\nerror: {event['error']['message']}")
             yield event
+
+
+def sse_events(r: httpx.Response):
+    """The JSON events of a streamed response's server-sent events, up to its [DONE]."""
+    for line in r.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
 
 
 def stream_chat(url: str, message: str, *, max_tokens: int = 128, temperature: float = 0.0,

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.model.gguf_file import GGUFModel  # noqa: E402
-from fermium.stack import free_port  # noqa: E402
+from fermium.stack import free_port, sse_events  # noqa: E402
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
@@ -49,10 +49,7 @@ def one_request(url: str, ids: list[int], tokens: int, timeout: float) -> dict:
     t0, first, usage = time.monotonic(), None, None
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_events(r):
             if "error" in chunk:
                 raise SystemExit(f"the stream failed: {chunk['error']}")
             if chunk.get("choices") and first is None:
