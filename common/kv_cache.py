@@ -55,14 +55,19 @@ def kv_shape(pos: int, n_kv_heads: int, head_dim: int, kv_type: str) -> tuple[in
     return (pos, n_kv_heads, kv_width(kv_type, head_dim))
 
 
-def kv_encode(x: np.ndarray, kv_type: str) -> np.ndarray:
-    """float32 (..., head_dim) -> the cache's array (..., kv_width)."""
+def kv_encode(x: np.ndarray, kv_type: str, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 (..., head_dim) -> the cache's array (..., kv_width); written into `out` when given."""
     x = np.ascontiguousarray(x, np.float32)
-    if kv_type == "f32":
-        return x
-    if kv_type == "f16":
-        return x.astype(np.float16)
-    return quants.quantize(x, GGMLQuantizationType.Q8_0)
+    if kv_type == "q8_0":
+        coded = quants.quantize(x, GGMLQuantizationType.Q8_0)
+        if out is None:
+            return coded
+        out[...] = coded
+        return out
+    if out is None:
+        return x if kv_type == "f32" else x.astype(np.float16)
+    np.copyto(out, x, casting="same_kind")      # f16 rounds to nearest even, as astype does
+    return out
 
 
 def kv_decode(a: np.ndarray, kv_type: str) -> np.ndarray:

@@ -216,6 +216,17 @@ def test_kv_type_names_are_checked():
     np.testing.assert_allclose(kv_decode(kv_encode(x, "q8_0"), "q8_0"), x, atol=2 / 254)
 
 
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+def test_kv_encode_into_a_slice_gives_the_bytes_it_returns(kv_type):
+    """The CUDA prefill encodes each pass's rows into the state's arrays in place."""
+    x = np.random.default_rng(1).standard_normal((5, 2, 64)).astype(np.float32)
+    x[0, 0, :3] = [1.0 + 2.0 ** -11, 65504.0, 1e-7]                 # an f16 tie, its largest, a subnormal
+    cache = np.zeros((9, 2, kv_encode(x[:1], kv_type).shape[-1]), kv_encode(x[:1], kv_type).dtype)
+    kv_encode(x, kv_type, out=cache[3:8])
+    np.testing.assert_array_equal(cache[3:8], kv_encode(x, kv_type))
+    assert not cache[:3].any() and not cache[8:].any()
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["decode"], ["up", "--port", "0"],
                                      ["bench", "decode", "--model", "README.md"]], ids=lambda c: c[0] + c[-1])
 def test_a_bad_kv_type_is_one_line_naming_the_choices(command):

@@ -77,10 +77,7 @@ class HostState:
 
     def _encode(self, slot: int, pos: int, T: int) -> None:
         for rows, cache in zip(self.scratch, (self.k[slot], self.v[slot])):
-            if self.kv_type == "q8_0":
-                cache[pos:pos + T] = kv_encode(rows[:T], self.kv_type)
-            else:                                   # f16 rounds to nearest even, as kv_encode does
-                np.copyto(cache[pos:pos + T], rows[:T], casting="same_kind")
+            kv_encode(rows[:T], self.kv_type, out=cache[pos:pos + T])
 
     def into(self, state: SequenceState, end: int) -> None:
         """Set `state` to this call's result, `end` positions long."""
