@@ -66,9 +66,6 @@ class ExpertSchedule:
         ev.record(compute)
         self.done[i % 2] = ev
 
-    def clear(self) -> None:
-        self.pending.clear()
-
     def _issue(self, i: int, streamed: np.ndarray) -> LayerExperts:
         E, P, st = self.cfg.n_experts, self.st.plan.pinned_experts, self.st
         chunks = st.chunks(i, streamed)

@@ -72,6 +72,11 @@ class LayerRunner:
         ev.record(self.d2h)
         self.host_work.append((ev, call))
 
+    def begin_call(self) -> None:
+        """Forget what a call that failed part way left queued: prefetched plans, host work."""
+        self.experts.pending.clear()
+        self.host_work.clear()
+
     def run_host_work(self) -> None:
         for ev, call in self.host_work:
             ev.synchronize()
@@ -95,8 +100,6 @@ class LayerRunner:
         pairs of this layer's state, read back on the d2h stream while the MoE computes."""
         self.T = T
         keep = self.ws["keep"]
-        if i == 0:
-            self.experts.clear()
         self.experts.prefetch(i, T)
         start = self.tl.begin(self.s)
         with self.clock("input norm"):

@@ -188,7 +188,7 @@ class CUDABackend:
         h2d0, t0 = self.streamer.h2d_bytes, time.perf_counter()
         wait0 = self.runner.wait_seconds
         upload_state(self.cuda, self.state, state, self.compute)
-        self.runner.host_work.clear()           # left by a call that failed part way
+        self.runner.begin_call()
         out_state = HostState(self.cfg, state, len(ids), self.kv_scratch_h)
         t_up = time.perf_counter()
         H, keep, outs = cfg.hidden_size, self.ws["keep"], []
