@@ -45,6 +45,17 @@ class KernelError(RuntimeError):
     pass
 
 
+def _gemm_checked(kernels: dict, qtype: Q, x: int, ldx: int, K: int, n_tiles: int) -> bool:
+    """KernelError for what a GEMM kernel cannot take; False when there is nothing to launch."""
+    if qtype not in kernels:
+        raise KernelError(f"no GEMM kernel for {Q(qtype).name}; have {', '.join(q.name for q in kernels)}")
+    if K % GEMM_BK:
+        raise KernelError(f"GEMM inner dimension {K} is not a multiple of {GEMM_BK}")
+    if ldx % GEMM_X_ALIGN or x % (4 * GEMM_X_ALIGN):
+        raise KernelError(f"GEMM X at {x:#x} with row stride {ldx}: need 16-byte rows")
+    return n_tiles > 0
+
+
 def _blocks(n: int, threads: int = 256) -> tuple[int, int, int]:
     return (max(1, -(-n // threads)), 1, 1)
 
@@ -77,14 +88,7 @@ class Kernels:
              tiles: int, n_tiles: int, N: int, K: int, xrows: int = 0, woff: int = 0,
              accumulate: bool = False) -> None:
         """Tiles hold at most GEMM_BM rows each."""
-        if qtype not in GEMM_KERNELS:
-            raise KernelError(f"no GEMM kernel for {Q(qtype).name}; have "
-                              f"{', '.join(q.name for q in GEMM_KERNELS)}")
-        if K % GEMM_BK:
-            raise KernelError(f"GEMM inner dimension {K} is not a multiple of {GEMM_BK}")
-        if ldx % GEMM_X_ALIGN or x % (4 * GEMM_X_ALIGN):
-            raise KernelError(f"GEMM X at {x:#x} with row stride {ldx}: need 16-byte rows")
-        if n_tiles == 0:
+        if not _gemm_checked(GEMM_KERNELS, qtype, x, ldx, K, n_tiles):
             return
         self._go(GEMM_KERNELS[qtype], (-(-N // GEMM_BN), n_tiles, 1), (256, 1, 1), stream,
                  x, ldx, xrows, y, ldy, int(accumulate), w, woff, row_bytes, tiles, N, K)
@@ -93,15 +97,9 @@ class Kernels:
                      row_bytes: int, tiles: int, n_tiles: int, N: int, K: int, xrows: int = 0, w: int = 0) -> None:
         """act[rows, N] = silu(X Wg^T) * (X Wu^T) over a tile list, N features: group g's gate rows at
         w + woff[g], its up rows at w + woff_up[g] (both [N, row_bytes] of qtype)."""
-        if qtype not in GATE_UP_KERNELS:
-            raise KernelError(f"no gate/up GEMM kernel for {Q(qtype).name}")
-        if K % GEMM_BK:
-            raise KernelError(f"GEMM inner dimension {K} is not a multiple of {GEMM_BK}")
-        if ldx % GEMM_X_ALIGN or x % (4 * GEMM_X_ALIGN):
-            raise KernelError(f"GEMM X at {x:#x} with row stride {ldx}: need 16-byte rows")
         if not woff or not woff_up:
             raise KernelError("the gate/up GEMM reads its weights through the woff and woff_up tables")
-        if n_tiles == 0:
+        if not _gemm_checked(GATE_UP_KERNELS, qtype, x, ldx, K, n_tiles):
             return
         self._go(GATE_UP_KERNELS[qtype], (-(-N // (GEMM_BN // 2)), n_tiles, 1), (256, 1, 1), stream,
                  x, ldx, xrows, y, ldy, w, woff, woff_up, row_bytes, tiles, N, K)
