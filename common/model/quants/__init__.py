@@ -1,0 +1,1 @@
+"""GGML's weight types in numpy: their value tables and, per type, the reference dequantization."""
