@@ -73,8 +73,8 @@ class Blocks:
 def _float(dtype):
     def make(rng, rows, cols, std):
         x = rng.standard_normal((rows, cols), np.float32) * std
-        if dtype == "bf16":
-            return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        if dtype == "bf16":     # the top half of each float32
+            return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
         return x.astype(dtype).view(np.uint8)
     return make
 
