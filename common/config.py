@@ -249,16 +249,21 @@ def file_type_sizes(model: Any) -> list[tuple[str, int, float]]:
     return sorted(sizes, key=lambda f: -f[1])
 
 
-def _files_that_fit(model: Any, budget: int) -> str:
+def _files_that_fit(model: Any, ram: int, mem: SequenceMemory) -> str:
     if model is None:
         return ""
     sizes = file_type_sizes(model)
-    fits = [f for f in sizes if f[1] <= budget]
-    if not fits:
-        name, n, bpw = sizes[-1]
-        return f"; no llama-quantize file type of this model fits (the smallest, {name.upper()}, about {size_text(n)})"
-    return "; files of this model that would fit, by bits per weight: " + ", ".join(
-        f"{name.upper()} about {size_text(n)} ({bpw:.2f} bpw)" for name, n, bpw in fits[:SMALLER_NAMED])
+    fits = [f for f in sizes if f[1] + mem.total_bytes <= ram]
+    if fits:
+        return "; files of this model that would fit, by bits per weight: " + ", ".join(
+            f"{name.upper()} about {size_text(n)} ({bpw:.2f} bpw)" for name, n, bpw in fits[:SMALLER_NAMED])
+    name, n, _ = sizes[-1]
+    per_token = mem.kv_bytes_per_token
+    fit_ctx = (ram - n - mem.fixed_bytes) // per_token if per_token else 0
+    if fit_ctx > 0:
+        return (f"; beside this context no llama-quantize file type of this model fits: the smallest, "
+                f"{name.upper()}, about {size_text(n)}, would with --ctx-size {fit_ctx}")
+    return f"; no llama-quantize file type of this model fits (the smallest, {name.upper()}, about {size_text(n)})"
 
 
 SMALLER_NAMED = 5      # file types a refusal names, the largest that fit first
@@ -287,7 +292,7 @@ def check_memory(role: str, mem: SequenceMemory, sequences: int, model_bytes: in
         raise ContextSizeError(
             f"{role}: the model file's {size_text(model_bytes)} and one sequence at {mem.tokens} tokens, up to "
             f"{state}, need {size_text(mem.total_bytes + model_bytes)}, more than this machine's {size_text(ram)} "
-            f"of RAM" + _files_that_fit(model, ram - mem.total_bytes))
+            f"of RAM" + _files_that_fit(model, ram, mem))
     need = sequences * mem.total_bytes + model_bytes
     if need > ram:
         fit = f"; {batch_option} {room // mem.total_bytes} would" if batch_option else ""
