@@ -235,64 +235,25 @@ def model_file_bytes(model: Any) -> int:
         return 0
 
 
-def file_type_sizes(model: Any) -> list[tuple[str, int, float]]:
-    """This model's file in each llama-quantize file type (common/model/quants/mixes.py), largest
-    first: (name, estimated bytes, bits per weight). Each is priced tensor by tensor; the
-    metadata counts at its bytes in this file."""
-    import numpy as np
-
-    from common.model.quants.mixes import MIXES, file_sizes
-    tensors = [(t.name, t.shape, t.nbytes) for t in model.tensors.values()]
-    params = sum(int(np.prod(shape, dtype=np.int64)) for _, shape, _ in tensors)
-    overhead = max(0, model_file_bytes(model) - sum(n for _, _, n in tensors))
-    sizes = [(name, n + overhead, 8 * n / params) for name, n in file_sizes(tensors).items() if MIXES[name].advised]
-    return sorted(sizes, key=lambda f: -f[1])
-
-
-def _files_that_fit(model: Any, ram: int, mem: SequenceMemory) -> str:
-    if model is None:
-        return ""
-    sizes = file_type_sizes(model)
-    fits = [f for f in sizes if f[1] + mem.total_bytes <= ram]
-    if fits:
-        return "; files of this model that would fit, by bits per weight: " + ", ".join(
-            f"{name.upper()} about {size_text(n)} ({bpw:.2f} bpw)" for name, n, bpw in fits[:SMALLER_NAMED])
-    name, n, _ = sizes[-1]
-    per_token = mem.kv_bytes_per_token
-    fit_ctx = (ram - n - mem.fixed_bytes) // per_token if per_token else 0
-    if fit_ctx > 0:
-        return (f"; beside this context no llama-quantize file type of this model fits: the smallest, "
-                f"{name.upper()}, about {size_text(n)}, would with --ctx-size {fit_ctx}")
-    return f"; no llama-quantize file type of this model fits (the smallest, {name.upper()}, about {size_text(n)})"
-
-
-SMALLER_NAMED = 5      # file types a refusal names, the largest that fit first
-
-
 def check_memory(role: str, mem: SequenceMemory, sequences: int, model_bytes: int, *,
                  batch_option: str | None = "--max-batch", model: Any = None) -> int:
     """Raise ContextSizeError, naming the sizes, when one state at the context size and the model
-    file do not fit this machine's RAM: with the --ctx-size that fits, or, when the file leaves
-    no room for a state at all, the smaller files of `model` that would. KV grows with each
-    sequence's length, so `sequences` at the full context (`batch_option` sets their number) is
-    a worst case: past the RAM it is a warning, naming what fits. Returns the bytes that worst
-    case needs."""
+    file do not fit this machine's RAM: with the --ctx-size that fits, or where none does, the
+    smaller files of `model` that would (common/file_types.py). KV grows with each sequence's
+    length, so `sequences` at the full context (`batch_option` sets their number) is a worst
+    case: past the RAM it is a warning, naming what fits. Returns the bytes that it needs."""
     ram, available = machine_ram()
     room = ram - model_bytes
     if mem.total_bytes > room:
+        from common.file_types import files_that_fit
         per_token = mem.kv_bytes_per_token
         fit_ctx = (room - mem.fixed_bytes) // per_token if per_token else 0
-        state = (f"{size_text(mem.total_bytes)} per sequence (KV {mem.kv_type} {size_text(mem.kv_bytes)} + "
-                 f"recurrent state {size_text(mem.recurrent_bytes)})")
-        if fit_ctx > 0:
-            raise ContextSizeError(
-                f"{role}: a context of {mem.tokens} tokens needs up to {state}; with the model file's "
-                f"{size_text(model_bytes)} that is {size_text(mem.total_bytes + model_bytes)}, more than this "
-                f"machine's {size_text(ram)} of RAM; lower --ctx-size (--ctx-size {fit_ctx} fits)")
         raise ContextSizeError(
-            f"{role}: the model file's {size_text(model_bytes)} and one sequence at {mem.tokens} tokens, up to "
-            f"{state}, need {size_text(mem.total_bytes + model_bytes)}, more than this machine's {size_text(ram)} "
-            f"of RAM" + _files_that_fit(model, ram, mem))
+            f"{role}: a context of {mem.tokens} tokens needs up to {size_text(mem.total_bytes)} per sequence (KV "
+            f"{mem.kv_type} {size_text(mem.kv_bytes)} + recurrent state {size_text(mem.recurrent_bytes)}); with the "
+            f"model file's {size_text(model_bytes)} that is {size_text(mem.total_bytes + model_bytes)}, more than this "
+            f"machine's {size_text(ram)} of RAM"
+            + (f"; lower --ctx-size (--ctx-size {fit_ctx} fits)" if fit_ctx > 0 else files_that_fit(model, ram, mem)))
     need = sequences * mem.total_bytes + model_bytes
     if need > ram:
         fit = f"; {batch_option} {room // mem.total_bytes} would" if batch_option else ""
