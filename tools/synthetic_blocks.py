@@ -9,7 +9,8 @@ from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
-from gguf.constants import GGML_QUANT_SIZES
+
+from common.model.quants import QUANTS
 
 # ---- random blocks: (rows, cols) of `qtype` with roughly the given standard deviation
 
@@ -59,7 +60,7 @@ class Blocks:
     codes: Callable | None = None
 
     def __call__(self, rng, rows: int, cols: int, std: float) -> np.ndarray:
-        block, nbytes = GGML_QUANT_SIZES[self.qtype]
+        block, nbytes = QUANTS[self.qtype].block, QUANTS[self.qtype].block_bytes
         n = rows * cols // block
         b = np.frombuffer(rng.bytes(n * nbytes), np.uint8).copy().reshape(n, nbytes)
         if self.codes:
@@ -109,7 +110,7 @@ def write_tensors(writer: GGUFWriter, path: Path, tensors, qtype_of: Callable, v
     plan = []
     for name, shape, kind in tensors:
         qtype = qtype_of(name, shape, kind)
-        block, nbytes = GGML_QUANT_SIZES[qtype]
+        block, nbytes = QUANTS[qtype].block, QUANTS[qtype].block_bytes
         byte_shape = (*shape[:-1], shape[-1] // block * nbytes)
         writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
         plan.append((name, shape, kind, qtype, byte_shape))

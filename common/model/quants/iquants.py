@@ -13,10 +13,14 @@ from .tables import IQ1S_DELTA, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, I
 _SEVEN_BITS = np.array([0, 7, 14, 21], np.uint32)
 
 
+# the 8 signs of every sign byte: bit i set makes value i negative
+_SIGN_BYTE = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=-1, bitorder="little") == 0,
+                      np.float32(1), np.float32(-1))                       # (256, 8) float32
+
+
 def _signs(bits: np.ndarray) -> np.ndarray:
-    """(...) sign bytes -> (..., 8) float32 +-1, bit i the sign of value i."""
-    return np.where(np.unpackbits(bits[..., None], axis=-1, bitorder="little") == 0,
-                    np.float32(1), np.float32(-1))
+    """(...) sign bytes -> (..., 8) float32 +-1."""
+    return _SIGN_BYTE[bits]
 
 
 def _packed_signs(aux: np.ndarray) -> np.ndarray:
