@@ -3,6 +3,9 @@ for bit: random blocks, zero and largest scales, every byte value in every posit
 4-bit and 2-bit code and every sign pattern), and every index of each i-quant grid."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -14,6 +17,9 @@ from common.model.config import ModelConfigError
 from common.model.gguf_file import SUPPORTED_TYPES, GGUFModel
 from common.model.quants import QUANTS, UnknownQuantError, dequantize
 from common.model.quants.tables import GRIDS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
 
 TYPES = sorted(QUANTS, key=lambda q: q.name)
 ISSUE_TYPES = {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
@@ -190,3 +196,13 @@ def test_an_unknown_type_is_named(tmp_path):
     with pytest.raises(ModelConfigError, match=r"q8_1\.gguf: tensor token_embd\.weight has type Q8_1; "
                                                r"supported: .*IQ1_M.*Q2_K.*TQ2_0"):
         GGUFModel(path)
+
+
+@pytest.mark.parametrize("recipe", ["dynamic", "iq2_m", "iq1_m", "q3_k_m"])
+def test_a_mixed_file_dequantizes_tensor_by_tensor_as_gguf_does(tmp_path, recipe):
+    model = GGUFModel(write_synthetic(tmp_path / f"{recipe}.gguf", layers=4, recipe=recipe, widths=TINY))
+    assert len({t.qtype for t in model.tensors.values()}) >= 4
+    for t in model.tensors.values():
+        assert_same_bits(t.dequant(), gguf_dequantize(np.ascontiguousarray(t.raw), t.qtype).reshape(t.shape))
+        if len(t.shape) == 3:                                    # a few experts, as the reference routes
+            assert_same_bits(t.dequant(np.array([3, 1])), t.dequant()[[3, 1]])
