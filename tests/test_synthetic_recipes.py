@@ -11,11 +11,13 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from common.model.gguf_file import GGUFModel
+from common.model.quants import QUANTS, dequantize
 from common.model.quants.mixes import MIXES, file_sizes
 from common.reference.model import ReferenceModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from make_synthetic_gguf import FLOAT_SMALL, REAL, RECIPES, TINY, tensor_plan, write_synthetic  # noqa: E402
+from synthetic_blocks import MAKERS  # noqa: E402
 
 ISSUE_41 = ("q2_k", "q3_k_m", "q4_k_s", "iq4_xs", "iq4_nl", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m",
          "iq1_s", "iq1_m", "mxfp4_moe", "q4_1", "q5_0", "q5_1", "tq1_0", "tq2_0", "dynamic")
@@ -86,3 +88,18 @@ def test_a_small_file_of_each_recipe_runs_on_the_reference(tmp_path, recipe):
 
 def test_every_recipe_the_issue_names_is_written():
     assert set(ISSUE_41) <= set(RECIPES)
+
+
+@pytest.mark.parametrize("qtype", sorted(QUANTS, key=lambda q: q.name), ids=lambda q: q.name)
+def test_random_blocks_have_the_asked_spread(qtype):
+    """Each type's random blocks: values of about the asked standard deviation, centred, finite;
+    ternary blocks hold only -d, 0 and d."""
+    std = 0.02
+    raw = MAKERS[qtype](np.random.default_rng(5), 64, 1024, std)
+    values = dequantize(raw.reshape(64, -1), qtype)                     # (64, 1024)
+    assert np.isfinite(values).all()
+    assert 0.85 * std < values.std() < 1.15 * std and abs(values.mean()) < 0.15 * std
+    if qtype in (T.TQ1_0, T.TQ2_0):
+        blocks = values.reshape(-1, 256)
+        d = np.abs(blocks).max(axis=1, keepdims=True)
+        assert np.all((blocks == 0) | (np.abs(blocks) == d))
