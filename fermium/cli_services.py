@@ -196,7 +196,7 @@ def _check_fits(path: str, ctx_size: int, kv_type: str) -> None:
     from common.model.gguf_file import GGUFModel
     try:
         model = GGUFModel(path)
-        model.config
+        model.config            # read now: a file whose metadata is wrong is the services' to name
     except (ModelConfigError, FileNotFoundError):
         return                  # each service says why it cannot load the file
     plan_context("up", model, ctx_size, 1, batch_option=None, kv_type=kv_type)
