@@ -46,6 +46,7 @@ LLAMA_CPP_40_LAYERS = {
     ("iq2_m", "blk.3.attn_output.weight"): T.IQ3_S, ("iq2_m", "blk.9.ffn_gate_exps.weight"): T.IQ2_S,
     ("iq2_s", "blk.9.ffn_gate_exps.weight"): T.IQ2_XS, ("iq1_m", "blk.3.attn_output.weight"): T.IQ2_XXS,
     ("iq1_s", "blk.9.ffn_up_exps.weight"): T.IQ1_S,
+    ("iq2_xs", "blk.4.ffn_down.weight"): T.Q2_K, ("iq2_xs", "blk.5.ffn_down.weight"): T.IQ2_XS,   # dense
     ("mxfp4_moe", "token_embd.weight"): T.Q8_0, ("mxfp4_moe", "output.weight"): T.Q8_0,
     ("mxfp4_moe", "blk.0.ffn_up_exps.weight"): T.MXFP4, ("mxfp4_moe", "blk.0.ffn_up_shexp.weight"): T.Q8_0,
     ("tq1_0", "token_embd.weight"): T.Q4_K, ("tq1_0", "blk.0.ssm_out.weight"): T.TQ1_0,

@@ -48,9 +48,12 @@ def below(layers: int, head: T, rest: T) -> Callable[[Slot], T]:
 
 
 def first_down_tensors(head: T, rest: T) -> Callable[[Slot], T]:
-    """The i-quant mixes' first n_layers / 8 ffn_down tensors, counted in file order: each
-    layer holds two (the experts', then the shared expert's)."""
-    return lambda s: head if 2 * s.layer + s.role.endswith("shexp") < s.n_layers // 8 else rest
+    """The i-quant mixes' first n_layers / 8 ffn_down tensors, counted in file order: a MoE
+    layer holds two (the experts', then the shared expert's), a dense one one."""
+    def pick(s: Slot) -> T:
+        rank = s.layer if s.role == "ffn_down" else 2 * s.layer + s.role.endswith("shexp")
+        return head if rank < s.n_layers // 8 else rest
+    return pick
 
 
 def middle_layers(middle: T, rest: T) -> Callable[[Slot], T]:
