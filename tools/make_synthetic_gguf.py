@@ -61,6 +61,19 @@ def _q4_k_m(name: str, layer: int) -> T:
     return T.Q4_K
 
 
+def _iq2_mix(name: str, layer: int) -> T:
+    """The 2-bit i-quants as imatrix mixes use them: a type per tensor and per layer."""
+    if name == "output.weight":
+        return T.Q6_K
+    if name == "token_embd.weight":
+        return T.IQ2_XS
+    if name.endswith("_exps.weight"):
+        return (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S)[layer % 3]
+    if name.endswith("attn_v.weight"):
+        return T.Q4_K
+    return T.IQ2_S
+
+
 def _uniform(qtype: T, head: T) -> Callable[[str, int], T]:
     return lambda name, layer: head if name == "output.weight" else qtype
 
@@ -69,6 +82,7 @@ RECIPES: dict[str, Callable[[str, int], T]] = {
     "q4_0": _uniform(T.Q4_0, T.Q6_K),      # llama.cpp keeps the LM head at Q6_K in Q4_0 files
     "q8_0": _uniform(T.Q8_0, T.Q8_0),
     "q4_k_m": _q4_k_m,
+    "iq2_mix": _iq2_mix,
     "f16": _uniform(T.F16, T.F16),
     "f32": _uniform(T.F32, T.F32),
 }

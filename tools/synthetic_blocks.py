@@ -50,6 +50,14 @@ def _q6_k(rng, rows, cols, std):
     return b
 
 
+def _iq2(spread: float, qtype: T):
+    def make(rng, rows, cols, std):   # any bytes after d are valid blocks
+        b = _bytes(rng, rows, cols, qtype)
+        b[:, 0:2] = _f16_field(rng, len(b), std / spread)   # random bytes at d = 1: std about 53-56
+        return b
+    return make
+
+
 def _float(dtype):
     def make(rng, rows, cols, std):
         return (rng.standard_normal((rows, cols), np.float32) * std).astype(dtype).view(np.uint8)
@@ -59,6 +67,7 @@ def _float(dtype):
 MAKERS: dict[T, Callable] = {
     T.Q4_0: _q4_0, T.Q8_0: _q8_0, T.Q4_K: _kquant(290.0, 7.5, T.Q4_K), T.Q5_K: _kquant(590.0, 15.5, T.Q5_K),
     T.Q6_K: _q6_k, T.F32: _float(np.float32), T.F16: _float(np.float16),
+    T.IQ2_XXS: _iq2(53.0, T.IQ2_XXS), T.IQ2_XS: _iq2(56.0, T.IQ2_XS), T.IQ2_S: _iq2(56.0, T.IQ2_S),
 }
 
 
