@@ -10,23 +10,25 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-// entries 4 ib .. 4 ib + 3 (32 values) of a block
-INLINE __m256i grid4(const uint64_t *grid, const uint16_t *idx) {
-    const __m128i lo = _mm_set_epi64x((long long)grid[idx[1]], (long long)grid[idx[0]]);
-    const __m128i hi = _mm_set_epi64x((long long)grid[idx[3]], (long long)grid[idx[2]]);
+// entries k..k+3 (32 values) of a block
+INLINE __m256i grid4(const uint64_t *grid, iq2_index_fn index, const uint8_t *x, const iq2_prep *p, int k) {
+    const __m128i lo = _mm_set_epi64x((long long)grid[index(x, p, k + 1)], (long long)grid[index(x, p, k)]);
+    const __m128i hi = _mm_set_epi64x((long long)grid[index(x, p, k + 3)], (long long)grid[index(x, p, k + 2)]);
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-// the 4 sign bytes of a sub-block, each spread over 8 bytes, as 0xFF where the value is negative
-INLINE __m256i sign_mask(const uint8_t *signs) {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+// the sign bytes of sub-block ib, each spread over 8 bytes, as 0xFF where the value is negative:
+// one `pshufb` from the 16 sign bytes of its half of the block in both 128-bit lanes
+INLINE __m256i sign_mask(__m256i signs16, int ib) {
+    const char b = (char)(4 * (ib % 4));
+    const __m256i spread = _mm256_setr_epi8(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1,
+                                            b + 2, b + 2, b + 2, b + 2, b + 2, b + 2, b + 2, b + 2,
+                                            b + 3, b + 3, b + 3, b + 3, b + 3, b + 3, b + 3, b + 3);
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
-    const __m256i s = _mm256_shuffle_epi8(_mm256_set1_epi32(*(const int32_t *)signs), spread);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(s, bit), bit);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(signs16, spread), bit), bit);
 }
 
-INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep, const uint64_t *grid,
+INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep, iq2_index_fn index, const uint64_t *grid,
                   const void *const *acts, const int na, float *out) {
     __m256 acc[FM_DOTN_MAX];
     _Pragma("GCC unroll 4")
@@ -35,13 +37,14 @@ INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep,
         fm_prefetch_ahead(x, block_bytes);
         iq2_prep p;
         prep(x, &p);
-        const __m256i sc = _mm256_load_si256((const __m256i *)p.scales);   // lo scales | hi scales
+        const __m256i sc = _mm256_inserti128_si256(_mm256_castsi128_si256(p.lo), p.hi, 1);
         __m256i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) si[i] = _mm256_setzero_si256();
         _Pragma("GCC unroll 8")
         for (int ib = 0; ib < QK_K / 32; ib++) {
-            const __m256i g = grid4(grid, p.idx + 4 * ib), m = sign_mask(p.signs + 4 * ib);
+            const __m256i signs16 = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(p.signs + 16 * (ib / 4))));
+            const __m256i g = grid4(grid, index, x, &p, 4 * ib), m = sign_mask(signs16, ib);
             const __m256i scale = pick(sc, ib);
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++) {
@@ -60,9 +63,9 @@ INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep,
     for (int i = 0; i < na; i++) out[i] = hsum256_ps(acc[i]);
 }
 
-#define IQ2_KERNELS(name, block_t, prep, grid)                                                     \
+#define IQ2_KERNELS(name, block_t, prep, index, grid)                                                     \
     INLINE void name##_n(int n, const uint8_t *x, const void *const *acts, const int na, float *out) { \
-        iq2_n(n, x, sizeof(block_t), prep, grid, acts, na, out);                                  \
+        iq2_n(n, x, sizeof(block_t), prep, index, grid, acts, na, out);                                  \
     }                                                                                              \
     float fm_dot_##name##_a8_avx2(int n, const void *w, const void *a) {                          \
         float out;                                                                                 \
@@ -71,6 +74,6 @@ INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep,
     }                                                                                              \
     FM_DEFINE_DOTN(fm_dotn_##name##_a8_avx2, name##_n, uint8_t)
 
-IQ2_KERNELS(iq2_xxs, block_iq2_xxs, iq2_xxs_prep, fm_iq2xxs_grid)
-IQ2_KERNELS(iq2_xs, block_iq2_xs, iq2_xs_prep, fm_iq2xs_grid)
-IQ2_KERNELS(iq2_s, block_iq2_s, iq2_s_prep, fm_iq2s_grid)
+IQ2_KERNELS(iq2_xxs, block_iq2_xxs, iq2_xxs_prep, iq2_xxs_index, fm_iq2xxs_grid)
+IQ2_KERNELS(iq2_xs, block_iq2_xs, iq2_xs_prep, iq2_xs_index, fm_iq2xs_grid)
+IQ2_KERNELS(iq2_s, block_iq2_s, iq2_s_prep, iq2_s_index, fm_iq2s_grid)

@@ -12,16 +12,16 @@
 #define INLINE static inline __attribute__((always_inline))
 
 // entries 8 p .. 8 p + 7 (64 values) of a block
-INLINE __m512i grid8(const uint64_t *grid, const uint16_t *idx) {
-    const __m128i e0 = _mm_set_epi64x((long long)grid[idx[1]], (long long)grid[idx[0]]);
-    const __m128i e1 = _mm_set_epi64x((long long)grid[idx[3]], (long long)grid[idx[2]]);
-    const __m128i e2 = _mm_set_epi64x((long long)grid[idx[5]], (long long)grid[idx[4]]);
-    const __m128i e3 = _mm_set_epi64x((long long)grid[idx[7]], (long long)grid[idx[6]]);
+INLINE __m512i grid8(const uint64_t *grid, iq2_index_fn index, const uint8_t *x, const iq2_prep *p, int k) {
+    const __m128i e0 = _mm_set_epi64x((long long)grid[index(x, p, k + 1)], (long long)grid[index(x, p, k + 0)]);
+    const __m128i e1 = _mm_set_epi64x((long long)grid[index(x, p, k + 3)], (long long)grid[index(x, p, k + 2)]);
+    const __m128i e2 = _mm_set_epi64x((long long)grid[index(x, p, k + 5)], (long long)grid[index(x, p, k + 4)]);
+    const __m128i e3 = _mm_set_epi64x((long long)grid[index(x, p, k + 7)], (long long)grid[index(x, p, k + 6)]);
     return join(_mm256_inserti128_si256(_mm256_castsi128_si256(e0), e1, 1),
                 _mm256_inserti128_si256(_mm256_castsi128_si256(e2), e3, 1));
 }
 
-INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep, const uint64_t *grid,
+INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep, iq2_index_fn index, const uint64_t *grid,
                   const void *const *acts, const int na, float *out) {
     __m512 acc[FM_DOTN_MAX];
     _Pragma("GCC unroll 4")
@@ -32,13 +32,13 @@ INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep,
         prep(x, &p);
         // lanes: lo scales, hi scales, lo, hi: PATTERNS512 row q gives sub-block 2q's to the first
         // two 128-bit lanes and 2q + 1's to the last two
-        const __m512i sc = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)p.scales));
+        const __m512i sc = _mm512_broadcast_i64x4(_mm256_inserti128_si256(_mm256_castsi128_si256(p.lo), p.hi, 1));
         __m512i si[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) si[i] = _mm512_setzero_si512();
         _Pragma("GCC unroll 4")
         for (int q = 0; q < QK_K / 64; q++) {
-            const __m512i g = grid8(grid, p.idx + 8 * q), scale = pick512(sc, q);
+            const __m512i g = grid8(grid, index, x, &p, 8 * q), scale = pick512(sc, q);
             uint64_t bits;
             memcpy(&bits, p.signs + 8 * q, sizeof bits);   // bit j: value 64 q + j is negative
             const __mmask64 neg = _cvtu64_mask64(bits);
@@ -59,9 +59,9 @@ INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep,
     for (int i = 0; i < na; i++) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
-#define IQ2_KERNELS(name, block_t, prep, grid)                                                     \
+#define IQ2_KERNELS(name, block_t, prep, index, grid)                                                     \
     INLINE void name##_n(int n, const uint8_t *x, const void *const *acts, const int na, float *out) { \
-        iq2_n(n, x, sizeof(block_t), prep, grid, acts, na, out);                                  \
+        iq2_n(n, x, sizeof(block_t), prep, index, grid, acts, na, out);                                  \
     }                                                                                              \
     float fm_dot_##name##_a8_avx512(int n, const void *w, const void *a) {                        \
         float out;                                                                                 \
@@ -70,6 +70,6 @@ INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep,
     }                                                                                              \
     FM_DEFINE_DOTN(fm_dotn_##name##_a8_avx512, name##_n, uint8_t)
 
-IQ2_KERNELS(iq2_xxs, block_iq2_xxs, iq2_xxs_prep, fm_iq2xxs_grid)
-IQ2_KERNELS(iq2_xs, block_iq2_xs, iq2_xs_prep, fm_iq2xs_grid)
-IQ2_KERNELS(iq2_s, block_iq2_s, iq2_s_prep, fm_iq2s_grid)
+IQ2_KERNELS(iq2_xxs, block_iq2_xxs, iq2_xxs_prep, iq2_xxs_index, fm_iq2xxs_grid)
+IQ2_KERNELS(iq2_xs, block_iq2_xs, iq2_xs_prep, iq2_xs_index, fm_iq2xs_grid)
+IQ2_KERNELS(iq2_s, block_iq2_s, iq2_s_prep, iq2_s_index, fm_iq2s_grid)

@@ -1,19 +1,20 @@
 /* The per-block unpacking of the 2-bit i-quants (IQ2_XXS, IQ2_XS, IQ2_S) shared by their SIMD
  * kernels (iq2_row_ssse3.c, iq2_batch_avx2.c, iq2_batch_avx512.c), in SSSE3 instructions: a
- * block's 32 grid indices, 32 sign bytes and 16 scales, from which the kernels gather the grid
- * entries and expand the signs sub-block by sub-block. Unpacking the whole block in 128-bit
- * registers takes a few instructions per field where the kernels' sub-block loop would take
- * scalar shifts and table lookups per entry. Include only from files built with SSSE3 or wider. */
+ * block's 32 sign bytes and 16 scales, from which the kernels expand the signs sub-block by
+ * sub-block, and the grid index of each entry, read in scalar instructions. Unpacking the signs
+ * of the whole block in 128-bit registers (the parity bit of IQ2_XXS's and IQ2_XS's sign
+ * indices by two `pshufb`) takes a few instructions where a table lookup per entry would take
+ * four. Include only from files built with SSSE3 or wider. */
 #ifndef FERMIUM_IQ2_PREP_H
 #define FERMIUM_IQ2_PREP_H
+#include <stddef.h>
 #include <tmmintrin.h>
 #include "quants.h"
 #include "../iq_tables.h"
 
 typedef struct {
-    uint16_t idx[32];       // grid index of values 8k..8k+7
     uint8_t signs[32];      // their signs, bit j for value 8k + j (the sign bits of the block, in order)
-    int16_t scales[16];     // 2 * scale + 1 of values 0..15 (lanes 0..7, one per sub-block), of 16..31 (8..15)
+    __m128i lo, hi;         // 2 * scale + 1 as int16, lane ib: of values 0..15, 16..31 of sub-block ib
 } __attribute__((aligned(32))) iq2_prep;
 
 #define IQ2_LOAD(p) _mm_loadu_si128((const __m128i *)(p))
@@ -33,20 +34,18 @@ static inline __attribute__((always_inline)) void iq2_nibble_scales(const uint8_
     const __m128i sc = _mm_loadl_epi64((const __m128i *)scales), m4 = _mm_set1_epi8(15), one = _mm_set1_epi16(1);
     const __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(sc, m4), _mm_setzero_si128());
     const __m128i hi = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(sc, 4), m4), _mm_setzero_si128());
-    IQ2_STORE(p->scales, _mm_add_epi16(_mm_add_epi16(lo, lo), one));
-    IQ2_STORE(p->scales + 8, _mm_add_epi16(_mm_add_epi16(hi, hi), one));
+    p->lo = _mm_add_epi16(_mm_add_epi16(lo, lo), one);
+    p->hi = _mm_add_epi16(_mm_add_epi16(hi, hi), one);
 }
 
 // IQ2_XXS: each sub-block is a word of 4 index bytes and a word of 4 x 7 sign bits and the scale
 static inline __attribute__((always_inline)) void iq2_xxs_prep(const void *block, iq2_prep *p) {
     const block_iq2_xxs *x = block;
-    const __m128i idx = _mm_setr_epi8(0, -1, 1, -1, 2, -1, 3, -1, 8, -1, 9, -1, 10, -1, 11, -1);
     __m128i q[4];
-    for (int k = 0; k < 4; k++) {
-        q[k] = IQ2_LOAD(x->qs + 8 * k);   // sub-blocks 2k, 2k+1
-        IQ2_STORE(p->idx + 8 * k, _mm_shuffle_epi8(q[k], idx));
-    }
+    _Pragma("GCC unroll 4")
+    for (int k = 0; k < 4; k++) q[k] = IQ2_LOAD(x->qs + 8 * k);   // sub-blocks 2k, 2k+1
     __m128i w[2], sc[2];
+    _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; h++) {        // the second words of sub-blocks 4h..4h+3
         w[h] = _mm_castps_si128(_mm_shuffle_ps(_mm_castsi128_ps(q[2 * h]), _mm_castsi128_ps(q[2 * h + 1]),
                                                _MM_SHUFFLE(3, 1, 3, 1)));
@@ -60,42 +59,44 @@ static inline __attribute__((always_inline)) void iq2_xxs_prep(const void *block
     }
     const __m128i s16 = _mm_packs_epi32(sc[0], sc[1]);
     const __m128i s = _mm_add_epi16(_mm_add_epi16(s16, s16), _mm_set1_epi16(1));
-    IQ2_STORE(p->scales, s);
-    IQ2_STORE(p->scales + 8, s);
+    p->lo = p->hi = s;
 }
 
 // IQ2_XS: 16-bit entries of a 9-bit index and a 7-bit sign index
 static inline __attribute__((always_inline)) void iq2_xs_prep(const void *block, iq2_prep *p) {
     const block_iq2_xs *x = block;
-    const __m128i m9 = _mm_set1_epi16(511);
+    _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; h++) {
         const __m128i a = IQ2_LOAD(x->qs + 16 * h), b = IQ2_LOAD(x->qs + 16 * h + 8);
-        IQ2_STORE(p->idx + 16 * h, _mm_and_si128(a, m9));
-        IQ2_STORE(p->idx + 16 * h + 8, _mm_and_si128(b, m9));
         IQ2_STORE(p->signs + 16 * h, iq2_ksigns(_mm_packus_epi16(_mm_srli_epi16(a, 9), _mm_srli_epi16(b, 9))));
     }
     iq2_nibble_scales(x->scales, p);
 }
 
-// IQ2_S: the low 8 bits of the indices in qs, 2 more per entry in qh (entry l of sub-block ib:
-// bits 2l, 2l+1 of qh[ib]); the sign bytes as stored
+// IQ2_S: the sign bytes as stored
 static inline __attribute__((always_inline)) void iq2_s_prep(const void *block, iq2_prep *p) {
     const block_iq2_s *x = block;
-    const __m128i qh = _mm_loadl_epi64((const __m128i *)x->qh), z = _mm_setzero_si128();
-    const __m128i mask = _mm_setr_epi16(3, 12, 48, 192, 3, 12, 48, 192);
-    const __m128i mul = _mm_setr_epi16(256, 64, 16, 4, 256, 64, 16, 4);   // bits 2l, 2l+1 up to 8, 9
-    for (int h = 0; h < 2; h++) {
-        const __m128i lo8 = IQ2_LOAD(x->qs + 16 * h);
-        for (int k = 0; k < 2; k++) {    // entries 16h + 8k.., sub-blocks ib = 4h + 2k and ib + 1
-            const char ib = (char)(4 * h + 2 * k);
-            const __m128i rep = _mm_setr_epi8(ib, -1, ib, -1, ib, -1, ib, -1, ib + 1, -1, ib + 1, -1, ib + 1, -1, ib + 1, -1);
-            const __m128i high = _mm_mullo_epi16(_mm_and_si128(_mm_shuffle_epi8(qh, rep), mask), mul);
-            const __m128i low = k ? _mm_unpackhi_epi8(lo8, z) : _mm_unpacklo_epi8(lo8, z);
-            IQ2_STORE(p->idx + 16 * h + 8 * k, _mm_or_si128(low, high));
-        }
-        IQ2_STORE(p->signs + 16 * h, IQ2_LOAD(x->qs + QK_K / 8 + 16 * h));
-    }
+    IQ2_STORE(p->signs, IQ2_LOAD(x->qs + QK_K / 8));
+    IQ2_STORE(p->signs + 16, IQ2_LOAD(x->qs + QK_K / 8 + 16));
     iq2_nibble_scales(x->scales, p);
+}
+
+// the grid index of entry k (values 8k..8k+7) of a block, in scalar instructions: the integer
+// units are idle in these kernels, where unpacking the indices in vector registers and
+// extracting them again would take a shuffle each
+typedef uint32_t (*iq2_index_fn)(const uint8_t *block, const iq2_prep *p, int k);
+static inline __attribute__((always_inline)) uint32_t iq2_xxs_index(const uint8_t *block, const iq2_prep *p, int k) {
+    (void)p;
+    return block[offsetof(block_iq2_xxs, qs) + 8 * (k / 4) + k % 4];
+}
+static inline __attribute__((always_inline)) uint32_t iq2_xs_index(const uint8_t *block, const iq2_prep *p, int k) {
+    (void)p;
+    return ((const block_iq2_xs *)block)->qs[k] & 511;
+}
+static inline __attribute__((always_inline)) uint32_t iq2_s_index(const uint8_t *block, const iq2_prep *p, int k) {
+    (void)p;
+    const block_iq2_s *x = (const block_iq2_s *)block;
+    return x->qs[k] | ((x->qh[k / 4] << (8 - 2 * (k % 4))) & 0x300);
 }
 
 // a block's unpacking, and its d (the first field of each of the three)

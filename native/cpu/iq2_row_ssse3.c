@@ -10,8 +10,8 @@
 #define INLINE static inline __attribute__((always_inline))
 
 // entries k and k + 1 (16 values) of a block
-INLINE __m128i grid2(const uint64_t *grid, const uint16_t *idx) {
-    return _mm_set_epi64x((long long)grid[idx[1]], (long long)grid[idx[0]]);
+INLINE __m128i grid2(const uint64_t *grid, iq2_index_fn index, const uint8_t *x, const iq2_prep *p, int k) {
+    return _mm_set_epi64x((long long)grid[index(x, p, k + 1)], (long long)grid[index(x, p, k + 0)]);
 }
 
 // bytes 0 and 1 (or 2 and 3) of `signs` each spread over 8 bytes, as 0xFF where the bit of
@@ -28,7 +28,7 @@ INLINE __m128i signed_dot(__m128i g, __m128i m, const int8_t *v, __m128i scale) 
 
 // the sum over blocks of d_w * d_a / 8 * (the integer dot of the block)
 INLINE float dot_iq2(int n, const uint8_t *x, size_t block_bytes, const block_a8_256 *y, iq2_prep_fn prep,
-                     const uint64_t *grid) {
+                     iq2_index_fn index, const uint64_t *grid) {
     const __m128i lo = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m128i hi = _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     __m128 acc = _mm_setzero_ps();
@@ -36,17 +36,16 @@ INLINE float dot_iq2(int n, const uint8_t *x, size_t block_bytes, const block_a8
         fm_prefetch_ahead(x, block_bytes);
         iq2_prep p;
         prep(x, &p);
-        const __m128i slo = _mm_load_si128((const __m128i *)p.scales);
-        const __m128i shi = _mm_load_si128((const __m128i *)(p.scales + 8));
+        const __m128i slo = p.lo, shi = p.hi;
         const int8_t *v = y[b].qs;
         __m128i si = _mm_setzero_si128();
         _Pragma("GCC unroll 8")
         for (int ib = 0; ib < QK_K / 32; ib++, v += 32) {
             const __m128i s = _mm_cvtsi32_si128(*(const int32_t *)(p.signs + 4 * ib));
             const __m128i pick = _mm_set1_epi16((short)(0x0100 + 0x0202 * ib));   // int16 lane ib
-            si = _mm_add_epi32(si, signed_dot(grid2(grid, p.idx + 4 * ib), sign_mask(s, lo), v,
+            si = _mm_add_epi32(si, signed_dot(grid2(grid, index, x, &p, 4 * ib), sign_mask(s, lo), v,
                                               _mm_shuffle_epi8(slo, pick)));
-            si = _mm_add_epi32(si, signed_dot(grid2(grid, p.idx + 4 * ib + 2), sign_mask(s, hi), v + 16,
+            si = _mm_add_epi32(si, signed_dot(grid2(grid, index, x, &p, 4 * ib + 2), sign_mask(s, hi), v + 16,
                                               _mm_shuffle_epi8(shi, pick)));
         }
         const float d = fm_half(iq2_d(x)) * y[b].d * 0.125f;
@@ -56,13 +55,13 @@ INLINE float dot_iq2(int n, const uint8_t *x, size_t block_bytes, const block_a8
 }
 
 float fm_dot_iq2_xxs_a8_ssse3(int n, const void *w, const void *a) {
-    return dot_iq2(n, w, sizeof(block_iq2_xxs), a, iq2_xxs_prep, fm_iq2xxs_grid);
+    return dot_iq2(n, w, sizeof(block_iq2_xxs), a, iq2_xxs_prep, iq2_xxs_index, fm_iq2xxs_grid);
 }
 
 float fm_dot_iq2_xs_a8_ssse3(int n, const void *w, const void *a) {
-    return dot_iq2(n, w, sizeof(block_iq2_xs), a, iq2_xs_prep, fm_iq2xs_grid);
+    return dot_iq2(n, w, sizeof(block_iq2_xs), a, iq2_xs_prep, iq2_xs_index, fm_iq2xs_grid);
 }
 
 float fm_dot_iq2_s_a8_ssse3(int n, const void *w, const void *a) {
-    return dot_iq2(n, w, sizeof(block_iq2_s), a, iq2_s_prep, fm_iq2s_grid);
+    return dot_iq2(n, w, sizeof(block_iq2_s), a, iq2_s_prep, iq2_s_index, fm_iq2s_grid);
 }
