@@ -2,7 +2,7 @@
  * activation rows (batched decode), and the one-row kernels as its instance for one row. Per
  * block, iq2_prep.h unpacks the indices, signs and scales; per sub-block of 32 values, four grid
  * entries are gathered as 64-bit words and the sign mask is expanded once, then each activation
- * is signed ((a ^ m) - m), multiplied by `pmaddubsw` with the unsigned grid values and scaled by
+ * is signed (`psignb`), multiplied by `pmaddubsw` with the unsigned grid values and scaled by
  * `pmaddwd`. Built with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include "iq2_prep.h"
@@ -17,15 +17,17 @@ INLINE __m256i grid4(const uint64_t *grid, iq2_index_fn index, const uint8_t *x,
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-// the sign bytes of sub-block ib, each spread over 8 bytes, as 0xFF where the value is negative:
-// one `pshufb` from the 16 sign bytes of its half of the block in both 128-bit lanes
-INLINE __m256i sign_mask(__m256i signs16, int ib) {
+// the sign bytes of sub-block ib, each spread over 8 bytes, as `psignb` operands: negative
+// (0x80..0xFF) where the value is negative, else 0x7F. One `pshufb` from the 16 sign bytes of
+// its half of the block in both 128-bit lanes; then (byte & bit) + 0x7F sets the top bit with the
+// bit, which `psignb` reads, where a compare and a conditional negation took one more operation
+INLINE __m256i sign_of(__m256i signs16, int ib) {
     const char b = (char)(4 * (ib % 4));
     const __m256i spread = _mm256_setr_epi8(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1,
                                             b + 2, b + 2, b + 2, b + 2, b + 2, b + 2, b + 2, b + 2,
                                             b + 3, b + 3, b + 3, b + 3, b + 3, b + 3, b + 3, b + 3);
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(signs16, spread), bit), bit);
+    return _mm256_add_epi8(_mm256_and_si256(_mm256_shuffle_epi8(signs16, spread), bit), _mm256_set1_epi8(0x7F));
 }
 
 INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep, iq2_index_fn index, const uint64_t *grid,
@@ -44,12 +46,12 @@ INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep,
         _Pragma("GCC unroll 8")
         for (int ib = 0; ib < QK_K / 32; ib++) {
             const __m256i signs16 = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(p.signs + 16 * (ib / 4))));
-            const __m256i g = grid4(grid, index, x, &p, 4 * ib), m = sign_mask(signs16, ib);
+            const __m256i g = grid4(grid, index, x, &p, 4 * ib), sg = sign_of(signs16, ib);
             const __m256i scale = pick(sc, ib);
             _Pragma("GCC unroll 4")
             for (int i = 0; i < na; i++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(((const block_a8_256 *)acts[i])[b].qs + 32 * ib));
-                const __m256i sv = _mm256_sub_epi8(_mm256_xor_si256(v, m), m);
+                const __m256i sv = _mm256_sign_epi8(v, sg);
                 si[i] = _mm256_add_epi32(si[i], _mm256_madd_epi16(_mm256_maddubs_epi16(g, sv), scale));
             }
         }

@@ -1,7 +1,7 @@
 /* SSSE3 dot products of the 2-bit i-quants (IQ2_XXS, IQ2_XS, IQ2_S) with 8-bit activations in
  * blocks of 256. Per block, iq2_prep.h unpacks the signs and scales; per 16 values, two
  * grid entries are gathered as 64-bit words, the signs are applied to the activations
- * ((a ^ m) - m with m the byte mask of the negative values), then `pmaddubsw` with the unsigned
+ * (`psignb`), then `pmaddubsw` with the unsigned
  * grid values and `pmaddwd` with the scale. Built with -mssse3 only. */
 #include <tmmintrin.h>
 #include "iq2_prep.h"
@@ -14,17 +14,17 @@ INLINE __m128i grid2(const uint64_t *grid, iq2_index_fn index, const uint8_t *x,
     return _mm_set_epi64x((long long)grid[index(x, p, k + 1)], (long long)grid[index(x, p, k + 0)]);
 }
 
-// sign bytes j and j + 1 of 16 (four sub-blocks) each spread over 8 bytes, as 0xFF where the value
-// is negative: one `pshufb` with a constant pattern
-INLINE __m128i sign_mask(__m128i signs16, int j) {
+// sign bytes j and j + 1 of 16 (four sub-blocks) each spread over 8 bytes, as `psignb` operands
+// (iq2_batch_avx2.c): one `pshufb` with a constant pattern, then (byte & bit) + 0x7F
+INLINE __m128i sign_of(__m128i signs16, int j) {
     const __m128i bit = _mm_set1_epi64x(0x8040201008040201);
     const __m128i spread = _mm_set_epi64x(0x0101010101010101LL * (j + 1), 0x0101010101010101LL * j);
-    return _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(signs16, spread), bit), bit);
+    return _mm_add_epi8(_mm_and_si128(_mm_shuffle_epi8(signs16, spread), bit), _mm_set1_epi8(0x7F));
 }
 
-// the `pmaddubsw` products of 16 grid values and 16 activations signed by m: int16 pair sums
-INLINE __m128i signed_dot(__m128i g, __m128i m, const int8_t *v) {
-    return _mm_maddubs_epi16(g, _mm_sub_epi8(_mm_xor_si128(_mm_load_si128((const __m128i *)v), m), m));
+// the `pmaddubsw` products of 16 grid values and 16 activations signed by sg: int16 pair sums
+INLINE __m128i signed_dot(__m128i g, __m128i sg, const int8_t *v) {
+    return _mm_maddubs_epi16(g, _mm_sign_epi8(_mm_load_si128((const __m128i *)v), sg));
 }
 
 // the sum over blocks of d_w * d_a / 8 * (the integer dot of the block); one_scale: a scale per
@@ -43,8 +43,8 @@ INLINE float dot_iq2(int n, const uint8_t *x, size_t block_bytes, const block_a8
         for (int ib = 0; ib < QK_K / 32; ib++, v += 32) {
             const __m128i signs16 = _mm_load_si128((const __m128i *)(p.signs + 16 * (ib / 4)));
             const __m128i pick = _mm_set1_epi16((short)(0x0100 + 0x0202 * ib));   // int16 lane ib
-            const __m128i p0 = signed_dot(grid2(grid, index, x, &p, 4 * ib), sign_mask(signs16, 4 * (ib % 4)), v);
-            const __m128i p1 = signed_dot(grid2(grid, index, x, &p, 4 * ib + 2), sign_mask(signs16, 4 * (ib % 4) + 2),
+            const __m128i p0 = signed_dot(grid2(grid, index, x, &p, 4 * ib), sign_of(signs16, 4 * (ib % 4)), v);
+            const __m128i p1 = signed_dot(grid2(grid, index, x, &p, 4 * ib + 2), sign_of(signs16, 4 * (ib % 4) + 2),
                                           v + 16);
             if (one_scale) {
                 si = _mm_add_epi32(si, _mm_madd_epi16(_mm_add_epi16(p0, p1), _mm_shuffle_epi8(p.lo, pick)));
