@@ -147,10 +147,10 @@ def test_extreme_quants_and_activations_stay_exact(isa, qtype, sign, byte):
 IQ2_EDGE_N = 8192   # 1024 grid entries of 8 values: each index of IQ2_S once, of the others more
 
 
-def iq2_edge_row(qtype: T) -> np.ndarray:
+def iq2_edge_row(qtype: T, d: float = 1.0) -> np.ndarray:
     """One row (1, row_bytes) of IQ2_EDGE_N values holding every grid index and every sign
     pattern of qtype, with 4-bit scales 0 and 15 (both halves of a sub-block, and each alone
-    where they are per 16 values), block scales d = 1."""
+    where they are per 16 values), block scales d."""
     block, nbytes = GGML_QUANT_SIZES[qtype]
     nb, e = IQ2_EDGE_N // block, np.arange(IQ2_EDGE_N // 8)
     sub = np.arange(IQ2_EDGE_N // 32)
@@ -168,19 +168,21 @@ def iq2_edge_row(qtype: T) -> np.ndarray:
         qh = ((idx >> 8).reshape(-1, 4) << np.array([0, 2, 4, 6])).sum(axis=1).astype(np.uint8)
         body = np.concatenate([(idx & 255).astype(np.uint8).reshape(nb, -1), (e % 256).astype(np.uint8).reshape(nb, -1),
                                qh.reshape(nb, -1), nibbles.reshape(nb, -1)], axis=1)
-    one = np.repeat(np.array([[1.0]], np.float16).view(np.uint8), nb, axis=0)
-    return np.concatenate([one, body], axis=1).reshape(1, -1)
+    scale = np.repeat(np.array([[d]], np.float16).view(np.uint8), nb, axis=0)
+    return np.concatenate([scale, body], axis=1).reshape(1, -1)
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", IQ2_TYPES, ids=lambda t: t.name)
-def test_iq2_every_grid_index_sign_pattern_and_scale(isa, qtype, rng):
-    """Every grid entry and sign pattern, zero and largest scales: the row dequantizer gives
-    gguf's floats, and each ISA's dot gives the generic one and the float dot within the bounds,
-    for random activations and all at +-127 (the widest `pmaddubsw` sums)."""
-    w = iq2_edge_row(qtype)
+@pytest.mark.parametrize("d", [1.0, 65504.0], ids=["d1", "dmax"])
+def test_iq2_every_grid_index_sign_pattern_and_scale(isa, qtype, d, rng):
+    """Every grid entry and sign pattern, zero and largest scales (4-bit and, with d the largest
+    f16, block): the row dequantizer gives gguf's floats, and each ISA's dot gives the generic one
+    and the float dot within the bounds, for random activations and all at +-127 (the widest
+    `pmaddubsw` sums)."""
+    w = iq2_edge_row(qtype, d)
     wf = dequantize(w, qtype).astype(np.float64)[0]
-    assert len(w[0]) == IQ2_EDGE_N // 256 * GGML_QUANT_SIZES[qtype][1] and np.abs(wf).max() == 31 / 8 * 0x2b
+    assert len(w[0]) == IQ2_EDGE_N // 256 * GGML_QUANT_SIZES[qtype][1] and np.abs(wf).max() == d * 31 / 8 * 0x2b
     out = np.empty(IQ2_EDGE_N, np.float32)
     lib.fm_dequant_row(int(qtype), cpu_lib.ptr(np.ascontiguousarray(w[0])), cpu_lib.ptr(out, "float *"), IQ2_EDGE_N)
     np.testing.assert_array_equal(out, wf.astype(np.float32))
