@@ -25,7 +25,8 @@ FLOAT_ATOL = 1e-4
 # Float-weight kernels take fp32 activations: only summation order differs from float64.
 FLOAT_RTOL = 1e-5
 
-QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+IQ2_TYPES = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
+QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ2_TYPES]
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 ISAS = cpu_lib.supported_isas()
 N = 1024
@@ -52,6 +53,8 @@ def random_rows(qtype: T, rows: int, n: int, rng, scale: tuple[float, float] = (
     if qtype in (T.Q4_K, T.Q5_K):
         blocks[:, 0:2] = f16(rng, len(blocks), *scale)   # d
         blocks[:, 2:4] = f16(rng, len(blocks), *scale)   # dmin
+    elif qtype in IQ2_TYPES:                             # d first; any bytes after it are valid
+        blocks[:, 0:2] = f16(rng, len(blocks), *scale)
     else:
         blocks[:, 208:210] = f16(rng, len(blocks), *scale)
     return blocks.reshape(rows, -1)
@@ -141,6 +144,58 @@ def test_extreme_quants_and_activations_stay_exact(isa, qtype, sign, byte):
     assert abs(got - ref) <= SIBLING_RTOL * abs(ref)
 
 
+IQ2_EDGE_N = 8192   # 1024 grid entries of 8 values: each index of IQ2_S once, of the others more
+
+
+def iq2_edge_row(qtype: T, d: float = 1.0) -> np.ndarray:
+    """One row (1, row_bytes) of IQ2_EDGE_N values holding every grid index and every sign
+    pattern of qtype, with 4-bit scales 0 and 15 (both halves of a sub-block, and each alone
+    where they are per 16 values), block scales d."""
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    nb, e = IQ2_EDGE_N // block, np.arange(IQ2_EDGE_N // 8)
+    sub = np.arange(IQ2_EDGE_N // 32)
+    nibbles = np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8)[sub % 4]       # per sub-block
+    if qtype == T.IQ2_XXS:   # per sub-block: 4 index bytes, 4 x 7 sign bits and the scale
+        signs = (e % 128).reshape(-1, 4).astype(np.uint32) << np.array([0, 7, 14, 21], np.uint32)
+        words = signs.sum(axis=1, dtype=np.uint32) | (nibbles.astype(np.uint32) & 15) << 28
+        qs = np.concatenate([(e % 256).astype(np.uint8).reshape(-1, 4), words.view(np.uint8).reshape(-1, 4)], axis=1)
+        body = qs.reshape(nb, -1)
+    elif qtype == T.IQ2_XS:
+        qs = ((e % 512) | (e % 128) << 9).astype(np.uint16).view(np.uint8)
+        body = np.concatenate([qs.reshape(nb, -1), nibbles.reshape(nb, -1)], axis=1)
+    else:
+        idx = e % 1024
+        qh = ((idx >> 8).reshape(-1, 4) << np.array([0, 2, 4, 6])).sum(axis=1).astype(np.uint8)
+        body = np.concatenate([(idx & 255).astype(np.uint8).reshape(nb, -1), (e % 256).astype(np.uint8).reshape(nb, -1),
+                               qh.reshape(nb, -1), nibbles.reshape(nb, -1)], axis=1)
+    scale = np.repeat(np.array([[d]], np.float16).view(np.uint8), nb, axis=0)
+    return np.concatenate([scale, body], axis=1).reshape(1, -1)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", IQ2_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("d", [1.0, 65504.0], ids=["d1", "dmax"])
+def test_iq2_every_grid_index_sign_pattern_and_scale(isa, qtype, d, rng):
+    """Every grid entry and sign pattern, zero and largest scales (4-bit and, with d the largest
+    f16, block): the row dequantizer gives gguf's floats, and each ISA's dot gives the generic one
+    and the float dot within the bounds, for random activations and all at +-127 (the widest
+    `pmaddubsw` sums)."""
+    w = iq2_edge_row(qtype, d)
+    wf = dequantize(w, qtype).astype(np.float64)[0]
+    assert len(w[0]) == IQ2_EDGE_N // 256 * GGML_QUANT_SIZES[qtype][1] and np.abs(wf).max() == d * 31 / 8 * 0x2b
+    out = np.empty(IQ2_EDGE_N, np.float32)
+    lib.fm_dequant_row(int(qtype), cpu_lib.ptr(np.ascontiguousarray(w[0])), cpu_lib.ptr(out, "float *"), IQ2_EDGE_N)
+    np.testing.assert_array_equal(out, wf.astype(np.float32))
+    for x in (rng.standard_normal(IQ2_EDGE_N).astype(np.float32), np.ones(IQ2_EDGE_N, np.float32),
+              -np.ones(IQ2_EDGE_N, np.float32)):
+        act = kernel_calls.quantize_act(qtype, x)
+        got = kernel_calls.vec_dot(isa, qtype, w[0], act, IQ2_EDGE_N)
+        magnitude = float(np.abs(wf * x).sum())
+        assert abs(got - kernel_calls.vec_dot("generic", qtype, w[0], act, IQ2_EDGE_N)) <= SIBLING_RTOL * magnitude
+        bound = float(np.abs(wf) @ act_values(qtype, x)) * ROUNDING_SLACK + SIBLING_RTOL * magnitude
+        assert abs(got - float(wf @ x)) <= bound, (got, float(wf @ x), bound)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_subnormal_block_scales_in_the_pools_float_mode(isa, rng):
     """Pool jobs run with flush-to-zero (internal.h); a subnormal f16 scale must still count."""
@@ -182,7 +237,7 @@ def test_dequant_row_matches_gguf(qtype, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, T.F32, T.F16, T.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, *IQ2_TYPES, T.F32, T.F16, T.BF16], ids=lambda t: t.name)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
     """Batches run the batched kernels (in chunks of 4 activations) where the ISA has them."""
@@ -197,7 +252,7 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
             expect = np.array([kernel_calls.vec_dot(isa, qtype, w[r], act, n) for r in range(rows)], np.float32)
             scale = np.abs(dequantize(w, qtype) if qtype != T.F32 else w.view(np.float32)) @ np.abs(x[b])
             assert np.all(np.abs(y[b] - expect) <= SIBLING_RTOL * scale)
-            if qtype in FLOAT_TYPES:   # the same operations in the same order as the row kernel
+            if qtype in FLOAT_TYPES + IQ2_TYPES:   # the same operations in the same order as the row kernel
                 assert np.array_equal(y[b], expect)
 
 

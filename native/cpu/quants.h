@@ -20,6 +20,15 @@ typedef struct { fm_f16 d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8];
                  uint8_t qs[QK_K / 2]; } block_q5_K;                          // 176 B
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16];
                  fm_f16 d; } block_q6_K;                                      // 210 B
+// 2-bit i-quants: 8 values per grid entry (native/iq_tables.h), 4 entries per sub-block of 32.
+// IQ2_XXS: per sub-block, qs holds 4 grid indices (bytes), then 4 x 7-bit sign indices (into
+// fm_ksigns_iq2xs) and a 4-bit scale in the top bits of the next 32-bit word. IQ2_XS: qs holds
+// 9-bit indices and 7-bit sign indices, scales a 4-bit scale per 16 values. IQ2_S: qs holds the
+// low 8 bits of 10-bit indices, then the sign bytes; qh the top 2 bits. A value is
+// d * (2 scale + 1) / 8 * grid byte * sign.
+typedef struct { fm_f16 d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;                         // 66 B
+typedef struct { fm_f16 d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; } block_iq2_xs;  // 74 B
+typedef struct { fm_f16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s;  // 82 B
 
 // ---- activations, 8-bit with fp32 scales
 // For Q4_0/Q8_0, a row of nb blocks of 32 is stored as arrays, so SIMD code loads several
@@ -41,6 +50,7 @@ _Static_assert(sizeof(block_a8_256) % 16 == 0, "activation blocks keep 16-byte a
 // definition as in fermium_cpu.h, which cffi reads)
 enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K = 13,
        FM_Q6_K = 14, FM_BF16 = 30 };
+enum { FM_IQ2_XXS = 16, FM_IQ2_XS = 17, FM_IQ2_S = 22 };
 #define FM_Q4_0X8 258
 #define FM_Q4_KX8 268
 #define FM_Q6_KP 270
@@ -284,6 +294,25 @@ void fm_dotg_q4_0x8_avx512(int n, const void *w, const void *const *acts, int na
 void fm_dotg_q4_Kx8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_0x8_ssse3(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_Kx8_ssse3(int n, const void *w, const void *const *acts, int na, float *out);
+
+// IQ2_XXS, IQ2_XS, IQ2_S (iq2_*.c)
+#define FM_DECLARE_IQ2_DOTS(isa) \
+    float fm_dot_iq2_xxs_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_iq2_xs_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_iq2_s_a8_##isa(int n, const void *w, const void *a);
+#define FM_DECLARE_IQ2_DOTN(isa) \
+    void fm_dotn_iq2_xxs_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_iq2_xs_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_iq2_s_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out);
+FM_DECLARE_IQ2_DOTS(generic)
+FM_DECLARE_IQ2_DOTS(ssse3)
+FM_DECLARE_IQ2_DOTS(avx2)
+FM_DECLARE_IQ2_DOTS(avx512)
+FM_DECLARE_IQ2_DOTN(avx2)
+FM_DECLARE_IQ2_DOTN(avx512)
+void fm_deq_iq2_xxs(const void *w, float *y, int n);   // n values of a row, for the embedding
+void fm_deq_iq2_xs(const void *w, float *y, int n);
+void fm_deq_iq2_s(const void *w, float *y, int n);
 
 FM_DECLARE_FLOAT_DOTS(generic)   // float activations; the SSSE3 row uses the F16 one
 float fm_dot_f32_ssse3(int n, const void *w, const void *a);

@@ -17,7 +17,7 @@ static void fill_blocks(int type, uint8_t *w, size_t bytes) {
     for (uint8_t *p = w; p + bb <= w + bytes; p += bb) {
         const fm_f16 h = fm_f32_to_f16(0.001f + 0.003f * (next() % 1000) / 1000.0f);
         if (type == FM_Q6_K || type == FM_Q6_KP) memcpy(p + 208, &h, 2);
-        else if (type == FM_Q4_0 || type == FM_Q8_0) memcpy(p, &h, 2);
+        else if (type == FM_Q4_0 || type == FM_Q8_0 || type == FM_IQ2_XXS || type == FM_IQ2_XS || type == FM_IQ2_S) memcpy(p, &h, 2);
         else if (type == FM_Q4_K || type == FM_Q5_K) { memcpy(p, &h, 2); memcpy(p + 2, &h, 2); }
         else if (type == FM_F32) { float f = ((int)(next() % 2001) - 1000) / 1000.0f; memcpy(p, &f, 4); }
         else if (type == FM_F16) memcpy(p, &h, 2);
