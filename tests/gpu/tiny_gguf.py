@@ -1,6 +1,7 @@
 """Tiny random GGUF models of the real architectures, written with gguf alone (no torch), so the
-GPU machine can build them. Weights are random with a chosen standard deviation; K-quant
-tensors are random blocks whose scales are set to give that deviation."""
+GPU machine can build them. Weights are random with a chosen standard deviation; the tensors of
+the types gguf cannot quantize (K-quants, i-quants) are random blocks whose scales are set to
+give that deviation."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,8 +13,12 @@ from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
-# K-quant f16 scale fields: (offset of d, offset of dmin or None, dmin / d giving a zero mean)
-KQUANT_SCALES = {Q.Q4_K: (0, 2, 7.5), Q.Q5_K: (0, 2, 15.5), Q.Q6_K: (208, None, 0.0)}
+# f16 scale fields of a block: (offset of d, offset of dmin or None, dmin / d giving a zero mean).
+# The types gguf cannot quantize are random blocks whose scales are set to give the deviation.
+KQUANT_SCALES = {Q.Q4_K: (0, 2, 7.5), Q.Q5_K: (0, 2, 15.5), Q.Q6_K: (208, None, 0.0),
+                 Q.Q2_K: (80, 82, 1.5), Q.Q3_K: (108, None, 0.0), Q.IQ1_M: (None, None, 0.0),
+                 **{q: (0, None, 0.0) for q in (Q.IQ4_NL, Q.IQ4_XS, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S,
+                                                Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S)}}
 
 
 @dataclass(frozen=True)
@@ -40,20 +45,32 @@ class TinySpec:
         "router": Q.F32, "embd": Q.F16, "head": Q.Q6_K, "small": Q.BF16})
 
 
+def set_scales(raw: np.ndarray, qtype: Q, d, dmin=None) -> None:
+    """Write the f16 scale d (and dmin) into every block of raw [blocks, bytes]; IQ1_M keeps its d
+    as the top nibbles of its four scale words (bytes 48-55)."""
+    d_off, m_off, _ = KQUANT_SCALES[qtype]
+    bits = np.broadcast_to(np.asarray(d, np.float16).reshape(-1, 1), (len(raw), 1)).view(np.uint16)
+    if qtype == Q.IQ1_M:
+        words = raw[:, 48:56].copy().view(np.uint16)                     # [blocks, 4]
+        nib = (bits >> np.array([0, 4, 8, 12], np.uint16)) & np.uint16(15)
+        raw[:, 48:56] = ((words & np.uint16(0x0fff)) | (nib << np.uint16(12))).view(np.uint8)
+        return
+    raw[:, d_off:d_off + 2] = bits.view(np.uint8)
+    if m_off is not None and dmin is not None:
+        mb = np.broadcast_to(np.asarray(dmin, np.float16).reshape(-1, 1), (len(raw), 1)).view(np.uint16)
+        raw[:, m_off:m_off + 2] = mb.view(np.uint8)
+
+
 def _kquant(qtype: Q, shape: tuple[int, ...], std: float, rng) -> np.ndarray:
     block, size = GGML_QUANT_SIZES[qtype]
     rows = int(np.prod(shape[:-1]))
     nb = rows * shape[-1] // block
     raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
-    d_off, m_off, ratio = KQUANT_SCALES[qtype]
-
-    def set_scales(d: float) -> None:
-        raw[:, d_off:d_off + 2] = np.full((nb, 1), d, np.float16).view(np.uint8)
-        if m_off is not None:
-            raw[:, m_off:m_off + 2] = np.full((nb, 1), d * ratio, np.float16).view(np.uint8)
-    set_scales(1e-3)
+    ratio = KQUANT_SCALES[qtype][2]
+    set_scales(raw, qtype, 1e-3, 1e-3 * ratio)
     got = dequantize(raw, qtype).std()
-    set_scales(1e-3 * std / got)
+    d = 1e-3 * std / got
+    set_scales(raw, qtype, d, d * ratio)
     return raw.reshape(*shape[:-1], shape[-1] // block * size)
 
 
