@@ -23,7 +23,8 @@ import check_fermi_subset as fermi  # noqa: E402
 
 from native.cuda.kernels import GEMM_KERNELS  # noqa: E402
 
-from .gpu.tiny_gguf import KQUANT_SCALES, set_scales  # noqa: E402
+from .gpu.tiny_gguf import BLOCK_SCALES, set_scales  # noqa: E402
+from .gpu.tiny_gguf import random_blocks as scaled_blocks  # noqa: E402
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not on PATH")
@@ -78,23 +79,8 @@ def dequant_host(tmp_path_factory) -> Path:
     return exe
 
 
-# f16 scale fields that tests/gpu/tiny_gguf.KQUANT_SCALES does not list (d, then any min); MXFP4
-# has none (its E8M0 exponent is finite for every byte)
-F16_FIELDS = {Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2),
-              Q.TQ1_0: (52,), Q.TQ2_0: (64,), Q.MXFP4: ()}
-
-
-def set_f16(raw: np.ndarray, qtype: Q, values: np.ndarray) -> None:
-    """values [blocks, fields] (float16) into every f16 scale field of raw [blocks, bytes]."""
-    if qtype in KQUANT_SCALES:
-        set_scales(raw, qtype, values[:, 0], values[:, -1])
-        return
-    for j, off in enumerate(F16_FIELDS[qtype]):
-        raw[:, off:off + 2] = values[:, j:j + 1].view(np.uint8)
-
-
 def random_blocks(qtype: Q, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Random bytes with every f16 scale set to a finite value, so nothing decodes to inf/nan."""
+    """Random bytes with every scale set to a finite value, so nothing decodes to inf/nan."""
     block, size = GGML_QUANT_SIZES[qtype]
     if qtype == Q.F32:
         return rng.standard_normal(n).astype(np.float32).view(np.uint8).reshape(n, 4)
@@ -103,9 +89,7 @@ def random_blocks(qtype: Q, n: int, rng: np.random.Generator) -> np.ndarray:
     if qtype == Q.BF16:
         top_halves = rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16
         return top_halves.astype(np.uint16).view(np.uint8).reshape(n, 2)
-    raw = rng.integers(0, 256, size=(n // block, size), dtype=np.uint8)
-    set_f16(raw, qtype, rng.uniform(0.001, 0.1, size=(n // block, 2)).astype(np.float16))
-    return raw
+    return scaled_blocks(qtype, n // block, rng)
 
 
 def edge_blocks(qtype: Q, n: int) -> np.ndarray:
@@ -122,7 +106,8 @@ def edge_blocks(qtype: Q, n: int) -> np.ndarray:
     f16[q:2 * q] = np.float16(65504.0)
     f16[3 * q:] = np.uint16(1).view(np.float16)
     f16[:q] = 0.0
-    set_f16(raw, qtype, f16)
+    if qtype in BLOCK_SCALES:                                   # MXFP4: the bytes' own exponents
+        set_scales(raw, qtype, f16[:, 0], f16[:, 1])
     return raw
 
 
