@@ -48,7 +48,8 @@ class TinySpec:
     types: dict = field(default_factory=lambda: {
         "experts": Q.Q4_K, "down": Q.Q6_K, "attn": Q.Q8_0, "linear": Q.Q5_K, "shared": Q.Q4_0,
         "router": Q.F32, "embd": Q.F16, "head": Q.Q6_K, "small": Q.BF16})
-    # per-layer overrides of `types`, layer i taking entry i % len (files mix types by layer too)
+    # per-layer overrides of `types`, layer i taking entry i % len (files mix types by layer too);
+    # an "up" entry gives the experts' up tensors a type of their own (unfused gate and up)
     layer_types: tuple = ()
 
 
@@ -56,7 +57,8 @@ class TinySpec:
 # varying by layer (over the older types too), as the importance-matrix quants of the 35B do
 MIX_IQ = TinySpec(types={"experts": Q.IQ2_XXS, "down": Q.Q3_K, "attn": Q.IQ4_XS, "linear": Q.Q2_K,
                          "shared": Q.IQ3_S, "router": Q.F32, "embd": Q.Q5_0, "head": Q.IQ4_NL, "small": Q.Q5_1},
-                  layer_types=({}, {"experts": Q.IQ3_XXS, "down": Q.IQ2_S, "linear": Q.IQ2_XS, "shared": Q.Q4_1}))
+                  layer_types=({}, {"experts": Q.IQ3_XXS, "up": Q.IQ4_NL, "down": Q.IQ2_S, "linear": Q.IQ2_XS,
+                                    "shared": Q.Q4_1}))
 MIX_LOW = TinySpec(arch="qwen3next",
                    types={"experts": Q.MXFP4, "down": Q.IQ1_M, "attn": Q.TQ2_0, "linear": Q.IQ1_S,
                           "shared": Q.TQ1_0, "router": Q.F16, "embd": Q.Q4_1, "head": Q.Q5_1, "small": Q.Q5_0},
@@ -176,7 +178,7 @@ def build(path: Path, spec: TinySpec = TinySpec(), seed: int = 0) -> Path:
             add(p + "ssm_out.weight", ty["linear"], (H, s.nv * s.dv), 1 / np.sqrt(s.nv * s.dv))
         add(p + "ffn_gate_inp.weight", ty["router"], (s.experts, H), 1.0)
         add(p + "ffn_gate_exps.weight", ty["experts"], (s.experts, s.ffn, H), inv)
-        add(p + "ffn_up_exps.weight", ty["experts"], (s.experts, s.ffn, H), inv)
+        add(p + "ffn_up_exps.weight", ty.get("up", ty["experts"]), (s.experts, s.ffn, H), inv)
         add(p + "ffn_down_exps.weight", ty["down"], (s.experts, H, s.ffn), 1 / np.sqrt(s.ffn))
         add(p + "ffn_gate_shexp.weight", ty["shared"], (s.shared_ffn, H), inv)
         add(p + "ffn_up_shexp.weight", ty["shared"], (s.shared_ffn, H), inv)
