@@ -38,7 +38,8 @@ def test_every_kernel_in_subset():
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert " 0 violations" in run.stdout
-    for kernel in ("gemm_q4_k", "gdn_chunk_scan", "attn_prefill", "moe_route", "conv1d_silu"):
+    for kernel in ("gemm_q4_k", "gemm_gate_up_iq2_xxs", "gemm_mxfp4", "rows_iq1_m", "gdn_chunk_scan", "attn_prefill",
+                   "moe_route", "conv1d_silu"):
         assert kernel in run.stdout
 
 
