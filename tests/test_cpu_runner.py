@@ -90,11 +90,9 @@ IQ2_TYPES = {gguf_file.GGMLQuantizationType[t] for t in ("IQ2_XXS", "IQ2_XS", "I
 
 
 @pytest.mark.parametrize("isa", sorted({"ssse3", cpu_lib.active_isa()}))
-def test_iq2_mixed_file_tracks_reference(tmp_path, monkeypatch, isa):
+def test_iq2_mixed_file_tracks_reference(tmp_path, isa):
     """A file whose tensors hold IQ2_XXS, IQ2_XS or IQ2_S by tensor and by layer (the embedding
-    too), beside Q4_K and Q6_K: the native runner's logits track the reference's, which reads the
-    i-quants through gguf's dequantize (admitted by the loader here if it does not list them)."""
-    monkeypatch.setattr(gguf_file, "SUPPORTED_TYPES", gguf_file.SUPPORTED_TYPES | IQ2_TYPES)
+    too), beside Q4_K and Q6_K: the native runner's logits track the reference's."""
     path = write_synthetic(tmp_path / "iq2_mix.gguf", layers=4, recipe="iq2_mix", widths=TINY)
     model = GGUFModel(path)
     assert IQ2_TYPES <= {t.qtype for t in model.tensors.values()}

@@ -192,11 +192,6 @@ def build(path: Path, spec: TinySpec = TinySpec(), seed: int = 0) -> Path:
 
 
 def open_model(path: Path):
-    """The GGUFModel of a tiny file, opened with every type that gguf can dequantize (so does the
-    reference), whether or not the model core lists it: what the kernels take is theirs to say."""
-    import pytest
-
-    from common.model import gguf_file
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gguf_file, "SUPPORTED_TYPES", gguf_file.SUPPORTED_TYPES | set(GGML_QUANT_SIZES))
-        return gguf_file.GGUFModel(path)
+    """The GGUFModel of a tiny file."""
+    from common.model.gguf_file import GGUFModel
+    return GGUFModel(path)
