@@ -61,6 +61,15 @@ def _q4_k_m(name: str, layer: int) -> T:
     return T.Q4_K
 
 
+def _q32_mix(name: str, layer: int) -> T:
+    """The other blocks of 32, a type per tensor and layer, as publishers' mixed files hold them."""
+    if name in ("output.weight", "token_embd.weight"):
+        return T.Q5_1 if name == "output.weight" else T.Q4_1
+    if name.endswith("exps.weight"):
+        return T.Q5_0 if "down" in name else (T.MXFP4, T.IQ4_NL, T.Q4_1, T.Q5_1)[layer % 4]
+    return (T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4)[(layer + len(name)) % 4]
+
+
 def _uniform(qtype: T, head: T) -> Callable[[str, int], T]:
     return lambda name, layer: head if name == "output.weight" else qtype
 
@@ -69,6 +78,7 @@ RECIPES: dict[str, Callable[[str, int], T]] = {
     "q4_0": _uniform(T.Q4_0, T.Q6_K),      # llama.cpp keeps the LM head at Q6_K in Q4_0 files
     "q8_0": _uniform(T.Q8_0, T.Q8_0),
     "q4_k_m": _q4_k_m,
+    "q32_mix": _q32_mix,
     "f16": _uniform(T.F16, T.F16),
     "f32": _uniform(T.F32, T.F32),
 }

@@ -50,6 +50,31 @@ def _q6_k(rng, rows, cols, std):
     return b
 
 
+def _offset32(spread: float, mean_q: float, qtype: T):
+    """Q4_1, Q5_0, Q5_1: d * code (+ min, which cancels the codes' mean); Q5_0's codes are offset by 16."""
+    def make(rng, rows, cols, std):
+        b = _bytes(rng, rows, cols, qtype)
+        d = std / spread
+        b[:, 0:2] = _f16_field(rng, len(b), d)
+        if mean_q:
+            b[:, 2:4] = _f16_field(rng, len(b), -d * mean_q)
+        return b
+    return make
+
+
+def _iq4_nl(rng, rows, cols, std):
+    b = _bytes(rng, rows, cols, T.IQ4_NL)
+    b[:, 0:2] = _f16_field(rng, len(b), std / 67.0)        # the code book's values: rms 67
+    return b
+
+
+def _mxfp4(rng, rows, cols, std):
+    b = _bytes(rng, rows, cols, T.MXFP4)
+    exp = np.round(np.log2(std / 5.9 * rng.uniform(0.5, 1.5, len(b))))   # the doubled code book: rms 5.9
+    b[:, 0] = (exp + 128).astype(np.uint8)                  # E8M0: 2^(e - 128) times the doubled values
+    return b
+
+
 def _float(dtype):
     def make(rng, rows, cols, std):
         return (rng.standard_normal((rows, cols), np.float32) * std).astype(dtype).view(np.uint8)
@@ -59,6 +84,8 @@ def _float(dtype):
 MAKERS: dict[T, Callable] = {
     T.Q4_0: _q4_0, T.Q8_0: _q8_0, T.Q4_K: _kquant(290.0, 7.5, T.Q4_K), T.Q5_K: _kquant(590.0, 15.5, T.Q5_K),
     T.Q6_K: _q6_k, T.F32: _float(np.float32), T.F16: _float(np.float16),
+    T.Q4_1: _offset32(4.6, 7.5, T.Q4_1), T.Q5_0: _offset32(9.2, 0.0, T.Q5_0), T.Q5_1: _offset32(9.2, 15.5, T.Q5_1),
+    T.IQ4_NL: _iq4_nl, T.MXFP4: _mxfp4,
 }
 
 
