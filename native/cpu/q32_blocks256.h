@@ -14,6 +14,13 @@
 #define INLINE static inline __attribute__((always_inline))
 #define MXFP4_OFFSET 12   // the code book's -12..12 as unsigned bytes
 
+// the 32 nibbles of a block, values 0..15 (low nibbles) then 16..31: one broadcast load, a shift
+// of the high lane and a mask, where q4_nibbles (simd256.h) takes an insert more
+INLINE __m256i nibbles32(const uint8_t *qs) {
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)), _mm256_set1_epi8(0xF));
+}
+
 // bit j of a 5-bit block's qh, as 0x10 in byte j (byte j takes qh byte j / 8, and one bit of it)
 INLINE __m256i fifth_bits(const uint8_t *qh) {
     const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
@@ -28,7 +35,7 @@ INLINE __m256i fifth_bits(const uint8_t *qh) {
 
 INLINE __m256 q4_1_dw(const block_q4_1 *x) { return F16_AT(x, d); }
 INLINE __m256 q4_1_c(const block_q4_1 *x, __m256 dw) { (void)dw; return F16_AT(x, m); }
-INLINE __m256i q4_1_u(const block_q4_1 *x, __m256i book) { (void)book; return q4_nibbles(x->qs); }
+INLINE __m256i q4_1_u(const block_q4_1 *x, __m256i book) { (void)book; return nibbles32(x->qs); }
 INLINE float q4_1_dw1(const block_q4_1 *x) { return _cvtsh_ss(x->d); }
 INLINE float q4_1_c1(const block_q4_1 *x) { return _cvtsh_ss(x->m); }
 
@@ -36,7 +43,7 @@ INLINE __m256 q5_0_dw(const block_q5_0 *x) { return F16_AT(x, d); }
 INLINE __m256 q5_0_c(const block_q5_0 *x, __m256 dw) { (void)x; return _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f)); }
 INLINE __m256i q5_0_u(const block_q5_0 *x, __m256i book) {
     (void)book;
-    return _mm256_or_si256(q4_nibbles(x->qs), fifth_bits(x->qh));
+    return _mm256_or_si256(nibbles32(x->qs), fifth_bits(x->qh));
 }
 INLINE float q5_0_dw1(const block_q5_0 *x) { return _cvtsh_ss(x->d); }
 INLINE float q5_0_c1(const block_q5_0 *x) { return -16.0f * _cvtsh_ss(x->d); }
@@ -45,13 +52,13 @@ INLINE __m256 q5_1_dw(const block_q5_1 *x) { return F16_AT(x, d); }
 INLINE __m256 q5_1_c(const block_q5_1 *x, __m256 dw) { (void)dw; return F16_AT(x, m); }
 INLINE __m256i q5_1_u(const block_q5_1 *x, __m256i book) {
     (void)book;
-    return _mm256_or_si256(q4_nibbles(x->qs), fifth_bits(x->qh));
+    return _mm256_or_si256(nibbles32(x->qs), fifth_bits(x->qh));
 }
 INLINE float q5_1_dw1(const block_q5_1 *x) { return _cvtsh_ss(x->d); }
 INLINE float q5_1_c1(const block_q5_1 *x) { return _cvtsh_ss(x->m); }
 
 INLINE __m256 iq4_nl_dw(const block_iq4_nl *x) { return F16_AT(x, d); }
-INLINE __m256i iq4_nl_u(const block_iq4_nl *x, __m256i book) { return _mm256_shuffle_epi8(book, q4_nibbles(x->qs)); }
+INLINE __m256i iq4_nl_u(const block_iq4_nl *x, __m256i book) { return _mm256_shuffle_epi8(book, nibbles32(x->qs)); }
 INLINE float iq4_nl_dw1(const block_iq4_nl *x) { return _cvtsh_ss(x->d); }
 // the c of IQ4_NL's code book offset by 128 into unsigned bytes, for `vpdpbusd` (AVX-512; the
 // AVX2 kernel keeps the values signed and has no c)
@@ -71,7 +78,7 @@ INLINE __m256 mxfp4_c(const block_mxfp4 *x, __m256 dw) {
     (void)x;
     return _mm256_mul_ps(dw, _mm256_set1_ps(-0.5f * MXFP4_OFFSET));
 }
-INLINE __m256i mxfp4_u(const block_mxfp4 *x, __m256i book) { return _mm256_shuffle_epi8(book, q4_nibbles(x->qs)); }
+INLINE __m256i mxfp4_u(const block_mxfp4 *x, __m256i book) { return _mm256_shuffle_epi8(book, nibbles32(x->qs)); }
 INLINE float mxfp4_dw1(const block_mxfp4 *x) { return fm_e8m0_half(x->e); }
 INLINE float mxfp4_c1(const block_mxfp4 *x) { return -(float)MXFP4_OFFSET * fm_e8m0_half(x->e); }
 
