@@ -31,7 +31,19 @@ INLINE __m256i fifth_bits(const uint8_t *qh) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, bit), _mm256_set1_epi8(0x10));
 }
 
-#define F16_AT(x, field) scales8((const uint8_t *)&(x)->field, sizeof *(x))
+// the f16 `field` of blocks x[0..7] as floats: put together four at a time in general registers
+// and moved over in two quadwords, where eight `vpinsrw` (scales8, simd256.h) take twice the
+// vector operations
+INLINE __m256 f16x8(const uint8_t *first, size_t stride) {
+    uint64_t four[2];
+    for (int h = 0; h < 2; h++) {
+        uint16_t v[4];
+        for (int k = 0; k < 4; k++) __builtin_memcpy(&v[k], first + (4 * h + k) * stride, 2);
+        four[h] = v[0] | (uint64_t)v[1] << 16 | (uint64_t)v[2] << 32 | (uint64_t)v[3] << 48;
+    }
+    return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_cvtsi64_si128((long long)four[0]), _mm_cvtsi64_si128((long long)four[1])));
+}
+#define F16_AT(x, field) f16x8((const uint8_t *)&(x)->field, sizeof *(x))
 
 INLINE __m256 q4_1_dw(const block_q4_1 *x) { return F16_AT(x, d); }
 INLINE __m256 q4_1_c(const block_q4_1 *x, __m256 dw) { (void)dw; return F16_AT(x, m); }
