@@ -1,6 +1,6 @@
 """The row kernels' streaming speed per weight type against the measured read bandwidth: a random
 matrix of about 64 MB of each type (two copies, read in turn, so that the last-level cache keeps
-neither), one activation row, on a pool of THREADS. Round by round every type runs ITERS matvecs
+neither; in 2 MB pages), one activation row, on a pool of THREADS. Round by round every type runs ITERS matvecs
 and then the bandwidth is measured (the faster of the plain and the prefetched stream, chosen
 once, as `fermium bench` does), so all types see the same load on the machine; the medians over
 the rounds are printed. Repacked layouts are named as in native/cpu (Q4_0P, Q4_0X8, ...).
@@ -10,6 +10,7 @@ the rounds are printed. Repacked layouts are named as in native/cpu (Q4_0P, Q4_0
 from __future__ import annotations
 
 import argparse
+import mmap
 import statistics
 import sys
 import time
@@ -19,11 +20,22 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common.model.huge_pages import advise_huge_pages  # noqa: E402
 from native import cpu_lib  # noqa: E402
 from native.cpu_lib import lib, ptr  # noqa: E402
 from tools.synthetic_blocks import MAKERS  # noqa: E402
 
 COLS = 4096
+
+
+def in_huge_pages(a: np.ndarray) -> np.ndarray:
+    """A copy of a in an anonymous mapping advised to 2 MB pages, as the weights are mapped (and the
+    bandwidth buffer asks for): in 4 KB pages a stream takes a TLB miss every 4 KB."""
+    mm = mmap.mmap(-1, a.nbytes)
+    advise_huge_pages(mm)
+    out = np.frombuffer(mm, np.uint8, a.nbytes).reshape(a.shape)
+    out[...] = a
+    return out
 
 
 def matrices(name: str, mb: int, rng) -> tuple[int, list[np.ndarray]]:
@@ -35,7 +47,7 @@ def matrices(name: str, mb: int, rng) -> tuple[int, list[np.ndarray]]:
     out = []
     for _ in range(2):
         w = MAKERS[source](rng, rows, COLS, 0.02).reshape(rows, row_bytes)
-        out.append(cpu_lib.repack(layout, w, COLS) if layout is not None else np.ascontiguousarray(w))
+        out.append(in_huge_pages(cpu_lib.repack(layout, w, COLS) if layout is not None else w))
     return (layout if layout is not None else int(source)), out
 
 
