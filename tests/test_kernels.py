@@ -26,7 +26,9 @@ FLOAT_ATOL = 1e-4
 FLOAT_RTOL = 1e-5
 
 IQ2_TYPES = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
-QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ2_TYPES]
+# the other blocks of 32 (q32_*.c): d (f16, MXFP4 an E8M0 exponent byte), the min of Q4_1 and Q5_1
+Q32_TYPES = [T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4]
+QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES]
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 ISAS = cpu_lib.supported_isas()
 N = 1024
@@ -50,7 +52,13 @@ def random_rows(qtype: T, rows: int, n: int, rng, scale: tuple[float, float] = (
         return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     block, nbytes = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (rows * n // block, nbytes), dtype=np.uint8)
-    if qtype in (T.Q4_K, T.Q5_K):
+    if qtype == T.MXFP4:   # the exponent of a power of two in the range
+        blocks[:, 0] = np.round(np.log2(rng.uniform(*scale, len(blocks)))).astype(np.uint8) + 128
+    elif qtype in Q32_TYPES:
+        blocks[:, 0:2] = f16(rng, len(blocks), *scale)   # d
+        if qtype in (T.Q4_1, T.Q5_1):                     # the min, either sign
+            blocks[:, 2:4] = f16(rng, len(blocks), -16 * scale[1], 16 * scale[1])
+    elif qtype in (T.Q4_K, T.Q5_K):
         blocks[:, 0:2] = f16(rng, len(blocks), *scale)   # d
         blocks[:, 2:4] = f16(rng, len(blocks), *scale)   # dmin
     elif qtype in IQ2_TYPES:                             # d first; any bytes after it are valid
@@ -62,7 +70,7 @@ def random_rows(qtype: T, rows: int, n: int, rng, scale: tuple[float, float] = (
 
 def act_values(qtype: T, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The per-element quantization step bound (amax/254) of x for qtype's activation blocks."""
-    block = 32 if qtype in (T.Q4_0, T.Q8_0) else 256
+    block = GGML_QUANT_SIZES[qtype][0]
     amax = np.abs(x.reshape(-1, block)).max(axis=1)
     return np.repeat(amax / 254.0, block)
 
@@ -111,12 +119,17 @@ def test_subnormal_block_scales(isa, qtype, rng):
 
 def extreme_quants(qtype: T, byte: int = 0xFF) -> np.ndarray:
     """One row (1, row_bytes) of N values, every quant byte `byte` (0xFF: each quant at its
-    largest; 0: at its smallest, the most negative for the offset types Q4_0 and Q6_K), block
-    scales 1 (Q6_K's sub-block scales 127), mins 0."""
+    largest; 0: at its smallest, the most negative for the offset and code-book types Q4_0,
+    Q5_0, Q6_K and IQ4_NL; MXFP4's code book takes 0x77 and 0xFF for them), block scales 1
+    (Q6_K's sub-block scales 127), mins 0."""
     block, nbytes = GGML_QUANT_SIZES[qtype]
+    if qtype == T.MXFP4:
+        byte = {0xFF: 0x77, 0x00: 0xFF}[byte]   # codes 7 (+12) and 15 (-12)
     blocks = np.full((N // block, nbytes), byte, np.uint8)
     one = np.array([1.0], np.float16).view(np.uint8)
-    if qtype == T.Q6_K:
+    if qtype == T.MXFP4:
+        blocks[:, 0] = 128                            # 2^(128 - 128) times the doubled E2M1 values
+    elif qtype == T.Q6_K:
         blocks[:, 192:208] = 127                      # int8 sub-block scales
         blocks[:, 208:210] = one
     else:
@@ -124,6 +137,8 @@ def extreme_quants(qtype: T, byte: int = 0xFF) -> np.ndarray:
         if qtype in (T.Q4_K, T.Q5_K):
             blocks[:, 2:4] = 0                        # dmin 0: only the scaled quants count
             blocks[:, 4:16] = 0xFF                    # sub-block scales 63
+        if qtype in (T.Q4_1, T.Q5_1):
+            blocks[:, 2:4] = 0                        # min 0
     return blocks.reshape(1, -1)
 
 
@@ -237,7 +252,8 @@ def test_dequant_row_matches_gguf(qtype, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, *IQ2_TYPES, T.F32, T.F16, T.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, T.F32, T.F16, T.BF16],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
     """Batches run the batched kernels (in chunks of 4 activations) where the ISA has them."""

@@ -69,24 +69,26 @@ def _mix(mix: Mix) -> Callable[[str, int, int], T]:
     return lambda name, layer, n_layers: mix.type_of(name, n_layers, layer)
 
 
-def _rotation(*types: T, embd: T, other: T) -> Callable[[str, int, int], T]:
-    """A test file's mix: the experts' type turns with the layer through `types`, the other
-    matrices take `other` (attn_v Q4_K), the embedding `embd` and the LM head Q6_K, so one small
-    file runs each type by tensor and by layer."""
+def _rotation(experts: tuple[T, ...], others: tuple[T, ...], *, embd: T, head: T = T.Q6_K) -> Callable[[str, int, int], T]:
+    """A test file's mix: the experts' type turns with the layer through `experts`, the other
+    matrices' with the layer and the name through `others`, so one small file runs each type by
+    tensor and by layer, the embedding and the LM head included."""
     def type_of(name: str, layer: int, n_layers: int) -> T:
         if name == "output.weight":
-            return T.Q6_K
+            return head
         if name == "token_embd.weight":
             return embd
         if name.endswith("_exps.weight"):
-            return types[layer % len(types)]
-        return T.Q4_K if name.endswith("attn_v.weight") else other
+            return experts[layer % len(experts)]
+        return others[(layer + len(name)) % len(others)]
     return type_of
 
 
 RECIPES: dict[str, Callable[[str, int, int], T]] = {name: _mix(mix) for name, mix in MIXES.items()}
 RECIPES["q4_k_m"] = _q4_k_m_fixture
-RECIPES["iq2_mix"] = _rotation(T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, embd=T.IQ2_XS, other=T.IQ2_S)
+RECIPES["iq2_mix"] = _rotation((T.IQ2_XXS, T.IQ2_XS, T.IQ2_S), (T.IQ2_S, T.Q4_K), embd=T.IQ2_XS)
+RECIPES["q32_mix"] = _rotation((T.MXFP4, T.IQ4_NL, T.Q4_1, T.Q5_1), (T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4),
+                               embd=T.Q4_1, head=T.Q5_1)
 FLOAT_SMALL = ("ffn_gate_inp.weight", "ssm_alpha.weight", "ssm_beta.weight", "ssm_ba.weight")   # kept F32
 ROUTER_GAIN = 4.0   # router logits of std ~4: clear top-k margins, so engines rarely disagree on a route
 

@@ -7,6 +7,7 @@ file is compiled by setuptools for the baseline x86-64 target.
 The dot kernels are named <weights>_<shape>_<isa>.c, the generic sibling as *_generic.c:
   weights  qx_0: Q4_0, Q8_0 (blocks of 32; SSSE3 also Q4_0p), qx_K: Q4_K, Q5_K, Q6_K (SSSE3
            also Q4_Kp), qx: the quantized types that have batched kernels (Q4_0, Q4_K, Q6_K),
+           q32: the other blocks of 32 (Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4),
            q4x8: Q4_0x8 and Q4_Kx8, q6_Kp, float: F32, F16, BF16, iq2: IQ2_XXS, IQ2_XS, IQ2_S
            (iq2_prep.h: their per-block unpacking, shared by the SIMD siblings)
   shape    row: one weight row . one activation row; batch: one row . up to FM_DOTN_MAX
