@@ -69,7 +69,8 @@ def _mix(mix: Mix) -> Callable[[str, int, int], T]:
     return lambda name, layer, n_layers: mix.type_of(name, n_layers, layer)
 
 
-def _rotation(experts: tuple[T, ...], others: tuple[T, ...], *, embd: T, head: T = T.Q6_K) -> Callable[[str, int, int], T]:
+def _rotation(experts: tuple[T, ...], others: tuple[T, ...], *, embd: T,
+              head: T = T.Q6_K) -> Callable[[str, int, int], T]:
     """A test file's mix: the experts' type turns with the layer through `experts`, the other
     matrices' with the layer and the name through `others`, so one small file runs each type by
     tensor and by layer, the embedding and the LM head included."""
