@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
@@ -98,6 +99,8 @@ class Tokenizer:
         self._added = set(hf.get_added_tokens_decoder())
         self._special = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
         self._bytes: dict[int, bytes] = {}
+        self._as_text: _HFTokenizer | None = None     # a twin that reads special tokens as text
+        self._as_text_lock = threading.Lock()
 
     # ---- construction
     @classmethod
@@ -154,9 +157,31 @@ class Tokenizer:
             raise TypeError(f"Tokenizer.encode takes a str, got {type(text).__name__}")
         # encode_batch lets go of the GIL while it runs (encode does not), so other threads go on
         ids = self._hf.encode_batch([text], add_special_tokens=False)[0].ids
+        return self.with_bos(ids)
+
+    def encode_as_text(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids with special-token strings read as text (transformers' split_special_tokens;
+        user-defined added tokens still match), no BOS: pieces of a prompt (template_tokens.py)."""
+        return [e.ids for e in self._text_twin().encode_batch(texts, add_special_tokens=False)]
+
+    def with_bos(self, ids: list[int]) -> list[int]:
+        """`ids` with the BOS token in front where the vocabulary asks for one."""
         if self._specials.add_bos and self._specials.bos_id is not None:
             ids.insert(0, self._specials.bos_id)
         return ids
+
+    def special_strings(self) -> list[str]:
+        """The text of every special (control) token."""
+        return [t.content for i, t in self._hf.get_added_tokens_decoder().items() if t.special]
+
+    def _text_twin(self) -> _HFTokenizer:
+        # a separate object: encode_special_tokens is state, and the pool's threads share self._hf
+        with self._as_text_lock:
+            if self._as_text is None:
+                twin = _HFTokenizer.from_str(self._hf.to_str())
+                twin.encode_special_tokens = True
+                self._as_text = twin
+            return self._as_text
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         ids = self._check_ids(ids)

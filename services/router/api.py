@@ -34,6 +34,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from common.grammar import Vocab
+from common.model.template_tokens import TemplateTokens
 
 from .anthropic_api import MessagesAPI
 from .config import RouterConfig
@@ -66,9 +67,9 @@ class API:
                  encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
                  health: Callable[[], dict], max_body: int = RouterConfig.max_body_bytes,
                  decode: Callable[[list[int]], str] | None = None, tokenizer: Vocab | None = None,
-                 vision: VisionInput | None = None):
+                 vision: VisionInput | None = None, template: TemplateTokens | None = None):
         self.gen, self.served, self.context, self.vocab = generation, served, context, vocab
-        self.tokenizer, self.vision = tokenizer, vision
+        self.tokenizer, self.vision, self.template = tokenizer, vision, template
         self.encode, self.decode, self.render, self.health_info = encode, decode, render, health
         self.max_body = max_body
         self.draining = False
@@ -227,7 +228,7 @@ class API:
     def _job(self, raw: bytes, chat: bool) -> Job:
         return validate(parse_body(raw), chat=chat, served=self.served, context=self.context, vocab=self.vocab,
                         encode=self.encode, render=self.render, decode=self.decode, tokenizer=self.tokenizer,
-                        vision=self.vision)
+                        vision=self.vision, template=self.template)
 
     async def _stream(self, job: Job, cid: str, head: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
         outs = [ChatStream(job, cid, self.gen.metrics, i, self.gen.tokenizer) if job.chat

@@ -44,6 +44,9 @@ class RouterConfig:
     mmproj: str | None = mmproj_setting()      # image parts are sized and expanded to image tokens here
     allow_image_urls: bool = setting(False, "Fetch http(s) image URLs of image_url parts; without it only data: "
                                             "URIs are read.")
+    parse_special_in_messages: bool = setting(False, "Read control-token strings (<|im_start|>, ...) in messages, "
+                                                     "tools and system text as control tokens, as before; without "
+                                                     "it only the chat template places them.")
     preserve_thinking: bool = setting(True, "Render earlier reasoning as generated, so each chat turn extends "
                                             "the last one's snapshot.")
     drain_timeout: float = setting(30.0, "Seconds in-flight requests get to finish after SIGTERM; new ones "

@@ -23,6 +23,7 @@ from common.metrics import RouterMetrics
 from common.model.chat_template import render_chat
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel
+from common.model.template_tokens import TemplateTokens
 from common.model.tokenizer import Tokenizer
 from common.state import wire_limits
 
@@ -102,7 +103,8 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     api = API(generation, served=served, context=context,
               vocab=tokenizer.vocab_size, encode=tokenizer.encode, decode=tokenizer.decode,
               render=chat_renderer(template, cfg.preserve_thinking), health=health,
-              max_body=cfg.max_body_bytes, tokenizer=tokenizer, vision=_vision(cfg, model, tokenizer))
+              max_body=cfg.max_body_bytes, tokenizer=tokenizer, vision=_vision(cfg, model, tokenizer),
+              template=TemplateTokens(tokenizer, parse_special=cfg.parse_special_in_messages))
     warm(tokenizer)
 
     @contextlib.asynccontextmanager
