@@ -122,8 +122,8 @@ class _Metrics:
         self.running = self.gauge("fermium_num_requests_running", "Requests being processed")
         self.waiting = self.gauge("fermium_num_requests_waiting", "Requests waiting for a slot")
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
-        """Expose /metrics on `port` (0 turns it off)."""
+    def serve(self, port: int, host: str) -> None:
+        """Expose /metrics on `host`:`port` (port 0 turns it off)."""
         if port:
             start_http_server(port, addr=host, registry=self.registry)
 
@@ -231,3 +231,13 @@ class DecodeMetrics(_Metrics):
             self._drafted += drafted
             self._accepted += accepted
             self.acceptance_rate.set(self._accepted / self._drafted)
+
+
+def listen_host(address: str) -> str:
+    """The host a ZeroMQ bind address listens on (tcp://HOST:PORT; `*` is every interface), where a
+    worker's /metrics listens too by default; loopback for ipc:// and local:// addresses."""
+    scheme, _, rest = address.partition("://")
+    if scheme != "tcp":
+        return "127.0.0.1"
+    host = rest.rpartition(":")[0].strip("[]")
+    return "0.0.0.0" if host in ("*", "") else host

@@ -34,14 +34,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from common.grammar import Vocab
-from common.model.template_tokens import TemplateTokens
 
 from .anthropic_api import MessagesAPI
 from .config import RouterConfig
 from .errors import RETRY_AFTER_S, APIError, CatchAll, failure, http_exception
+from .exposure import health_response
 from .generation import Delta, Generation
 from .replies import ChatStream, TextStream, choice
-from .schema import Job, check_model, parse_body, validate
+from .schema import Job, TemplateTokens, check_model, parse_body, validate
 from .vision import VisionInput
 
 log = logging.getLogger("fermium.router")
@@ -76,9 +76,9 @@ class API:
         self.live = 0                   # completion requests under way, counted by _Inflight
         self._pool = ThreadPoolExecutor(VALIDATE_THREADS, thread_name_prefix="router-validate")
 
-    def app(self, *, lifespan=None, middleware: Sequence[Middleware] = ()) -> Starlette:
-        """The ASGI app: these routes, OpenAI error bodies for every status, requests counted."""
-        return Starlette(routes=self.routes(), lifespan=lifespan,
+    def app(self, *, lifespan=None, middleware: Sequence[Middleware] = (), extra: Sequence[Route] = ()) -> Starlette:
+        """The ASGI app: these routes and `extra`, OpenAI error bodies for every status, requests counted."""
+        return Starlette(routes=[*self.routes(), *extra], lifespan=lifespan,
                          middleware=[Middleware(CatchAll), Middleware(_Inflight, api=self), *middleware],
                          exception_handlers={HTTPException: http_exception})
 
@@ -122,10 +122,9 @@ class API:
 
     async def health(self, request: Request) -> Response:
         info = self.health_info()
-        if self.draining:
-            return JSONResponse({"status": "draining", **info}, status_code=503)
-        ok = info["prefill_workers"] > 0 and info["decode_workers"] > 0
-        return JSONResponse({"status": "ok" if ok else "degraded", **info}, status_code=200 if ok else 503)
+        ok = not self.draining and info["prefill_workers"] > 0 and info["decode_workers"] > 0
+        status = "draining" if self.draining else "ok" if ok else "degraded"
+        return health_response(request, status, 200 if ok else 503, info)
 
     async def chat(self, request: Request) -> Response:
         return await self._serve(request, chat=True)

@@ -52,5 +52,6 @@ class RouterConfig:
     drain_timeout: float = setting(30.0, "Seconds in-flight requests get to finish after SIGTERM; new ones "
                                          "get 503 meanwhile.")
     metrics_port: int = metrics_port_setting()
+    metrics_host: str | None = setting(None, "Address /metrics listens on; default: --host.")
     log_level: str = log_level_setting()
     max_body_bytes: int = 8 << 20               # larger request bodies get 413; a 262k-token context as text is ~1 MB
