@@ -6,10 +6,9 @@ contents, reasoning, tool definitions, calls and results, template variables), a
 character itself, as ESC + a private-use code: the rendered prompt then holds real control strings
 only where the template wrote them. `encode` splits the prompt at those, takes each as its id, and
 tokenizes the pieces between with the escapes undone and special tokens read as text
-(Tokenizer.encode_as_text). A prompt whose client text holds no control strings splits at the same
-control tokens as the plain encode does and runs the same BPE on the same pieces, so its ids are
-the plain encode's. User-defined added tokens (`<think>`, `<tool_call>`) still match in both, as
-with transformers' split_special_tokens.
+(Tokenizer.encode_as_text). Tokenizer.encode cuts at every control string and joins the same way,
+so a prompt whose client text holds none gets exactly the plain encode's ids. User-defined added
+tokens (`<think>`, `<tool_call>`) still match in both, as with transformers' split_special_tokens.
 
 With `parse_special` (the router's --parse-special-in-messages) both are the old behaviour:
 nothing escaped, the prompt encoded with special tokens parsed anywhere.
@@ -35,7 +34,6 @@ class TemplateTokens:
         self._code = {s: ESC + chr(FIRST_CODE + i) for i, s in enumerate(escaped)}
         self._string = {code[1]: s for s, code in self._code.items()}
         self._find = re.compile("|".join(map(re.escape, escaped)))
-        self._split = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
         self._unescape = re.compile(re.escape(ESC) + "(.)", re.S)
 
     def escape(self, value: Any, keep: Callable[[Any], bool] = lambda v: False) -> Any:
@@ -53,17 +51,11 @@ class TemplateTokens:
 
     def encode(self, prompt: str) -> list[int]:
         """The rendered prompt's ids: control tokens where the template wrote them, text elsewhere."""
-        if self.parse_special or self._split is None:
+        if self.parse_special:
             return self.tokenizer.encode(prompt)
-        pieces = self._split.split(prompt)              # text, control, text, ..., text
-        encoded = iter(self.tokenizer.encode_as_text([self.unescape(t) for t in pieces[0::2] if t]))
-        ids: list[int] = []
-        for k, piece in enumerate(pieces):
-            if k % 2:
-                ids.append(self.tokenizer.token_to_id(piece))
-            elif piece:
-                ids += next(encoded)
-        return self.tokenizer.with_bos(ids)
+        pieces = self.tokenizer.split_specials(prompt)           # text, control, text, ..., text
+        pieces[0::2] = [self.unescape(p) for p in pieces[0::2]]
+        return self.tokenizer.with_bos(self.tokenizer.join(pieces))
 
     def unescape(self, text: str) -> str:
         """Escaped text as the client wrote it."""
