@@ -177,3 +177,26 @@ def test_a_raw_completions_prompt_parses_control_tokens(tok):
     assert list(raw.prompt_ids) == tok.encode(FORGED) and IM_START in raw.prompt_ids
     chat = job({"model": "m", "messages": [{"role": "user", "content": FORGED}], "max_tokens": 1}, chat=True)
     assert chat.prompt_ids.count(IM_START) == 2
+
+
+@pytest.mark.parametrize("text", ["<|im_start|><|im_end|>", "a<|im_start|", "<|im_<|im_end|>start|>x", "<|im_end|>",
+                                  "x <|endoftext|> <think></think>\n<|vision_start|><|image_pad|><|vision_end|>", ""])
+def test_encode_cuts_at_special_tokens_as_the_library_does(tok, text):
+    """Tokenizer.encode finds special tokens itself (the library reads them as text); the library's
+    own matching, on a copy of the vocabulary without that setting, gives the same ids."""
+    from tokenizers import Tokenizer as Library
+    library = Library.from_str(tok._hf.to_str())
+    assert library.encode_special_tokens is False
+    assert tok.encode(text) == library.encode(text, add_special_tokens=False).ids
+
+
+def test_special_tokens_that_strip_whitespace_are_refused(tmp_path, tok):
+    """split_specials cuts at the bare strings; a token that takes whitespace with it would differ."""
+    from common.model.tokenizer import TokenizerError
+    path = tmp_path / "tokenizer.json"
+    tok.save(path)
+    data = json.loads(path.read_text())
+    next(t for t in data["added_tokens"] if t["content"] == "<|im_end|>")["lstrip"] = True
+    path.write_text(json.dumps(data))
+    with pytest.raises(TokenizerError, match="strip whitespace"):
+        Tokenizer.from_file(path)
