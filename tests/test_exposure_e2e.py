@@ -28,25 +28,21 @@ LOOPBACK = "0100007F"               # 127.0.0.1 as /proc/net/tcp writes it
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
+    """The key in the environment, as the systemd env file gives it: the router reads it, and so
+    does Stack (`fermium up`), whose readiness needs /health's detail."""
     logs = tmp_path_factory.mktemp("exposure")
     ports = {role: free_port() for role in ("router", "prefill", "decode")}
-    s = Stack(str(default_model_path()), port=free_port(), runner="reference", metrics_ports=ports, log_dir=logs,
-              extra={"router": ["--api-key", KEY]})
-    s.metrics_ports = ports
-    with s:
-        deadline = time.monotonic() + READY_S
-        while not _workers(s, 2):
-            assert time.monotonic() < deadline, f"the stack did not start (see {logs})"
-            assert all(p.poll() is None for p in s.procs.values()), f"a service exited (see {logs})"
-            time.sleep(0.3)
-        yield s
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FERMIUM_API_KEY", KEY)
+        s = Stack(str(default_model_path()), port=free_port(), runner="reference", metrics_ports=ports, log_dir=logs)
+        s.metrics_ports = ports
+        with s:
+            s.wait_ready(READY_S)
+            yield s
 
 
 def _workers(s: Stack, n: int) -> bool:
-    try:
-        return len(httpx.get(f"{s.url}/health", headers=AUTH, timeout=2).json().get("workers", ())) == n
-    except httpx.HTTPError:
-        return False
+    return len(s.health().get("workers", ())) == n
 
 
 def _listening(port: int) -> set[str]:
