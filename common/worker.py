@@ -194,7 +194,8 @@ class WorkerServer(abc.ABC):
         """One turn of the compute loop, waiting at most `timeout` s for messages."""
 
     def start(self) -> None:
-        self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host or listen_host(self.cfg.listen))
+        if self.cfg.metrics_port:           # the --listen host is looked up only when metrics are on
+            self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host or listen_host(self.cfg.listen))
         self.link.start(self.cfg.ready_timeout)
 
     def _take(self, timeout: float) -> None:

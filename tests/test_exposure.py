@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from common.metrics import listen_host
+from common.metrics import MetricsHostError, listen_host
 from services.router.auth import api_key_middleware
 from services.router.errors import APIError, GenerationError, bad_request, failure
 from services.router.exposure import EmptyAPIKey, check_api_key, health_response, public
@@ -94,3 +94,9 @@ def test_health_detail_only_with_the_key(code, status):
                                            ("ipc:///run/fermium/decode", "127.0.0.1"), ("local://decode", "127.0.0.1")])
 def test_worker_metrics_listen_on_the_inbox_host(address, host):
     assert listen_host(address) == host
+
+
+def test_an_interface_name_asks_for_metrics_host():
+    """ZeroMQ binds tcp://eth0:5561; an HTTP server cannot, and the worker says so at start."""
+    with pytest.raises(MetricsHostError, match="--metrics-host"):
+        listen_host("tcp://fermium-no-such-interface0:5561")
