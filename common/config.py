@@ -101,6 +101,7 @@ class WorkerConfig:
     kv_type: str = kv_type_setting()
     ready_timeout: float = setting(30.0, "Seconds to wait for the router's handshake.")
     metrics_port: int = metrics_port_setting()
+    metrics_host: str | None = setting(None, "Address /metrics listens on; default: the --listen address's host.")
     log_level: str = log_level_setting()
 
 

@@ -74,7 +74,11 @@ process_resident_memory_bytes, ...).
 """
 from __future__ import annotations
 
+import socket
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
+
+from common.errors import UserError
 
 # seconds: from a 1 ms loopback hop to a multi-minute prefill on the reference card
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -122,8 +126,8 @@ class _Metrics:
         self.running = self.gauge("fermium_num_requests_running", "Requests being processed")
         self.waiting = self.gauge("fermium_num_requests_waiting", "Requests waiting for a slot")
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
-        """Expose /metrics on `port` (0 turns it off)."""
+    def serve(self, port: int, host: str) -> None:
+        """Expose /metrics on `host`:`port` (port 0 turns it off)."""
         if port:
             start_http_server(port, addr=host, registry=self.registry)
 
@@ -231,3 +235,24 @@ class DecodeMetrics(_Metrics):
             self._drafted += drafted
             self._accepted += accepted
             self.acceptance_rate.set(self._accepted / self._drafted)
+
+
+def listen_host(address: str) -> str:
+    """The host a ZeroMQ bind address listens on (tcp://HOST:PORT; `*` is every interface), where a
+    worker's /metrics listens too by default; loopback for ipc:// and local:// addresses."""
+    scheme, _, rest = address.partition("://")
+    if scheme != "tcp":
+        return "127.0.0.1"
+    host = rest.rpartition(":")[0].strip("[]")
+    if host in ("*", ""):
+        return "0.0.0.0"
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):       # e.g. an interface name, which ZeroMQ binds and HTTP cannot
+        raise MetricsHostError(f"--listen {address}: {host!r} is no address the /metrics port can listen on; "
+                               "give it one with --metrics-host") from None
+    return host
+
+
+class MetricsHostError(UserError, ValueError):
+    """A worker whose /metrics address cannot come from its --listen address."""

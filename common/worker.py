@@ -29,6 +29,7 @@ from typing import Any, Callable, ClassVar
 from .config import WorkerConfig
 from .kv_cache import DEFAULT_KV_TYPE
 from .log_limit import LogLimiter
+from .metrics import listen_host
 from .mp import PullQueue, PushQueue
 from .mp_local import pull_queue, push_queue
 from .protocol import Message, ProtocolError
@@ -193,7 +194,8 @@ class WorkerServer(abc.ABC):
         """One turn of the compute loop, waiting at most `timeout` s for messages."""
 
     def start(self) -> None:
-        self.metrics.serve(self.cfg.metrics_port)
+        if self.cfg.metrics_port:           # the --listen host is looked up only when metrics are on
+            self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host or listen_host(self.cfg.listen))
         self.link.start(self.cfg.ready_timeout)
 
     def _take(self, timeout: float) -> None:

@@ -208,7 +208,7 @@ def chat_command(
     max_tokens: Annotated[int, typer.Option(min=1)] = 128,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
 ):
-    """Stream one chat answer from a running router to the terminal."""
+    """Stream one chat answer from a running router to the terminal (with FERMIUM_API_KEY's key, if set)."""
     from fermium.stack import stream_chat
     stream_chat(url, message, max_tokens=max_tokens, temperature=temperature)
 

@@ -24,6 +24,7 @@ import httpx
 
 from common.worker_token import ENV as TOKEN_ENV
 from common.worker_token import new_token
+from services.router.exposure import API_KEY_ENV
 
 DRAIN_TIMEOUT_S = 5.0        # of a Stack made by tests and tools; `fermium up` passes its own
 ROUTER_EXIT_S = 3.0          # the router's wait for connections after its drain, and its exit
@@ -114,7 +115,8 @@ class Stack:
         return [f"{role} exited with code {p.returncode}" for role, p in self.procs.items() if p.poll() is not None]
 
     def health(self) -> dict:
-        return httpx.get(f"{self.url}/health", timeout=2.0).json()
+        """/health's detail (with the API key of the environment, which the router reads too)."""
+        return httpx.get(f"{self.url}/health", headers=api_headers(), timeout=2.0).json()
 
     def wait_ready(self, timeout: float) -> None:
         """Until /health lists every worker; a child that dies ends the wait."""
@@ -163,11 +165,17 @@ def _end(procs: list[subprocess.Popen], grace: float) -> None:
             p.wait()
 
 
+def api_headers() -> dict[str, str]:
+    """The router's API key from this environment (FERMIUM_API_KEY), as its header; none without one."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def chat_events(url: str, body: dict):
     """The server-sent events of one streamed chat completion, as dicts; an HTTP error or an error
     event ends the program with its message. httpx.TransportError reaches the caller."""
     timeout = httpx.Timeout(None, connect=10.0)   # an answer takes as long as it takes; a connection does not
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=api_headers(), timeout=timeout) as r:
         if r.status_code != 200:
             r.read()
             raise SystemExit(f"error {r.status_code}: {r.text}")

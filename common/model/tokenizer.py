@@ -5,12 +5,17 @@ strings, id = index), `tokenizer.ggml.merges` ("a b" pairs, highest priority fir
 `tokenizer.ggml.token_type` and `tokenizer.ggml.pre`, the name of the split regex. The name is
 looked up in PRE_TOKENIZERS; the regexes are the ones the model's own tokenizer.json declares.
 
+Special (control) tokens: the library is set to read their strings as text, and `encode` cuts the
+text at them itself (`split_specials`, `join`), so that a chat prompt's client text can be read as
+text while the template's control tokens stay tokens (template_tokens.py) with one BPE model.
+
 Not here: BPE itself (the library runs it) and the chat format (chat_template.py).
 """
 from __future__ import annotations
 
 import codecs
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
@@ -98,6 +103,8 @@ class Tokenizer:
         self._added = set(hf.get_added_tokens_decoder())
         self._special = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
         self._bytes: dict[int, bytes] = {}
+        self._split = _special_splitter(hf)
+        hf.encode_special_tokens = True     # the library reads them as text; encode() finds them itself
 
     # ---- construction
     @classmethod
@@ -150,13 +157,42 @@ class Tokenizer:
 
     # ---- text <-> ids
     def encode(self, text: str) -> list[int]:
+        """`text`'s ids, each special (control) token's string in it taken as that token."""
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode takes a str, got {type(text).__name__}")
+        return self.with_bos(self.join(self.split_specials(text)))
+
+    def split_specials(self, text: str) -> list[str]:
+        """[text, special, text, ..., text]: `text` cut at its special tokens' strings, leftmost and
+        longest first, as the library matches them."""
+        return self._split.split(text) if self._split is not None else [text]
+
+    def join(self, pieces: list[str]) -> list[int]:
+        """The ids of split_specials' pieces: each special as its id, the texts between as text."""
+        encoded = iter(self.encode_as_text([p for p in pieces[0::2] if p]))
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):
+            if k % 2:
+                ids.append(self._hf.token_to_id(piece))
+            elif piece:
+                ids += next(encoded)
+        return ids
+
+    def encode_as_text(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids with special tokens' strings read as text (transformers'
+        split_special_tokens; user-defined added tokens such as <think> still match), no BOS."""
         # encode_batch lets go of the GIL while it runs (encode does not), so other threads go on
-        ids = self._hf.encode_batch([text], add_special_tokens=False)[0].ids
+        return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+
+    def with_bos(self, ids: list[int]) -> list[int]:
+        """`ids` with the BOS token in front where the vocabulary asks for one."""
         if self._specials.add_bos and self._specials.bos_id is not None:
             ids.insert(0, self._specials.bos_id)
         return ids
+
+    def special_strings(self) -> list[str]:
+        """The text of every special (control) token."""
+        return [t.content for t in self._hf.get_added_tokens_decoder().values() if t.special]
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         ids = self._check_ids(ids)
@@ -220,6 +256,17 @@ class DetokenizeStream:
     def finish(self) -> str:
         """What is still held back (an unfinished character comes out as U+FFFD)."""
         return self._utf8.decode(b"", final=True)
+
+
+def _special_splitter(hf: _HFTokenizer) -> re.Pattern | None:
+    """The pattern that split_specials cuts at, or None without special tokens."""
+    specials = [t for t in hf.get_added_tokens_decoder().values() if t.special]
+    stripping = [t.content for t in specials if t.lstrip or t.rstrip or t.single_word]
+    if stripping:
+        raise TokenizerError(f"special tokens {stripping} strip whitespace or match single words; "
+                             "only plain special tokens are supported")
+    strings = sorted({t.content for t in specials}, key=len, reverse=True)
+    return re.compile("(" + "|".join(map(re.escape, strings)) + ")") if strings else None
 
 
 def _get(model: MetadataSource, key: str):

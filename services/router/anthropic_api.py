@@ -51,7 +51,8 @@ class MessagesAPI:
             body, prefill = openai_body(parse_body(raw))
             return validate(body, chat=True, served=api.served, context=api.context, vocab=api.vocab,
                             encode=api.encode, render=api.render, prefill=prefill, clamp=True,
-                            tokenizer=api.tokenizer, vision=AnthropicVision(getattr(api, "vision", None)))
+                            tokenizer=api.tokenizer, vision=AnthropicVision(getattr(api, "vision", None)),
+                            template=api.template)
         except APIError as e:
             raise anthropic_param(e) from None
 
@@ -63,8 +64,8 @@ class MessagesAPI:
         try:
             body, prefill = openai_body(parse_body(raw), count=True)
             check_model(body["model"], api.served)
-            text, _ = chat_prompt(body, tool_plan(body), api.render, prefill, reads)
-            ids = api.encode(text)
+            text, _ = chat_prompt(body, tool_plan(body), api.render, prefill, reads, api.template)
+            ids = api.template.encode(text) if api.template is not None else api.encode(text)
             return len(vision.expand(ids, reads.read)[0] if reads.read else ids)
         except APIError as e:
             raise anthropic_param(e) from None

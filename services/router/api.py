@@ -38,9 +38,10 @@ from common.grammar import Vocab
 from .anthropic_api import MessagesAPI
 from .config import RouterConfig
 from .errors import RETRY_AFTER_S, APIError, CatchAll, failure, http_exception
+from .exposure import health_response
 from .generation import Delta, Generation
 from .replies import ChatStream, TextStream, choice
-from .schema import Job, check_model, parse_body, validate
+from .schema import Job, TemplateTokens, check_model, parse_body, validate
 from .vision import VisionInput
 
 log = logging.getLogger("fermium.router")
@@ -66,18 +67,18 @@ class API:
                  encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
                  health: Callable[[], dict], max_body: int = RouterConfig.max_body_bytes,
                  decode: Callable[[list[int]], str] | None = None, tokenizer: Vocab | None = None,
-                 vision: VisionInput | None = None):
+                 vision: VisionInput | None = None, template: TemplateTokens | None = None):
         self.gen, self.served, self.context, self.vocab = generation, served, context, vocab
-        self.tokenizer, self.vision = tokenizer, vision
+        self.tokenizer, self.vision, self.template = tokenizer, vision, template
         self.encode, self.decode, self.render, self.health_info = encode, decode, render, health
         self.max_body = max_body
         self.draining = False
         self.live = 0                   # completion requests under way, counted by _Inflight
         self._pool = ThreadPoolExecutor(VALIDATE_THREADS, thread_name_prefix="router-validate")
 
-    def app(self, *, lifespan=None, middleware: Sequence[Middleware] = ()) -> Starlette:
-        """The ASGI app: these routes, OpenAI error bodies for every status, requests counted."""
-        return Starlette(routes=self.routes(), lifespan=lifespan,
+    def app(self, *, lifespan=None, middleware: Sequence[Middleware] = (), extra: Sequence[Route] = ()) -> Starlette:
+        """The ASGI app: these routes and `extra`, OpenAI error bodies for every status, requests counted."""
+        return Starlette(routes=[*self.routes(), *extra], lifespan=lifespan,
                          middleware=[Middleware(CatchAll), Middleware(_Inflight, api=self), *middleware],
                          exception_handlers={HTTPException: http_exception})
 
@@ -121,10 +122,9 @@ class API:
 
     async def health(self, request: Request) -> Response:
         info = self.health_info()
-        if self.draining:
-            return JSONResponse({"status": "draining", **info}, status_code=503)
-        ok = info["prefill_workers"] > 0 and info["decode_workers"] > 0
-        return JSONResponse({"status": "ok" if ok else "degraded", **info}, status_code=200 if ok else 503)
+        ok = not self.draining and info["prefill_workers"] > 0 and info["decode_workers"] > 0
+        status = "draining" if self.draining else "ok" if ok else "degraded"
+        return health_response(request, status, 200 if ok else 503, info)
 
     async def chat(self, request: Request) -> Response:
         return await self._serve(request, chat=True)
@@ -227,7 +227,7 @@ class API:
     def _job(self, raw: bytes, chat: bool) -> Job:
         return validate(parse_body(raw), chat=chat, served=self.served, context=self.context, vocab=self.vocab,
                         encode=self.encode, render=self.render, decode=self.decode, tokenizer=self.tokenizer,
-                        vision=self.vision)
+                        vision=self.vision, template=self.template)
 
     async def _stream(self, job: Job, cid: str, head: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
         outs = [ChatStream(job, cid, self.gen.metrics, i, self.gen.tokenizer) if job.chat

@@ -1,7 +1,10 @@
 """The HTTP API key: `Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's clients
-send it, on every /v1/ path when a key is set. A Bearer header, when sent, is the one checked.
+send it, on every /v1/ path and /metrics when a key is set. A Bearer header, when sent, is the
+one checked.
 
-/health (and anything outside /v1/) stays open, so probes and load balancers need no key.
+/health (and anything else outside those) stays open, so probes and load balancers need no key;
+the middleware marks whether such a request showed the key, and /health gives its detail only
+then (exposure.py).
 A refused request gets 401 and `WWW-Authenticate: Bearer`, with an OpenAI-style error body, or
 Anthropic's (authentication_error) on the /v1/messages routes.
 """
@@ -14,8 +17,9 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import ANTHROPIC_PREFIX, APIError
+from .exposure import AUTHORIZED
 
-PROTECTED_PREFIX = "/v1/"
+PROTECTED_PREFIXES = ("/v1/", "/metrics")
 MISSING = ("No API key provided. Send it in the Authorization header as Bearer auth: "
            "`Authorization: Bearer YOUR_KEY`, or as `x-api-key: YOUR_KEY` (the key the router was started with, "
            "--api-key / FERMIUM_API_KEY).")
@@ -44,10 +48,12 @@ class APIKeyMiddleware:
         self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIX):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
         token = _key(scope)
-        if token and hmac.compare_digest(token.encode(), self._key):
+        shown = bool(token) and hmac.compare_digest(token.encode(), self._key)
+        if shown or not scope["path"].startswith(PROTECTED_PREFIXES):
+            scope[AUTHORIZED] = shown
             return await self.app(scope, receive, send)
         err = APIError(401, MISSING if token is None else WRONG, code="invalid_api_key")
         anthropic = scope["path"].startswith(ANTHROPIC_PREFIX)

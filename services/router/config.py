@@ -44,10 +44,14 @@ class RouterConfig:
     mmproj: str | None = mmproj_setting()      # image parts are sized and expanded to image tokens here
     allow_image_urls: bool = setting(False, "Fetch http(s) image URLs of image_url parts; without it only data: "
                                             "URIs are read.")
+    parse_special_in_messages: bool = setting(False, "Read control-token strings (<|im_start|>, ...) in messages, "
+                                                     "tools and system text as control tokens, as before; without "
+                                                     "it only the chat template places them.")
     preserve_thinking: bool = setting(True, "Render earlier reasoning as generated, so each chat turn extends "
                                             "the last one's snapshot.")
     drain_timeout: float = setting(30.0, "Seconds in-flight requests get to finish after SIGTERM; new ones "
                                          "get 503 meanwhile.")
     metrics_port: int = metrics_port_setting()
+    metrics_host: str | None = setting(None, "Address /metrics listens on; default: --host.")
     log_level: str = log_level_setting()
     max_body_bytes: int = 8 << 20               # larger request bodies get 413; a 262k-token context as text is ~1 MB

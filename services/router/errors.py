@@ -5,6 +5,8 @@ Starlette's own errors (404 for an unknown path, 405 for a wrong method) go thro
 500 itself. Starlette's last-resort handler re-raises after answering, and uvicorn then
 closes the keep-alive connection; CatchAll does not, so the connection stays usable.
 On the Anthropic routes (/v1/messages...) the same errors take Anthropic's shape (`anthropic_body`).
+A server-side error's message (5xx) reaches the client without internal addresses or worker ids
+(exposure.py `public`); the logs keep them.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .exposure import public
 
 log = logging.getLogger("fermium.router")
 
@@ -30,6 +34,7 @@ RETRY_AFTER_S = 1
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None, headers: dict | None = None):
+        message = public(message) if status >= 500 else message
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers or {}

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from common.grammar import Vocab
+from common.model.template_tokens import TemplateTokens
 from common.sampling import SamplingParams
 
 from .copies import MAX_CHOICES
 from .errors import APIError, bad_request
+from .images import is_image_part
 from .messages import chat_messages
 from .sampling_args import INT64, sampling_params
 from .sampling_args import number as _num
@@ -172,23 +174,27 @@ def _template_kwargs(body: dict) -> dict:
 
 
 def chat_prompt(body: dict, plan: ToolPlan, render: Callable[[list[dict], dict], str],
-                prefill: str = "", read_image=None) -> tuple[str, bool]:
+                prefill: str = "", read_image=None,
+                template: TemplateTokens | None = None) -> tuple[str, bool]:
     """The rendered, steered prompt and whether the answer opens in a think block. `prefill` is the
     start of the answer written by the client, which the answer continues after any reasoning;
-    `read_image(part, where)` takes an image part's place (messages.py)."""
-    variables = dict(_template_kwargs(body))
+    `read_image(part, where)` takes an image part's place (messages.py); `template`: the client's
+    strings are escaped so that only the template places control tokens (template_tokens.py)."""
+    def escape(value):
+        return template.escape(value, is_image_part) if template is not None else value
+    variables = escape(dict(_template_kwargs(body)))
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in REASONING_EFFORTS:
         raise bad_request(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
     if effort == "none":                   # an explicit chat_template_kwargs.enable_thinking wins
         variables.setdefault("enable_thinking", False)
-    variables["tools"] = list(plan.tools) or None    # the request's, never a template kwarg's
+    variables["tools"] = escape(list(plan.tools)) or None    # the request's, never a template kwarg's
     try:
-        text = render(chat_messages(body, read_image), variables)
+        text = render(chat_messages({**body, "messages": escape(body.get("messages"))}, read_image), variables)
     except ValueError as e:                      # the chat template refused the conversation
         raise bad_request(str(e), "messages") from None
     if prefill:
-        text, _ = steer(text, prefill)
+        text, _ = steer(text, escape(prefill))
     return steer(text, plan.forced)
 
 
@@ -218,8 +224,10 @@ def _echo(body: dict, prompt_ids: list[int], decode: Callable[[list[int]], str] 
 def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, vocab: int,
              encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
              decode: Callable[[list[int]], str] | None = None, prefill: str = "", clamp: bool = False,
-             tokenizer: Vocab | None = None, vision: VisionInput | None = None) -> Job:
-    """`prefill`: the start of the answer the client wrote (chat_prompt); `clamp`: a max_tokens past
+             tokenizer: Vocab | None = None, vision: VisionInput | None = None,
+             template: TemplateTokens | None = None) -> Job:
+    """`template`: a chat prompt's client text is tokenized as text (None: `encode` parses it);
+    `prefill`: the start of the answer the client wrote (chat_prompt); `clamp`: a max_tokens past
     the context is cut to what is left, where the Anthropic API asks for it; `tokenizer`: what
     grammars are built on (structured.py); `vision`: the reader of image parts (None: refused)."""
     allowed = (CHAT_FIELDS if chat else COMPLETION_FIELDS) | EXTENSION_FIELDS
@@ -242,8 +250,8 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     if chat:
         plan = tool_plan(body)
         reads = ImageReads(vision)
-        text, reasoning = chat_prompt(body, plan, render, prefill, reads if vision is not None else None)
-        prompt_ids = encode(text)
+        text, reasoning = chat_prompt(body, plan, render, prefill, reads if vision is not None else None, template)
+        prompt_ids = template.encode(text) if template is not None else encode(text)
         if reads.read:
             prompt_ids, images = vision.expand(prompt_ids, reads.read)
     else:

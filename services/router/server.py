@@ -23,6 +23,7 @@ from common.metrics import RouterMetrics
 from common.model.chat_template import render_chat
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel
+from common.model.template_tokens import TemplateTokens
 from common.model.tokenizer import Tokenizer
 from common.state import wire_limits
 
@@ -31,6 +32,7 @@ from .api import API
 from .auth import api_key_middleware
 from .config import RouterConfig
 from .dispatch import Dispatcher, PrefixCache
+from .exposure import check_api_key, metrics_route
 from .generation import Generation
 from .prefix_cache import build_snapshot_cache
 from .shared_store import shared_cache
@@ -102,17 +104,20 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     api = API(generation, served=served, context=context,
               vocab=tokenizer.vocab_size, encode=tokenizer.encode, decode=tokenizer.decode,
               render=chat_renderer(template, cfg.preserve_thinking), health=health,
-              max_body=cfg.max_body_bytes, tokenizer=tokenizer, vision=_vision(cfg, model, tokenizer))
+              max_body=cfg.max_body_bytes, tokenizer=tokenizer, vision=_vision(cfg, model, tokenizer),
+              template=TemplateTokens(tokenizer, parse_special=cfg.parse_special_in_messages))
     warm(tokenizer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await dispatcher.start()
-        metrics.serve(cfg.metrics_port)
+        metrics.serve(cfg.metrics_port, cfg.metrics_host or cfg.host)
         yield
         await dispatcher.close()
 
-    return api.app(lifespan=lifespan, middleware=api_key_middleware(cfg.api_key)), dispatcher, api
+    app = api.app(lifespan=lifespan, middleware=api_key_middleware(cfg.api_key),
+                  extra=[metrics_route(metrics.registry)])
+    return app, dispatcher, api
 
 
 def _vision(cfg: RouterConfig, model: GGUFModel, tokenizer: Tokenizer) -> VisionInput | None:
@@ -167,6 +172,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(cfg: RouterConfig) -> None:
+    cfg = dataclasses.replace(cfg, api_key=check_api_key(cfg.api_key))
     app, _, api = _build(cfg, None)
     log.info("router: serving %s on http://%s:%d", cfg.model, cfg.host, cfg.port)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
