@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.model import gguf_file
 from common.model.gguf_file import GGUFModel
 from common.reference.model import ReferenceModel
 from native import cpu_lib
 from native.cpu_runner import CpuRunner
 from tests import kernel_calls
+from tests.test_kernels import LOWBIT_TYPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
@@ -40,7 +42,7 @@ def prompt(n: int = PROMPT, seed: int = 1) -> list[int]:
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     out = {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY)
-           for r in ("f32", "q8_0", "q4_0", "q4_k_m")}
+           for r in ("f32", "q8_0", "q4_0", "q4_k_m", "lower_bit")}
     out["next-f32"] = write_synthetic(root / "next-f32.gguf", layers=4, recipe="f32", widths=TINY, arch="qwen3next")
     out["next-q4_0"] = write_synthetic(root / "next-q4_0.gguf", layers=4, recipe="q4_0", widths=TINY, arch="qwen3next")
     return out
@@ -70,9 +72,17 @@ def test_float_files_match_reference_and_greedy_tokens(files, name):
     assert rel_err(got, ref).max() <= FLOAT_REL_TOL
 
 
+@pytest.fixture
+def lower_bit_reference(monkeypatch):
+    """The reference reads every weight type through gguf's dequantize; its list of the types a
+    file may hold gets the lower-bit ones the native kernels read."""
+    monkeypatch.setattr(gguf_file, "SUPPORTED_TYPES", gguf_file.SUPPORTED_TYPES | set(LOWBIT_TYPES))
+
+
 @pytest.mark.parametrize("isa", sorted({"ssse3", cpu_lib.active_isa()}))
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m"])
-def test_quantized_files_track_reference(files, name, isa):
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m", "lower_bit"])
+def test_quantized_files_track_reference(files, name, isa, lower_bit_reference):
+    """lower_bit: Q2_K, Q3_K, IQ4_XS, TQ2_0 and TQ1_0 by tensor and layer (the embedding Q3_K)."""
     model = GGUFModel(files[name])
     ref = ReferenceModel(model)
     expect = ref.prefill(prompt(), ref.new_state(), all_logits=True)

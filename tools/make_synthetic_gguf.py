@@ -61,6 +61,18 @@ def _q4_k_m(name: str, layer: int) -> T:
     return T.Q4_K
 
 
+def _lower_bit(name: str, layer: int) -> T:
+    """A mix as the 2- and 3-bit files make them, types varying by tensor and layer, with the
+    ternary types on the shared experts."""
+    if name == "output.weight":
+        return T.Q6_K
+    if name.endswith("_shexp.weight"):
+        return T.TQ1_0 if name.endswith("down_shexp.weight") else T.TQ2_0
+    if name.endswith("_exps.weight"):
+        return T.Q3_K if name.endswith("down_exps.weight") and layer % 2 == 0 else T.Q2_K
+    return (T.Q3_K, T.IQ4_XS)[layer % 2]
+
+
 def _uniform(qtype: T, head: T) -> Callable[[str, int], T]:
     return lambda name, layer: head if name == "output.weight" else qtype
 
@@ -69,6 +81,7 @@ RECIPES: dict[str, Callable[[str, int], T]] = {
     "q4_0": _uniform(T.Q4_0, T.Q6_K),      # llama.cpp keeps the LM head at Q6_K in Q4_0 files
     "q8_0": _uniform(T.Q8_0, T.Q8_0),
     "q4_k_m": _q4_k_m,
+    "lower_bit": _lower_bit,
     "f16": _uniform(T.F16, T.F16),
     "f32": _uniform(T.F32, T.F32),
 }

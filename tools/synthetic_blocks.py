@@ -50,6 +50,26 @@ def _q6_k(rng, rows, cols, std):
     return b
 
 
+def _scaled_bytes(qtype: T, spread: float, d_at: int, dmin_at: int | None = None, mean_q: float = 0.0):
+    """Random bytes of a type whose values are d times integers of standard deviation `spread`
+    (d at byte d_at), less dmin times a mean of mean_q (dmin at dmin_at)."""
+    def make(rng, rows, cols, std):
+        b = _bytes(rng, rows, cols, qtype)
+        b[:, d_at:d_at + 2] = _f16_field(rng, len(b), std / spread)
+        if dmin_at is not None:
+            b[:, dmin_at:dmin_at + 2] = _f16_field(rng, len(b), std / spread * mean_q)
+        return b
+    return make
+
+
+def _tq2_0(rng, rows, cols, std):
+    b = _bytes(rng, rows, cols, T.TQ2_0)
+    digits = rng.integers(0, 3, (len(b), 64, 4), dtype=np.uint8)   # ternary: 0..2, the value plus 1
+    b[:, :64] = (digits << np.array([0, 2, 4, 6], np.uint8)).sum(axis=2, dtype=np.uint8)
+    b[:, 64:66] = _f16_field(rng, len(b), std / 0.82)
+    return b
+
+
 def _float(dtype):
     def make(rng, rows, cols, std):
         return (rng.standard_normal((rows, cols), np.float32) * std).astype(dtype).view(np.uint8)
@@ -59,6 +79,12 @@ def _float(dtype):
 MAKERS: dict[T, Callable] = {
     T.Q4_0: _q4_0, T.Q8_0: _q8_0, T.Q4_K: _kquant(290.0, 7.5, T.Q4_K), T.Q5_K: _kquant(590.0, 15.5, T.Q5_K),
     T.Q6_K: _q6_k, T.F32: _float(np.float32), T.F16: _float(np.float16),
+    # Q2_K: scale (0..15) times q (0..3), std 12, less min (0..15) times dmin, its mean 11.25 at 1.5 d;
+    # Q3_K: (scale - 32) times (q - 4), std 43; IQ4_XS: (scale - 32) times the code book, std 1281;
+    # the ternary types: digits less 1, std 0.8
+    T.Q2_K: _scaled_bytes(T.Q2_K, 13.9, 80, 82, 1.5), T.Q3_K: _scaled_bytes(T.Q3_K, 43.4, 108),
+    T.IQ4_XS: _scaled_bytes(T.IQ4_XS, 1281.0, 0), T.TQ2_0: _tq2_0,
+    T.TQ1_0: _scaled_bytes(T.TQ1_0, 0.8, 52),
 }
 
 
