@@ -41,7 +41,7 @@ def prompt(n: int = PROMPT, seed: int = 1) -> list[int]:
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     out = {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY)
-           for r in ("f32", "q8_0", "q4_0", "q4_k_m")}
+           for r in ("f32", "q8_0", "q4_0", "q4_k_m", "lower_bit")}
     out["next-f32"] = write_synthetic(root / "next-f32.gguf", layers=4, recipe="f32", widths=TINY, arch="qwen3next")
     out["next-q4_0"] = write_synthetic(root / "next-q4_0.gguf", layers=4, recipe="q4_0", widths=TINY, arch="qwen3next")
     return out
@@ -72,8 +72,9 @@ def test_float_files_match_reference_and_greedy_tokens(files, name):
 
 
 @pytest.mark.parametrize("isa", sorted({"ssse3", cpu_lib.active_isa()}))
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m"])
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m", "lower_bit"])
 def test_quantized_files_track_reference(files, name, isa):
+    """lower_bit: Q2_K, Q3_K, IQ4_XS, TQ2_0 and TQ1_0 by tensor and layer (the embedding Q3_K)."""
     model = GGUFModel(files[name])
     ref = ReferenceModel(model)
     expect = ref.prefill(prompt(), ref.new_state(), all_logits=True)

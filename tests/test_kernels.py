@@ -28,7 +28,8 @@ FLOAT_RTOL = 1e-5
 IQ2_TYPES = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
 # the other blocks of 32 (q32_*.c): d (f16, MXFP4 an E8M0 exponent byte), the min of Q4_1 and Q5_1
 Q32_TYPES = [T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4]
-QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES]
+LOWBIT_TYPES = [T.Q2_K, T.Q3_K, T.IQ4_XS, T.TQ2_0, T.TQ1_0]
+QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, *LOWBIT_TYPES]
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 ISAS = cpu_lib.supported_isas()
 N = 1024
@@ -58,14 +59,18 @@ def random_rows(qtype: T, rows: int, n: int, rng, scale: tuple[float, float] = (
         blocks[:, 0:2] = f16(rng, len(blocks), *scale)   # d
         if qtype in (T.Q4_1, T.Q5_1):                     # the min, either sign
             blocks[:, 2:4] = f16(rng, len(blocks), -16 * scale[1], 16 * scale[1])
-    elif qtype in (T.Q4_K, T.Q5_K):
-        blocks[:, 0:2] = f16(rng, len(blocks), *scale)   # d
-        blocks[:, 2:4] = f16(rng, len(blocks), *scale)   # dmin
     elif qtype in IQ2_TYPES:                             # d first; any bytes after it are valid
         blocks[:, 0:2] = f16(rng, len(blocks), *scale)
     else:
-        blocks[:, 208:210] = f16(rng, len(blocks), *scale)
+        lo, hi = F16_FIELDS[qtype]
+        for at in range(lo, hi, 2):
+            blocks[:, at:at + 2] = f16(rng, len(blocks), *scale)
     return blocks.reshape(rows, -1)
+
+
+# the bytes of each super-block type's f16 scales (d, and dmin where there is one)
+F16_FIELDS = {T.Q4_K: (0, 4), T.Q5_K: (0, 4), T.Q6_K: (208, 210), T.Q2_K: (80, 84), T.Q3_K: (108, 110),
+              T.IQ4_XS: (0, 2), T.TQ2_0: (64, 66), T.TQ1_0: (52, 54)}
 
 
 def act_values(qtype: T, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -120,8 +125,9 @@ def test_subnormal_block_scales(isa, qtype, rng):
 def extreme_quants(qtype: T, byte: int = 0xFF) -> np.ndarray:
     """One row (1, row_bytes) of N values, every quant byte `byte` (0xFF: each quant at its
     largest; 0: at its smallest, the most negative for the offset and code-book types Q4_0,
-    Q5_0, Q6_K and IQ4_NL; MXFP4's code book takes 0x77 and 0xFF for them), block scales 1
-    (Q6_K's sub-block scales 127), mins 0."""
+    Q5_0, Q6_K, Q3_K, IQ4_NL, IQ4_XS and the ternary ones; MXFP4's code book takes 0x77 and 0xFF
+    for them), block scales 1, sub-block scales at their largest magnitude (Q6_K's 127, Q3_K's and
+    IQ4_XS's -32), mins 0."""
     block, nbytes = GGML_QUANT_SIZES[qtype]
     if qtype == T.MXFP4:
         byte = {0xFF: 0x77, 0x00: 0xFF}[byte]   # codes 7 (+12) and 15 (-12)
@@ -129,6 +135,13 @@ def extreme_quants(qtype: T, byte: int = 0xFF) -> np.ndarray:
     one = np.array([1.0], np.float16).view(np.uint8)
     if qtype == T.MXFP4:
         blocks[:, 0] = 128                            # 2^(128 - 128) times the doubled E2M1 values
+    elif qtype in LOWBIT_TYPES:
+        blocks[:, F16_FIELDS[qtype][0]:F16_FIELDS[qtype][1]] = 0   # dmin 0 (Q2_K)
+        blocks[:, F16_FIELDS[qtype][0]:F16_FIELDS[qtype][0] + 2] = one
+        sub_scales = {T.Q2_K: (slice(0, 16), 0x0F), T.Q3_K: (slice(96, 108), 0), T.IQ4_XS: (slice(2, 8), 0)}
+        if qtype in sub_scales:
+            at, value = sub_scales[qtype]
+            blocks[:, at] = value
     elif qtype == T.Q6_K:
         blocks[:, 192:208] = 127                      # int8 sub-block scales
         blocks[:, 208:210] = one
@@ -227,6 +240,46 @@ def test_subnormal_block_scales_in_the_pools_float_mode(isa, rng):
             assert np.all(np.abs(got - expect) <= SIBLING_RTOL * scale), qtype.name
 
 
+# the bytes of each lower-bit type's quants, and its sub-block scales: packed to all zero, and
+# to the largest magnitude (Q2_K: scale 15 and min 15; Q3_K and IQ4_XS: -32); the ternary
+# types have only d
+LOWBIT_QUANTS = {T.Q2_K: slice(16, 80), T.Q3_K: slice(0, 96), T.IQ4_XS: slice(8, 136), T.TQ2_0: slice(0, 64),
+                 T.TQ1_0: slice(0, 52)}
+LOWBIT_SCALES = {T.Q2_K: (slice(0, 16), [0x00], [0xFF]), T.Q3_K: (slice(96, 108), [0] * 8 + [0xAA] * 4, [0]),
+                 T.IQ4_XS: (slice(2, 8), [0xAA, 0xAA, 0, 0, 0, 0], [0]), T.TQ2_0: (slice(64, 66), [0], None),
+                 T.TQ1_0: (slice(52, 54), [0], None)}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", LOWBIT_TYPES, ids=lambda t: t.name)
+def test_lowbit_every_code_and_the_extreme_scales(isa, qtype, rng):
+    """Quant bytes through every value 0..255 (every 2-bit field, Q3_K's high bits, both IQ4_XS
+    nibbles, every TQ1_0 byte), in blocks whose scales are all zero, at their largest magnitude,
+    and random: the row dequantizer equals gguf's, every dot the generic one and the float one."""
+    w = random_rows(qtype, 4, N, rng).reshape(-1, GGML_QUANT_SIZES[qtype][1])   # (16 blocks, block bytes)
+    quants = w[:, LOWBIT_QUANTS[qtype]]
+    w[:, LOWBIT_QUANTS[qtype]] = (np.arange(quants.size) % 256).astype(np.uint8).reshape(quants.shape)
+    at, zero, largest = LOWBIT_SCALES[qtype]
+    w[0::4, at] = zero
+    if largest is not None:
+        w[1::4, at] = largest
+    w = w.reshape(4, -1)
+    wf = dequantize(w, qtype).astype(np.float64)
+    assert np.all(wf[:, :256] == 0) and np.any(wf[:, 256:512] != 0)
+    out = np.empty(N, np.float32)
+    for r in range(4):
+        row = np.ascontiguousarray(w[r])
+        cpu_lib.lib.fm_dequant_row(int(qtype), cpu_lib.ptr(row), cpu_lib.ptr(out, "float *"), N)
+        np.testing.assert_array_equal(out, wf[r].astype(np.float32))
+        for x in rng.standard_normal(N).astype(np.float32), np.full(N, -1.0, np.float32):
+            act = kernel_calls.quantize_act(qtype, x)
+            got, generic = (kernel_calls.vec_dot(i, qtype, w[r], act, N) for i in (isa, "generic"))
+            magnitude = float(np.abs(wf[r] * x).sum())
+            assert abs(got - generic) <= SIBLING_RTOL * magnitude, (isa, r, got, generic)
+            bound = float(np.abs(wf[r]) @ act_values(qtype, x)) * ROUNDING_SLACK + FLOAT_ATOL
+            assert abs(got - float(wf[r] @ x)) <= bound
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
 def test_float_dot_matches_float(isa, qtype, rng):
@@ -252,8 +305,8 @@ def test_dequant_row_matches_gguf(qtype, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, T.F32, T.F16, T.BF16],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, *LOWBIT_TYPES, T.F32, T.F16,
+                                   T.BF16], ids=lambda t: t.name)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
     """Batches run the batched kernels (in chunks of 4 activations) where the ISA has them."""

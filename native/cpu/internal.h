@@ -40,6 +40,7 @@ static inline uint64_t fm_stream_sum(const void *p, size_t bytes, int prefetch) 
 enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16, KIND_BF16, KIND_Q4_0X8, KIND_Q4_KX8, KIND_Q6_KP, KIND_Q4_0P, KIND_Q4_KP,
        KIND_IQ2_XXS, KIND_IQ2_XS, KIND_IQ2_S,
        KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_IQ4_NL, KIND_MXFP4,
+       KIND_Q2_K, KIND_Q3_K, KIND_IQ4_XS, KIND_TQ2_0, KIND_TQ1_0,
        KIND_COUNT };
 // ACT_A8_32P, ACT_A8_256P, ACT_A8_256K: the quants in Q4_0p, Q6_Kp and Q4_Kp order (quants.h)
 enum { ACT_A8_32, ACT_A8_32P, ACT_A8_256, ACT_A8_256P, ACT_A8_256K, ACT_F32 };

@@ -4,6 +4,7 @@
 #include <string.h>
 #include "internal.h"
 #include "q32.h"
+#include "lowbit.h"
 
 // lrintf as one cvtss2si (it sets no errno), and a max that the compiler can keep inline
 #pragma GCC optimize("no-math-errno")
@@ -188,6 +189,50 @@ static void deq_q6_K(const void *w, float *y, int n) {
     }
 }
 
+static void deq_q2_K(const void *w, float *y, int n) {
+    const block_q2_K *x = w;
+    for (int b = 0; b < n / QK_K; b++, y += QK_K) {
+        const float d = fm_half(x[b].d), dmin = fm_half(x[b].dmin);
+        for (int v = 0; v < QK_K; v++)
+            y[v] = d * (x[b].scales[v / 16] & 0xF) * fm_q2_bits(x[b].qs, v) - dmin * (x[b].scales[v / 16] >> 4);
+    }
+}
+
+static void deq_q3_K(const void *w, float *y, int n) {
+    const block_q3_K *x = w;
+    for (int b = 0; b < n / QK_K; b++, y += QK_K) {
+        int8_t sc[16];
+        fm_q3k_scales(x[b].scales, sc);
+        const float d = fm_half(x[b].d);
+        for (int v = 0; v < QK_K; v++)
+            y[v] = d * sc[v / 16] * (fm_q2_bits(x[b].qs, v) - (fm_q3_high(x[b].hmask, v) ? 0 : 4));
+    }
+}
+
+static void deq_iq4_xs(const void *w, float *y, int n) {
+    const block_iq4_xs *x = w;
+    for (int b = 0; b < n / QK_K; b++)
+        for (int ib = 0; ib < QK_K / 32; ib++, y += 32) {
+            const float dl = fm_half(x[b].d) * fm_iq4xs_scale(&x[b], ib);
+            for (int l = 0; l < 16; l++) {
+                y[l] = dl * fm_kvalues_iq4nl[x[b].qs[16 * ib + l] & 0xF];
+                y[l + 16] = dl * fm_kvalues_iq4nl[x[b].qs[16 * ib + l] >> 4];
+            }
+        }
+}
+
+static void deq_tq2_0(const void *w, float *y, int n) {
+    const block_tq2_0 *x = w;
+    for (int b = 0; b < n / QK_K; b++, y += QK_K)
+        for (int v = 0; v < QK_K; v++) y[v] = fm_half(x[b].d) * (fm_q2_bits(x[b].qs, v) - 1);
+}
+
+static void deq_tq1_0(const void *w, float *y, int n) {
+    const block_tq1_0 *x = w;
+    for (int b = 0; b < n / QK_K; b++, y += QK_K)
+        for (int v = 0; v < QK_K; v++) y[v] = fm_half(x[b].d) * (fm_tq1_digit(&x[b], v) - 1);
+}
+
 static void deq_f32(const void *w, float *y, int n) { memcpy(y, w, (size_t)n * sizeof(float)); }
 
 static void deq_f16(const void *w, float *y, int n) {
@@ -225,6 +270,8 @@ static const deq_fn DEQUANT[KIND_COUNT] = {
     [KIND_IQ2_XXS] = fm_deq_iq2_xxs, [KIND_IQ2_XS] = fm_deq_iq2_xs, [KIND_IQ2_S] = fm_deq_iq2_s,
     [KIND_Q4_1] = deq_q4_1, [KIND_Q5_0] = deq_q5_0, [KIND_Q5_1] = deq_q5_1, [KIND_IQ4_NL] = deq_iq4_nl,
     [KIND_MXFP4] = deq_mxfp4,
+    [KIND_Q2_K] = deq_q2_K, [KIND_Q3_K] = deq_q3_K, [KIND_IQ4_XS] = deq_iq4_xs, [KIND_TQ2_0] = deq_tq2_0,
+    [KIND_TQ1_0] = deq_tq1_0,
 };
 
 void fm_dequant_row(int type, const void *w, float *out, int n) { DEQUANT[fm_kind_of(type)](w, out, n); }

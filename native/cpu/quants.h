@@ -36,6 +36,14 @@ typedef struct { fm_f16 d; uint8_t qh[4]; uint8_t qs[QK32 / 2]; } block_q5_0;   
 typedef struct { fm_f16 d, m; uint8_t qh[4]; uint8_t qs[QK32 / 2]; } block_q5_1;        // 24 B
 typedef struct { fm_f16 d; uint8_t qs[QK32 / 2]; } block_iq4_nl;                        // 18 B
 typedef struct { uint8_t e; uint8_t qs[QK32 / 2]; } block_mxfp4;                        // 17 B
+// the lower-bit super-blocks (lowbit_*.c): Q2_K, Q3_K, IQ4_XS, TQ2_0, TQ1_0
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; fm_f16 d, dmin; } block_q2_K;   // 84 B
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; fm_f16 d; } block_q3_K;   // 110 B
+typedef struct { fm_f16 d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;   // 136 B
+typedef struct { uint8_t qs[QK_K / 4]; fm_f16 d; } block_tq2_0;              // 66 B
+typedef struct { uint8_t qs[(QK_K - 4 * QK_K / 64) / 5]; uint8_t qh[QK_K / 64]; fm_f16 d; } block_tq1_0;   // 54 B
+_Static_assert(sizeof(block_q2_K) == 84 && sizeof(block_q3_K) == 110 && sizeof(block_iq4_xs) == 136 &&
+               sizeof(block_tq2_0) == 66 && sizeof(block_tq1_0) == 54, "GGUF block sizes");
 
 // ---- activations, 8-bit with fp32 scales
 // For Q4_0/Q8_0, a row of nb blocks of 32 is stored as arrays, so SIMD code loads several
@@ -59,6 +67,7 @@ enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K =
        FM_Q6_K = 14, FM_BF16 = 30 };
 enum { FM_IQ2_XXS = 16, FM_IQ2_XS = 17, FM_IQ2_S = 22 };
 enum { FM_Q4_1 = 3, FM_Q5_0 = 6, FM_Q5_1 = 7, FM_IQ4_NL = 20, FM_MXFP4 = 39 };
+enum { FM_Q2_K = 10, FM_Q3_K = 11, FM_IQ4_XS = 23, FM_TQ1_0 = 34, FM_TQ2_0 = 35 };
 #define FM_Q4_0X8 258
 #define FM_Q4_KX8 268
 #define FM_Q6_KP 270
@@ -250,6 +259,16 @@ FM_DECLARE_DOTS(generic)
 FM_DECLARE_DOTS(ssse3)
 FM_DECLARE_DOTS(avx2)
 FM_DECLARE_DOTS(avx512)
+#define FM_DECLARE_LOWBIT_DOTS(isa) \
+    float fm_dot_q2_K_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_q3_K_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_iq4_xs_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_tq2_0_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_tq1_0_a8_##isa(int n, const void *w, const void *a);
+FM_DECLARE_LOWBIT_DOTS(generic)
+FM_DECLARE_LOWBIT_DOTS(ssse3)
+FM_DECLARE_LOWBIT_DOTS(avx2)
+FM_DECLARE_LOWBIT_DOTS(avx512)
 // one weight row . na <= FM_DOTN_MAX activation rows, results in out[0..na)
 #define FM_DOTN_MAX 4
 typedef void (*fm_vec_dot_n_fn)(int n, const void *w, const void *const *acts, int na, float *out);
@@ -284,6 +303,14 @@ void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int n
     void fm_dotn_mxfp4_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out);
 FM_DECLARE_DOTN_Q32(avx2)
 FM_DECLARE_DOTN_Q32(avx512)
+#define FM_DECLARE_LOWBIT_DOTN(isa) \
+    void fm_dotn_q2_K_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_q3_K_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_iq4_xs_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_tq2_0_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_tq1_0_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out);
+FM_DECLARE_LOWBIT_DOTN(avx2)
+FM_DECLARE_LOWBIT_DOTN(avx512)
 // nr (1..FM_DOTR_MAX) consecutive rows, row_bytes apart, . na (1..FM_DOTN_MAX) activation rows:
 // out[i * FM_DOTR_MAX + r]. Where an ISA has one for a row layout, the driver takes rows this
 // many at a time: they share each activation's loads and block sums. Two, as the streams of

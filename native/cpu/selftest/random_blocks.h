@@ -22,6 +22,9 @@ static void fill_blocks(int type, uint8_t *w, size_t bytes) {
         else if (type == FM_Q4_1 || type == FM_Q5_1) { memcpy(p, &h, 2); memcpy(p + 2, &h, 2); }
         else if (type == FM_MXFP4) *p = (uint8_t)(118 + next() % 4);   // E8M0: 2^(e - 128), about 2^-9
         else if (type == FM_Q4_K || type == FM_Q5_K) { memcpy(p, &h, 2); memcpy(p + 2, &h, 2); }
+        else if (type == FM_Q2_K) { memcpy(p + 80, &h, 2); memcpy(p + 82, &h, 2); }
+        else if (type == FM_Q3_K || type == FM_IQ4_XS || type == FM_TQ2_0 || type == FM_TQ1_0)   // d's byte
+            memcpy(p + (type == FM_Q3_K ? 108 : type == FM_TQ2_0 ? 64 : type == FM_TQ1_0 ? 52 : 0), &h, 2);
         else if (type == FM_F32) { float f = ((int)(next() % 2001) - 1000) / 1000.0f; memcpy(p, &f, 4); }
         else if (type == FM_F16) memcpy(p, &h, 2);
         else { uint16_t bf = 0x3C00 | (next() & 0x80FF); memcpy(p, &bf, 2); }

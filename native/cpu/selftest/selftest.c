@@ -23,9 +23,11 @@
 #define SIBLING_RTOL 1e-5   // same integer sums, different float accumulation order
 
 static const int TYPES[] = { FM_Q4_0, FM_Q8_0, FM_Q4_K, FM_Q5_K, FM_Q6_K, FM_F32, FM_F16, FM_BF16,
-                             FM_IQ2_XXS, FM_IQ2_XS, FM_IQ2_S, FM_Q4_1, FM_Q5_0, FM_Q5_1, FM_IQ4_NL, FM_MXFP4 };
+                             FM_IQ2_XXS, FM_IQ2_XS, FM_IQ2_S, FM_Q4_1, FM_Q5_0, FM_Q5_1, FM_IQ4_NL, FM_MXFP4,
+                             FM_Q2_K, FM_Q3_K, FM_IQ4_XS, FM_TQ2_0, FM_TQ1_0 };
 static const char *TYPE_NAMES[] = { "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16",
-                                    "IQ2_XXS", "IQ2_XS", "IQ2_S", "Q4_1", "Q5_0", "Q5_1", "IQ4NL", "MXFP4" };
+                                    "IQ2_XXS", "IQ2_XS", "IQ2_S", "Q4_1", "Q5_0", "Q5_1", "IQ4NL", "MXFP4",
+                                    "Q2_K", "Q3_K", "IQ4XS", "TQ2_0", "TQ1_0" };
 
 // the largest difference, relative to the dot, between the generic kernel of `ref_type` on rows
 // `ref_w` and ISA `isa`'s kernel of `type` on rows `w` (the same rows, maybe repacked)
