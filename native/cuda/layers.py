@@ -1,5 +1,6 @@
 """One layer of the model on the GPU: the Gated DeltaNet or gated-attention mixer, then the FFN:
-the MoE (below), or the dense FFN (dense_ffn.py), by the config's `ffn_kind`.
+the MoE (below), or the dense FFN (ffn.py, which holds both behind one interface), by the
+config's `ffn_kind`.
 
 `LayerRunner` owns no memory: it is handed the resident weights, the workspace (device
 addresses by phase and name), the state block and the streams. Everything is enqueued on the
@@ -17,8 +18,8 @@ import numpy as np
 
 from common.model.layers import EXPERT_ROLES
 
-from .dense_ffn import DenseFFN
 from .experts import ExpertSchedule
+from .ffn import ffn_for
 from .kernels import GEMM_BM
 from .phases import NULL_CLOCK, PhaseClock
 from .plan import EXPERT_TENSORS
@@ -53,7 +54,7 @@ class LayerRunner:
         self.host_work: list = []       # (event, call): host work done while the host would wait
         self.clock = PhaseClock(cuda, compute) if phases else NULL_CLOCK
         self.shared_fused = self._shared_tables()
-        self.ffn = FFNS[cfg.ffn_kind](self)
+        self.ffn = ffn_for(self)
 
     def _shared_tables(self) -> bool:
         """Each layer's shared gate and up addresses on the device, for one fused launch; False
@@ -286,21 +287,3 @@ class LayerRunner:
             self.dense((i, "sh_gate_inp"), xn, H, M["sg"], 1)
         return True
 
-
-class MoeFFN:
-    """LayerRunner's MoE behind the FFN interface that DenseFFN has."""
-
-    def __init__(self, runner: LayerRunner):
-        self.r = runner
-
-    def begin_call(self) -> None:
-        self.r.experts.pending.clear()
-
-    def prefetch(self, i: int, T: int) -> None:
-        self.r.experts.prefetch(i, T)
-
-    def run(self, i: int, start) -> None:
-        self.r.moe(i, start)
-
-
-FFNS = {"moe": MoeFFN, "dense": DenseFFN}      # by ModelConfig.ffn_kind

@@ -1,9 +1,11 @@
-"""The dense FFN of qwen35 on the GPU: x += down(silu(gate xn) * up xn) over a pass's T tokens.
+"""A layer's FFN on the GPU behind one interface (begin_call, prefetch at the layer's start, run
+after its post-attention norm), by the config's `ffn_kind`: the MoE (LayerRunner.moe, layers.py),
+or the dense FFN of qwen35, x += down(silu(gate xn) * up xn) over a pass's T tokens.
 
-Layers [0, plan.ffn_layers) read their FFN resident. Every other layer's streams into the next
-region of the slot ring (stream.py), issued as the layers before it start, at most `regions`
-layers ahead (a region is claimed only after the layer that held it released it), so that its
-copy runs under their work; the compute stream waits on it just before the layer's gate GEMM.
+A dense model's layers [0, plan.ffn_layers) read their FFN resident. Every other layer's streams
+into the next region of the slot ring (stream.py), issued as the layers before it start, at most
+`regions` layers ahead (a region is claimed only after the layer that held it released it), so
+that its copy runs under their work; the compute stream waits on it just before its gate GEMM.
 """
 from __future__ import annotations
 
@@ -55,3 +57,26 @@ class DenseFFN:
         if region is not None:
             r.st.release(region, s)
         r.tl.end(s, start)
+
+
+class MoeFFN:
+    """LayerRunner's MoE (its routing, expert schedule and GEMMs are in layers.py and experts.py)."""
+
+    def __init__(self, runner):
+        self.r = runner
+
+    def begin_call(self) -> None:
+        self.r.experts.pending.clear()
+
+    def prefetch(self, i: int, T: int) -> None:
+        self.r.experts.prefetch(i, T)
+
+    def run(self, i: int, start) -> None:
+        self.r.moe(i, start)
+
+
+FFNS = {"moe": MoeFFN, "dense": DenseFFN}      # by ModelConfig.ffn_kind
+
+
+def ffn_for(runner):
+    return FFNS[runner.cfg.ffn_kind](runner)
