@@ -60,3 +60,22 @@ def test_a_budget_without_room_for_one_ffn_is_refused_with_the_sizes():
     sizes = file_sizes(QWEN35_27B)
     with pytest.raises(VramBudgetError, match="slot for one layer's FFN"):
         make_plan(QWEN35_27B, sizes, budget=1 << 30, pass_tokens=512, max_context=1024)
+
+
+def test_every_budget_keeps_its_total_and_a_region_that_holds_what_streams():
+    """From the least budget that runs to one that holds everything: the plan fits, a region holds
+    a whole layer's FFN whenever anything streams, and more memory never streams more bytes (it may
+    keep fewer layers' FFNs, where it keeps the LM head instead)."""
+    sizes = file_sizes(QWEN35_27B)
+    least = make_plan(QWEN35_27B, sizes, budget=1 << 40, pass_tokens=512, max_context=1024)
+    fixed = least.dense_bytes + least.workspace_bytes + least.state_bytes + least.reserve_bytes
+    top = fixed + least.pinned_bytes + least.head_bytes
+    streamed = None
+    for budget in range(fixed + least.ffn_bytes, top + (1 << 28), 1 << 28):
+        plan = make_plan(QWEN35_27B, sizes, budget=budget, pass_tokens=512, max_context=1024)
+        assert plan.total_bytes <= budget
+        if plan.ffn_layers < QWEN35_27B.n_layers or not plan.head_resident:
+            assert plan.region_bytes >= plan.ffn_bytes
+        assert streamed is None or plan.streamed_bytes_per_pass <= streamed
+        streamed = plan.streamed_bytes_per_pass
+    assert plan.ffn_layers == QWEN35_27B.n_layers and plan.head_resident and streamed == 0

@@ -261,7 +261,8 @@ def _dense_ffns(cfg: ModelConfig, tensor_bytes: dict[str, int], regions: int) ->
     resident_upto = np.concatenate([[0], np.cumsum(per_layer)])   # bytes of layers [0, k)
 
     def fit(avail: int, head_resident: bool, head: int) -> dict:
-        if resident_upto[L] <= avail:                 # every layer's FFN resident
+        # every layer's FFN resident, and a streamed head a slot of at least one FFN's size to pass through
+        if resident_upto[L] + (0 if head_resident else ffn) <= avail:
             k, slot, n_regions = L, (0 if head_resident else min(avail - int(resident_upto[L]), head)), 1
         else:   # the most layers that leave a slot of up to FFN_REGIONS regions for the others
             k = 0
