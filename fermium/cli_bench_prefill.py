@@ -1,5 +1,5 @@
 """`fermium bench prefill`: the cuda prefill backend at the real 35B widths, on a synthetic model
-or, with --model, on a qwen35moe GGUF file with its experts staged as serving does."""
+or, with --model, on a qwen35moe or qwen35 GGUF file with its streamed weights staged as serving does."""
 from __future__ import annotations
 
 import sys
@@ -15,7 +15,7 @@ from fermium.cli_bench import bench_app
 def prefill_bench_command(
     budget: str = typer.Option("6GiB", help="VRAM budget, e.g. 6GiB."),
     prompt: List[int] = typer.Option([947, 4096], help="Prompt lengths to time (repeat the option)."),
-    model: Optional[Path] = typer.Option(None, help="A qwen35moe GGUF file; the synthetic model without it."),
+    model: Optional[Path] = typer.Option(None, help="A qwen35moe or qwen35 GGUF file; the synthetic model without it."),
     layers: Optional[int] = typer.Option(None, min=1, help="Layers of the synthetic model (40, the real depth)."),
     staging: str = typer.Option("auto", help="How streamed experts reach page-locked memory: auto, register, copy."),
     compare_staging: bool = typer.Option(False, help="With --model: time staging by copy and by register too."),

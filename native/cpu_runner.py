@@ -39,6 +39,7 @@ PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "
           "mixer prep", "MoE prep/sum")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
 PROGRESS_BYTES = 2 << 30   # files this large report mapping progress
+FFN_CODE = {"moe": 0, "dense": 1}   # ModelConfig.ffn_kind -> fm_model.ffn_kind (engine.c's FFNS)
 REPACK_ENV = "FERMIUM_REPACK"   # "0": decode from the GGUF layout, no repack cache
 
 log = logging.getLogger("fermium.decode")
@@ -135,6 +136,7 @@ class CpuRunner(SpeculativeMethods):
         m.v_tiled = int(cfg.v_head_layout == "tiled")
         m.n_experts, m.n_experts_used = cfg.n_experts, cfg.n_experts_used
         m.expert_ffn, m.shared_ffn = cfg.expert_ffn, cfg.shared_ffn
+        m.ffn_kind, m.dense_ffn = FFN_CODE[cfg.ffn_kind], cfg.dense_ffn
         m.kv_type = KV_CODE[self.kv_type]
         m.embd = self._weight(bound.globals["embd"])
         m.output = self._weight(bound.globals["head"])

@@ -34,9 +34,10 @@ def tiny_config(kind: str, layers: int = 8):
     import transformers as tf
     common = dict(vocab_size=320, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
-                  linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
-                  shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
-                  initializer_range=0.08, rms_norm_eps=1e-6)
+                  linear_num_key_heads=2, linear_num_value_heads=4, initializer_range=0.08, rms_norm_eps=1e-6)
+    if kind == "qwen3_5_text":      # the dense sibling: one SwiGLU FFN per layer
+        return tf.Qwen3_5TextConfig(**common, intermediate_size=96), tf.Qwen3_5ForCausalLM
+    common.update(moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2)
     if kind == "qwen3_5_moe_text":
         return tf.Qwen3_5MoeTextConfig(**common), tf.Qwen3_5MoeForCausalLM
     if kind == "qwen3_next":
@@ -64,7 +65,7 @@ def build_tiny_checkpoint(kind: str, out_dir: Path, seed: int = 0, bland: bool =
     return model
 
 
-@pytest.fixture(scope="session", params=["qwen3_5_moe_text", "qwen3_next"])
+@pytest.fixture(scope="session", params=["qwen3_5_moe_text", "qwen3_next", "qwen3_5_text"])
 def tiny_model(request, tmp_path_factory):
     """(transformers model, f32 GGUF path, checkpoint dir) for each architecture."""
     pytest.importorskip("torch")

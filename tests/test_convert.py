@@ -27,7 +27,8 @@ Q8_0_REL_RMS = 0.01         # 8-bit blocks of 32: about 0.4% of the signal RMS o
 Q4_0_REL_RMS = 0.12         # 4-bit blocks of 32: about 9%
 Q4_K_M_REL_RMS = 0.10       # mostly Q4_K (about 7%), some Q5_K/Q6_K/Q8_0
 
-KINDS = ["qwen3_5_moe_text", "qwen3_next"]
+KINDS = ["qwen3_5_moe_text", "qwen3_next", "qwen3_5_text"]
+TILED = ("qwen3_5_moe_text", "qwen3_5_text")      # V heads reordered to tiled, in_proj_qkv + in_proj_z
 
 
 def _config(kind: str, hidden: int = HIDDEN, layers: int = LAYERS, ffn: int = 32,
@@ -35,9 +36,11 @@ def _config(kind: str, hidden: int = HIDDEN, layers: int = LAYERS, ffn: int = 32
     common = dict(vocab_size=300, hidden_size=hidden, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   linear_conv_kernel_dim=4, linear_key_head_dim=DK, linear_value_head_dim=DV,
-                  linear_num_key_heads=NK, linear_num_value_heads=NV, moe_intermediate_size=ffn,
-                  shared_expert_intermediate_size=ffn, num_experts=experts, num_experts_per_tok=2,
-                  eos_token_id=282)
+                  linear_num_key_heads=NK, linear_num_value_heads=NV, eos_token_id=282)
+    if kind == "qwen3_5_text":
+        return transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**common, intermediate_size=3 * ffn))
+    common.update(moe_intermediate_size=ffn, shared_expert_intermediate_size=ffn, num_experts=experts,
+                  num_experts_per_tok=2)
     if kind == "qwen3_5_moe_text":
         return transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(**common))
     return transformers.Qwen3NextForCausalLM(
@@ -98,7 +101,7 @@ def tiled_rows(nk: int, nv: int, head_dim: int) -> np.ndarray:
 
 
 def expected_tensors(kind: str, hf: dict) -> dict[str, np.ndarray]:
-    tiled = kind == "qwen3_5_moe_text"
+    tiled = kind in TILED
     vrows = tiled_rows(NK, NV, DV) if tiled else np.arange(NV * DV)
     vheads = tiled_rows(NK, NV, 1) if tiled else np.arange(NV)
     qk = 2 * NK * DK
@@ -107,7 +110,7 @@ def expected_tensors(kind: str, hf: dict) -> dict[str, np.ndarray]:
            "output.weight": hf["lm_head.weight"]}
     for i in range(LAYERS):
         p, b = f"model.layers.{i}.", f"blk.{i}."
-        _expected_moe_layer(hf, p, b, exp)
+        _expected_ffn_layer(hf, p, b, exp)
         if (i + 1) % 4 == 0:
             _expected_attention(hf, p, b, exp)
             continue
@@ -139,9 +142,13 @@ def expected_tensors(kind: str, hf: dict) -> dict[str, np.ndarray]:
     return exp
 
 
-def _expected_moe_layer(hf: dict, p: str, b: str, exp: dict) -> None:
+def _expected_ffn_layer(hf: dict, p: str, b: str, exp: dict) -> None:
     exp[b + "attn_norm.weight"] = hf[p + "input_layernorm.weight"] + 1
     exp[b + "post_attention_norm.weight"] = hf[p + "post_attention_layernorm.weight"] + 1
+    if p + "mlp.gate_proj.weight" in hf:       # the dense FFN
+        for proj in ("gate", "up", "down"):
+            exp[b + f"ffn_{proj}.weight"] = hf[p + f"mlp.{proj}_proj.weight"]
+        return
     for proj in ("gate", "up", "down"):
         exp[b + f"ffn_{proj}_exps.weight"] = np.stack(
             [hf[p + f"mlp.experts.{e}.{proj}_proj.weight"] for e in range(EXPERTS)])
@@ -165,7 +172,7 @@ def expected_mtp(mtp: dict) -> dict[str, np.ndarray]:
            b + "nextn.enorm.weight": mtp["mtp.pre_fc_norm_embedding.weight"] + 1,
            b + "nextn.hnorm.weight": mtp["mtp.pre_fc_norm_hidden.weight"] + 1,
            b + "nextn.shared_head_norm.weight": mtp["mtp.norm.weight"] + 1}
-    _expected_moe_layer(mtp, "mtp.layers.0.", b, exp)
+    _expected_ffn_layer(mtp, "mtp.layers.0.", b, exp)
     _expected_attention(mtp, "mtp.layers.0.", b, exp)
     return exp
 
@@ -218,16 +225,22 @@ def test_f32_tensors_map_back_to_hf(converted, kind):
 def test_config_values(converted, kind):
     _, _, model = converted[kind]
     cfg = model.config
-    assert cfg.arch == {"qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}[kind]
+    assert cfg.arch == {"qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next", "qwen3_5_text": "qwen35"}[kind]
     assert (cfg.n_layers, cfg.hidden_size, cfg.vocab_size) == (LAYERS, HIDDEN, 300)
     assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim) == (4, 2, 16, 4)
     assert (cfg.n_k_heads, cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim) == (NK, NV, DK, DV)
-    assert (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn, cfg.shared_ffn) == (8, 2, 32, 32)
+    if kind == "qwen3_5_text":                # llama.cpp's dense keys: feed_forward_length, no expert_*
+        assert (cfg.ffn_kind, cfg.dense_ffn, cfg.n_experts) == ("dense", 96, 0)
+        assert model.get("qwen35.feed_forward_length") == 96
+        assert not any(k.startswith("qwen35.expert") for k in model.fields)
+    else:
+        assert (cfg.ffn_kind, cfg.dense_ffn) == ("moe", 0)
+        assert (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn, cfg.shared_ffn) == (8, 2, 32, 32)
     assert cfg.full_layers == [3] and cfg.conv_kernel == 4 and cfg.rms_eps == pytest.approx(1e-6)
     a = cfg.arch
     assert model.get(f"{a}.attention.recurrent_layers") == [True, True, True, False]
-    if a == "qwen35moe":
-        assert model.get("qwen35moe.rope.dimension_sections") == [11, 11, 10, 0]
+    if a in ("qwen35moe", "qwen35"):
+        assert model.get(f"{a}.rope.dimension_sections") == [11, 11, 10, 0]
         assert model.get("tokenizer.ggml.pre") == "qwen35"
     else:
         assert model.get("qwen3next.feed_forward_length") == 64

@@ -40,7 +40,7 @@ from conversion import base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
 runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
 """
-PRE = {"qwen3_5_moe_text": "qwen35", "qwen3_next": "qwen2"}
+PRE = {"qwen3_5_moe_text": "qwen35", "qwen3_next": "qwen2", "qwen3_5_text": "qwen35"}
 
 
 def llama_cpp_convert(src: Path, out: Path, kind: str, out_type: str, mtp: bool = False) -> None:

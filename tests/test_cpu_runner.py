@@ -43,6 +43,8 @@ def files(tmp_path_factory):
            for r in ("f32", "q8_0", "q4_0", "q4_k_m", *MIXED)}
     out["next-f32"] = write_synthetic(root / "next-f32.gguf", layers=4, recipe="f32", widths=TINY, arch="qwen3next")
     out["next-q4_0"] = write_synthetic(root / "next-q4_0.gguf", layers=4, recipe="q4_0", widths=TINY, arch="qwen3next")
+    for r in ("f32", "q4_k_m"):                 # the dense sibling
+        out[f"dense-{r}"] = write_synthetic(root / f"dense-{r}.gguf", layers=4, recipe=r, widths=TINY, arch="qwen35")
     return out
 
 
@@ -61,7 +63,7 @@ def greedy(runner, ids: list[int], steps: int) -> tuple[list[int], np.ndarray]:
     return tokens, np.concatenate(rows)
 
 
-@pytest.mark.parametrize("name", ["f32", "next-f32"])
+@pytest.mark.parametrize("name", ["f32", "next-f32", "dense-f32"])
 def test_float_files_match_reference_and_greedy_tokens(files, name):
     model = GGUFModel(files[name])
     ref_tokens, ref = greedy(ReferenceModel(model), prompt(), STEPS)
@@ -79,7 +81,7 @@ MIXED = {
 
 
 @pytest.mark.parametrize("isa", sorted({"ssse3", cpu_lib.active_isa()}))
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m", *MIXED])
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m", "dense-q4_k_m", *MIXED])
 def test_quantized_files_track_reference(files, name, isa):
     """The prompt's logits, then one decode step of the reference's next token."""
     model = GGUFModel(files[name])
@@ -100,8 +102,9 @@ def test_quantized_files_track_reference(files, name, isa):
     assert (got.argmax(-1) == expect.argmax(-1)).mean() >= QUANT_MIN_ARGMAX_AGREEMENT
 
 
-def test_batched_decode_equals_one_at_a_time(files):
-    model = GGUFModel(files["q4_k_m"])
+@pytest.mark.parametrize("name", ["q4_k_m", "dense-q4_k_m"])
+def test_batched_decode_equals_one_at_a_time(files, name):
+    model = GGUFModel(files[name])
     eng = CpuRunner(model, threads=2)
     states = [eng.new_state() for _ in range(3)]
     for s, n in zip(states, (5, 11, 0)):       # three different positions
@@ -136,7 +139,7 @@ def test_continues_a_reference_prefill_through_kv_growth(files):
         assert x.shape == y.shape and np.abs(x - y).max() <= 1e-4
 
 
-@pytest.mark.parametrize("name", ["q4_0", "q4_k_m", "next-f32"])
+@pytest.mark.parametrize("name", ["q4_0", "q4_k_m", "next-f32", "dense-q4_k_m"])
 def test_chunked_prefill_equals_token_by_token(files, name):
     """A prompt through fm_prefill in chunks (each weight read once per chunk, the recurrences
     token by token) gives the logits and state of decoding it one token at a time: chunk

@@ -29,7 +29,7 @@ STATE_ATOL = 1e-3
 KV_ROUNDING_ATOL = {"f32": LOGITS_ATOL, "f16": 4e-3, "q8_0": 2e-2}
 
 
-@pytest.fixture(scope="module", params=["qwen35moe", "qwen3next"])
+@pytest.fixture(scope="module", params=["qwen35moe", "qwen3next", "qwen35"])
 def model(request, tmp_path_factory):
     path = build(tmp_path_factory.mktemp("tiny") / f"{request.param}.gguf", TinySpec(arch=request.param))
     return GGUFModel(path)
@@ -42,15 +42,21 @@ def emulated(monkeypatch):
 
 
 def budget_for(model, share: float, pass_tokens: int) -> int:
-    """A budget that leaves `share` of the experts resident (0: all streamed, head too)."""
+    """A budget that leaves `share` of the experts (of a dense model: of the layers' FFNs) resident
+    (0: all streamed, head too)."""
     cfg = model.config
     sizes = {n: t.nbytes for n, t in model.tensors.items()}
     big = make_plan(cfg, sizes, budget=1 << 40, pass_tokens=pass_tokens, max_context=512)
     fixed = (big.dense_bytes + big.workspace_bytes + big.state_bytes + big.reserve_bytes)
-    experts = big.pinned_bytes
     if share == 0:
-        return fixed + 8 * big.expert_bytes + 1024
-    return fixed + big.head_bytes + int(share * experts) + cfg.n_experts * big.expert_bytes
+        return fixed + big.least_slot_bytes + 1024
+    slot = cfg.n_experts * big.expert_bytes + big.ffn_bytes       # a layer's experts streaming, or one FFN
+    return fixed + big.head_bytes + int(share * big.pinned_bytes) + slot
+
+
+def resident(plan, cfg) -> tuple[int, int]:
+    """(resident, of all): the experts per layer, or a dense model's layer FFNs."""
+    return (plan.ffn_layers, cfg.n_layers) if plan.ffn_bytes else (plan.pinned_experts, plan.n_experts)
 
 
 _REFERENCE: dict = {}
@@ -87,12 +93,13 @@ def matches_reference(model, share, pass_tokens):
     budget = budget_for(model, share, pass_tokens)
     out, rs, cs, backend = run_both(model, tokens, vram_budget=budget, pass_tokens=pass_tokens)
     plan = backend.plan
+    kept, units = resident(plan, model.config)
     if share == 1.0:
-        assert plan.pinned_experts == plan.n_experts and plan.head_resident
+        assert kept == units and plan.head_resident
     elif share == 0.0:
-        assert plan.pinned_experts == 0 and not plan.head_resident
+        assert kept == 0 and not plan.head_resident
     else:
-        assert 0 < plan.pinned_experts < plan.n_experts
+        assert 0 < kept < units
     for want, got in out:
         np.testing.assert_allclose(got, want, atol=LOGITS_ATOL)
     assert cs.pos == rs.pos == len(tokens)
@@ -143,6 +150,18 @@ def test_streamed_bytes_follow_each_type(tmp_path, emulated):
     assert e2 * 144 == e4 * 66
     assert {b * 144 for b in eb2} == {b * 66 for b in eb4}
     assert h4 > 0 and h2 * 144 == h4 * 66
+@pytest.mark.parametrize("share", [1.0, 0.0])
+def test_a_dense_model_with_two_attention_layers_matches_reference(tmp_path_factory, emulated, share):
+    """Their new KV rows share one read-back scratch, which no routing wait guards in a dense model:
+    the first layer's rows must be encoded before the second's land there; its FFNs stream or not."""
+    model = GGUFModel(build(tmp_path_factory.mktemp("dense8") / "qwen35.gguf", TinySpec(arch="qwen35", layers=8)))
+    tokens = list(np.random.default_rng(2).integers(0, model.config.vocab_size, 90))
+    out, rs, cs, backend = run_both(model, tokens, vram_budget=budget_for(model, share, 256), pass_tokens=256)
+    assert len(model.config.full_layers) == 2 and resident(backend.plan, model.config)[0] == (8 if share else 0)
+    for want, got in out:
+        np.testing.assert_allclose(got, want, atol=LOGITS_ATOL)
+    for a, b in zip(cs.arrays(), rs.arrays()):
+        np.testing.assert_allclose(a, b, atol=STATE_ATOL)
 
 
 def test_budget_too_small_is_explained(model, emulated):

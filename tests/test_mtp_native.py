@@ -34,8 +34,12 @@ RUNS = ([1, 2, 3, 4], [4, 1, 3, 2])   # rows per sequence, mixed in one batch
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("mtp")
-    return {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY, mtp=True)
-            for r in ("f32", "q4_k_m", "q8_0")}
+    out = {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY, mtp=True)
+           for r in ("f32", "q4_k_m", "q8_0")}
+    for r in ("f32", "q4_k_m"):        # the dense sibling: its MTP block's FFN is dense too
+        out[f"dense-{r}"] = write_synthetic(root / f"dense-{r}.gguf", layers=4, recipe=r, widths=TINY, mtp=True,
+                                            arch="qwen35")
+    return out
 
 
 def ids(n: int, seed: int, vocab: int = TINY.vocab) -> list[int]:
@@ -112,7 +116,7 @@ def test_verify_at_a_long_context_equals_sequential_decode(files, threads, conte
         assert_arrays_close(s.arrays(), a[-1].arrays())
 
 
-@pytest.mark.parametrize("name", ["f32", "q4_k_m"])
+@pytest.mark.parametrize("name", ["f32", "q4_k_m", "dense-f32", "dense-q4_k_m"])
 def test_verify_matches_reference_logits_and_hidden(files, name):
     model = GGUFModel(files[name])
     ref, eng = ReferenceModel(model), CpuRunner(model, threads=2)
@@ -122,7 +126,7 @@ def test_verify_matches_reference_logits_and_hidden(files, name):
     want = ref.verify(tokens, ref_states, [ref.new_rollback(3) for _ in tokens])
     for g, w in zip(got, want):   # logits, then the hidden after output_norm
         err = np.abs(g - w).max(axis=-1) / np.abs(w).max()
-        if name == "f32":
+        if name.endswith("f32"):
             assert err.max() <= FLOAT_REL_TOL
         else:
             assert np.median(err) <= QUANT_MEDIAN_REL_TOL and err.max() <= QUANT_MAX_REL_TOL
@@ -190,8 +194,9 @@ def draft_against_reference(eng, ref, seed: int = 0):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kv_type", KV_TYPES)
-def test_draft_matches_reference(files, isa, kv_type):
-    model = GGUFModel(files["f32"])
+@pytest.mark.parametrize("name", ["f32", "dense-f32"])
+def test_draft_matches_reference(files, isa, kv_type, name):
+    model = GGUFModel(files[name])
     with kernel_calls.isa_restored():
         eng = CpuRunner(model, threads=2, isa=isa, kv_type=kv_type)
         steps, dn, dr = draft_against_reference(eng, ReferenceModel(model, kv_type=kv_type))
@@ -206,7 +211,7 @@ def test_draft_matches_reference(files, isa, kv_type):
             assert max_rel(kv_decode(a[:n.pos], kv_type), kv_decode(b[:r.pos], kv_type)) <= FLOAT_REL_TOL
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_k_m"])
+@pytest.mark.parametrize("name", ["q8_0", "q4_k_m", "dense-q4_k_m"])
 def test_quantized_draft_tracks_reference(files, name):
     model = GGUFModel(files[name])
     steps, _, _ = draft_against_reference(CpuRunner(model, threads=2), ReferenceModel(model))

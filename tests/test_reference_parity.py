@@ -1,4 +1,5 @@
-"""The reference model against transformers on tiny random models of both architectures."""
+"""The reference model against transformers on tiny random models of each architecture (the MoE
+qwen35moe, qwen3next, and the dense qwen35)."""
 from __future__ import annotations
 
 import numpy as np
@@ -46,6 +47,21 @@ def test_logits_and_greedy_tokens_match_transformers(tiny_model):
     bound = LOGIT_REL_TOL * np.abs(ref).max(axis=-1)
     worst = (np.abs(ours - ref).max(axis=-1) / bound).max()
     assert worst <= 1.0, f"logit error {worst:.2f}x the tolerance"
+
+
+def test_hidden_states_match_transformers(tiny_model):
+    """The trunk's output after the final norm, before the LM head, for every prompt position."""
+    import torch
+    hf, gguf_path, _ = tiny_model
+    reference = ReferenceModel(GGUFModel(gguf_path))
+    ids = prompt_ids(reference.cfg.vocab_size, 60, seed=6)
+    ours = reference.hidden(ids, reference.new_state(), recurrent=False)
+    with torch.no_grad():
+        ref = hf.model(torch.tensor([ids])).last_hidden_state[0].numpy()
+    assert ours.shape == ref.shape
+    bound = LOGIT_REL_TOL * np.abs(ref).max(axis=-1)
+    worst = (np.abs(ours - ref).max(axis=-1) / bound).max()
+    assert worst <= 1.0, f"hidden-state error {worst:.2f}x the tolerance"
 
 
 def test_chunked_and_recurrent_agree(tiny_model):

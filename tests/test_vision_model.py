@@ -1,5 +1,6 @@
 """The reference vision encoder and the reference text model with images, against transformers'
-Qwen3_5MoeForConditionalGeneration on a tiny random model: images of 64x96 and 200x120 plus text."""
+Qwen3_5MoeForConditionalGeneration and the dense Qwen3_5ForConditionalGeneration on tiny random
+models: images of 64x96 and 200x120 plus text."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,9 +29,9 @@ LOGIT_REL_TOL = 1e-4
 MATTERS = 100 * LOGIT_REL_TOL
 
 
-@pytest.fixture(scope="module")
-def vl(tmp_path_factory):
-    tiny = TinyVL(tmp_path_factory.mktemp("vl"))
+@pytest.fixture(scope="module", params=["moe", "dense"])
+def vl(tmp_path_factory, request):
+    tiny = TinyVL(tmp_path_factory.mktemp("vl"), dense=request.param == "dense")
     mmproj = MmprojFile(tiny.mmproj_path)
     return tiny, VisionEncoder(mmproj), ReferenceModel(GGUFModel(tiny.text_path))
 

@@ -1,4 +1,5 @@
-"""Tiny random Qwen3_5MoeForConditionalGeneration checkpoints with a vision tower, and synthetic images.
+"""Tiny random Qwen3_5MoeForConditionalGeneration checkpoints with a vision tower (or, with `dense`,
+Qwen3_5ForConditionalGeneration: the same tower beside the dense text model), and synthetic images.
 
 The vision tower keeps the real patch (16), temporal patch (2) and merge (2), so that images are real
 pixels; its widths and depth are tiny. The text model's rotary part is 16 dims wide (8 frequencies),
@@ -23,30 +24,33 @@ PREPROCESSOR = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "pat
 MIN_PIXELS, MAX_PIXELS = 8 * 32 * 32, 4096 * 32 * 32
 
 
-def tiny_vl_config(layers: int = 4):
+def tiny_vl_config(layers: int = 4, dense: bool = False):
     import transformers as tf
+    ffn = dict(intermediate_size=96) if dense else dict(
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
     text = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16,
-                linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=8,
-                num_experts_per_tok=2, rms_norm_eps=1e-6, max_position_embeddings=4096, initializer_range=0.08,
+                linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, **ffn,
+                rms_norm_eps=1e-6, max_position_embeddings=4096, initializer_range=0.08,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                  "mrope_section": MROPE_SECTION, "mrope_interleaved": True})
     vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=16,
                   temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=HIDDEN,
                   num_position_embeddings=36, hidden_act="gelu_pytorch_tanh")
-    return tf.Qwen3_5MoeConfig(text_config=text, vision_config=vision, image_token_id=IMAGE_PAD,
+    return (tf.Qwen3_5Config if dense else tf.Qwen3_5MoeConfig)(
+                               text_config=text, vision_config=vision, image_token_id=IMAGE_PAD,
                                video_token_id=VIDEO_PAD, vision_start_token_id=VISION_START,
                                vision_end_token_id=VISION_END)
 
 
-def build_tiny_vl_checkpoint(out_dir: Path, seed: int = 0):
+def build_tiny_vl_checkpoint(out_dir: Path, seed: int = 0, dense: bool = False):
     """Saves the checkpoint (with preprocessor_config.json, which llama.cpp's converter reads the
     image mean and std from) and returns the transformers model, in eval mode."""
     import torch
     import transformers as tf
     torch.manual_seed(seed)
-    model = tf.Qwen3_5MoeForConditionalGeneration(tiny_vl_config()).eval()
+    cls = tf.Qwen3_5ForConditionalGeneration if dense else tf.Qwen3_5MoeForConditionalGeneration
+    model = cls(tiny_vl_config(dense=dense)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "visual" in name:
@@ -90,12 +94,12 @@ def hf_image_processor():
 class TinyVL:
     """A tiny checkpoint converted once: the transformers model, the f32 text GGUF, the f32 mmproj."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, dense: bool = False):
         from common.model.convert import convert
         from common.model.convert.mmproj import convert_mmproj
         self.root = root
         self.hf_dir = root / "hf"
-        self.model = build_tiny_vl_checkpoint(self.hf_dir)
+        self.model = build_tiny_vl_checkpoint(self.hf_dir, dense=dense)
         self.text_path, self.mmproj_path = root / "text-f32.gguf", root / "mmproj-f32.gguf"
         convert(self.hf_dir, self.text_path, "f32", progress=False)
         convert_mmproj(self.hf_dir, self.mmproj_path, "f32", progress=False)

@@ -2,7 +2,7 @@
 
 Without --model, the model has all 40 layers at the real Qwen3.6-35B-A3B widths in Q4_K
 (tools/cuda_bench_synthetic.py), built straight in page-locked host memory. With --model, the
-backend runs that qwen35moe file as serving does: the file mapped, its streamed experts staged
+backend runs that qwen35moe (or qwen35) file as serving does: the file mapped, its streamed experts staged
 into page-locked host memory (`--staging auto|register|copy`, native/cuda/staging.py), whose
 cost is reported; --compare-staging stages them again both ways and gives the ratio. Prompts
 are random token ids below the vocabulary, from a fixed seed. It reports, per prompt length:
@@ -100,7 +100,8 @@ def main(argv=None) -> int:
     else:
         cfg = model.config
         print(f"model {model.path}: {model.nbytes / 2**30:.2f} GiB, {cfg.n_layers} layers, "
-              f"{cfg.n_experts} experts of {cfg.expert_ffn}, vocabulary {cfg.vocab_size}")
+              + (f"{cfg.n_experts} experts of {cfg.expert_ffn}" if cfg.n_experts else f"a dense FFN of {cfg.dense_ffn}")
+              + f", vocabulary {cfg.vocab_size}")
 
     longest = max(args.prompts)
     t = time.perf_counter()

@@ -23,8 +23,10 @@ def prefill_flops(cfg: ModelConfig, T: int) -> float:
     nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     lin = H * (cfg.conv_channels + 2 * nv * dv + 2 * nv)          # qkv, gate z, alpha, beta, out
     full = H * (nh * 2 * hd + 2 * nkv * hd) + nh * hd * H
-    moe = H * E + 3 * H * cfg.expert_ffn * k + 3 * H * cfg.shared_ffn + H
-    gemm = 2 * T * (len(cfg.linear_layers) * lin + len(cfg.full_layers) * full + cfg.n_layers * moe)
+    # the MoE (router, routed and shared experts, the shared gate), or the dense FFN: the other terms are 0
+    ffn = (H * E + 3 * H * cfg.expert_ffn * k + 3 * H * cfg.shared_ffn + (H if cfg.has_shared_expert else 0)
+           + 3 * H * cfg.dense_ffn)
+    gemm = 2 * T * (len(cfg.linear_layers) * lin + len(cfg.full_layers) * full + cfg.n_layers * ffn)
     attn = len(cfg.full_layers) * nh * 2 * hd * 2 * (T * (T + 1) / 2)
     c = 64                                                          # chunked delta rule per token and head
     scan = len(cfg.linear_layers) * T * nv * 2 * (c * (dk + dk + dv + dk) + 3 * dk * dv + c * dv)

@@ -1,4 +1,5 @@
-"""Write a random-weight GGUF of the qwen35moe architecture, for decode benchmarks and tests.
+"""Write a random-weight GGUF of the qwen35moe architecture (or qwen3next, or the dense qwen35), for
+decode benchmarks and tests.
 
 Weights are random bytes in valid blocks with scales chosen so each matrix has a standard
 deviation of about gain / sqrt(in): no quantizer runs, so a real-width file of a few GB takes
@@ -22,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.model.quants.mixes import MIXES, Mix  # noqa: E402
 from tools.synthetic_blocks import MAKERS, write_tensors  # noqa: E402
 
-ARCHES = ("qwen35moe", "qwen3next")   # qwen3next: one ssm_ba matrix instead of ssm_alpha + ssm_beta
+# qwen3next: one ssm_ba matrix instead of ssm_alpha + ssm_beta; qwen35: a dense FFN of Widths.ffn, no experts
+ARCHES = ("qwen35moe", "qwen3next", "qwen35")
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,13 @@ class Widths:
     head_dim: int = 256
     rope_dim: int = 64
     conv_kernel: int = 4
+    ffn: int = 6144              # the dense FFN (qwen35)
 
 
 REAL = Widths()
 # every matrix's input width a multiple of 256, so each recipe applies (K-quants included)
 TINY = Widths(hidden=256, vocab=512, experts=8, experts_used=2, expert_ffn=256, shared_ffn=256,
-              k_heads=2, v_heads=4, head_k=64, head_v=64, heads=2, kv_heads=1, head_dim=128, rope_dim=32)
+              k_heads=2, v_heads=4, head_k=64, head_v=64, heads=2, kv_heads=1, head_dim=128, rope_dim=32, ffn=512)
 
 
 # ---- recipes: the type of a matrix from its name, its layer and the file's layer count (1-D
@@ -58,7 +61,7 @@ def _q4_k_m_fixture(name: str, layer: int, n_layers: int) -> T:
     # LM head, attn_v and the even layers' expert ffn_down, Q5_K for the shared ffn_down
     if name == "output.weight" or name.endswith("attn_v.weight"):
         return T.Q6_K
-    if name.endswith("ffn_down_exps.weight"):
+    if name.endswith(("ffn_down_exps.weight", "ffn_down.weight")):
         return T.Q6_K if layer % 2 == 0 else T.Q4_K
     if name.endswith("ffn_down_shexp.weight"):
         return T.Q5_K
@@ -115,17 +118,27 @@ def _moe(p: str, w: Widths, H: int) -> list:
             (p + "ffn_down_shexp.weight", (H, w.shared_ffn), "matrix")]
 
 
+def _dense(p: str, w: Widths, H: int) -> list:
+    return [(p + "ffn_gate.weight", (w.ffn, H), "matrix"), (p + "ffn_up.weight", (w.ffn, H), "matrix"),
+            (p + "ffn_down.weight", (H, w.ffn), "matrix")]
+
+
+def _ffn(arch: str) -> Callable[[str, Widths, int], list]:
+    return _dense if arch == "qwen35" else _moe
+
+
 def _norms(p: str, H: int) -> list:
     return [(p + "attn_norm.weight", (H,), "norm"), (p + "post_attention_norm.weight", (H,), "norm")]
 
 
-def mtp_plan(w: Widths, layers: int) -> list:
-    """The MTP block llama.cpp writes as blk.{layers}: the nextn tensors and a full-attention MoE layer.
+def mtp_plan(w: Widths, layers: int, arch: str = "qwen35moe") -> list:
+    """The MTP block llama.cpp writes as blk.{layers}: the nextn tensors and a full-attention layer with
+    the trunk's FFN.
     Qwen3.5/3.6 checkpoints share the embedding and the LM head, so it has no embed_tokens or head."""
     H, p = w.hidden, f"blk.{layers}."
     return ([(p + "nextn.eh_proj.weight", (H, 2 * H), "matrix"), (p + "nextn.enorm.weight", (H,), "norm"),
              (p + "nextn.hnorm.weight", (H,), "norm"), (p + "nextn.shared_head_norm.weight", (H,), "norm")]
-            + _norms(p, H) + _full_attention(p, w, H) + _moe(p, w, H))
+            + _norms(p, H) + _full_attention(p, w, H) + _ffn(arch)(p, w, H))
 
 
 def tensor_plan(w: Widths, layers: int, interval: int, arch: str = "qwen35moe", mtp: bool = False):
@@ -148,9 +161,9 @@ def tensor_plan(w: Widths, layers: int, interval: int, arch: str = "qwen35moe", 
             else:
                 plan += [(p + "ssm_alpha.weight", (w.v_heads, H), "matrix"),
                          (p + "ssm_beta.weight", (w.v_heads, H), "matrix")]
-        plan += _moe(p, w, H)
+        plan += _ffn(arch)(p, w, H)
     plan += [("output_norm.weight", (H,), "norm"), ("output.weight", (w.vocab, H), "matrix")]
-    return plan + (mtp_plan(w, layers) if mtp else [])    # last: the trunk's weights do not depend on mtp
+    return plan + (mtp_plan(w, layers, arch) if mtp else [])    # last: the trunk's weights do not depend on mtp
 
 
 def _recipe_layer(layer: int, layers: int, interval: int) -> int:
@@ -183,15 +196,18 @@ def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", 
                        ("rope.dimension_count", w.rope_dim), ("full_attention_interval", interval),
                        ("ssm.conv_kernel", w.conv_kernel), ("ssm.state_size", w.head_k),
                        ("ssm.group_count", w.k_heads), ("ssm.time_step_rank", w.v_heads),
-                       ("ssm.inner_size", w.v_heads * w.head_v), ("expert_count", w.experts),
-                       ("expert_used_count", w.experts_used), ("expert_feed_forward_length", w.expert_ffn),
-                       ("expert_shared_feed_forward_length", w.shared_ffn)]:
+                       ("ssm.inner_size", w.v_heads * w.head_v)]:
+        writer.add_uint32(f"{arch}.{key}", value)
+    ffn_keys = ([("feed_forward_length", w.ffn)] if arch == "qwen35" else
+                [("expert_count", w.experts), ("expert_used_count", w.experts_used),
+                 ("expert_feed_forward_length", w.expert_ffn), ("expert_shared_feed_forward_length", w.shared_ffn)])
+    for key, value in ffn_keys:
         writer.add_uint32(f"{arch}.{key}", value)
     if mtp:   # as llama.cpp's converter: block_count counts the MTP block, this key says how many
         writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{arch}.rope.freq_base", 1e7)
-    if arch == "qwen35moe":   # multimodal RoPE sections, as converted checkpoints carry them (text: one position)
+    if arch != "qwen3next":   # multimodal RoPE sections, as converted checkpoints carry them (text: one position)
         third = round(w.rope_dim / 2 * 11 / 32)
         writer.add_array(f"{arch}.rope.dimension_sections", [third, third, w.rope_dim // 2 - 2 * third, 0])
     writer.add_string("general.name", f"synthetic-{recipe}-{layers}l")
@@ -243,7 +259,7 @@ def main() -> None:
     ap.add_argument("--arch", default="qwen35moe", choices=ARCHES)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mtp", action="store_true",
-                    help="add the MTP block (blk.N.nextn.* and its attention MoE layer), as llama.cpp writes it")
+                    help="add the MTP block (blk.N.nextn.* and its attention layer), as llama.cpp writes it")
     ap.add_argument("--byte-tokenizer", action="store_true",
                     help="a byte-level vocabulary, so that `fermium up` serves the file (else none)")
     args = ap.parse_args()

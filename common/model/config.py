@@ -1,10 +1,13 @@
 """Model configuration, read once from GGUF metadata.
 
-Two architectures share one definition: `qwen35moe` (Qwen3.5/3.6 MoE) and `qwen3next`.
-They differ in two ways, both flags here, read from the architecture name:
-- the Gated DeltaNet value heads: llama.cpp tiles them for qwen35moe (value head p reads key
-  head p % n_k_heads) and keeps them grouped for qwen3next (p // (n_v / n_k));
-- beta and alpha: qwen35moe stores `ssm_beta` and `ssm_alpha`, qwen3next one fused `ssm_ba`.
+Three architectures share one definition: `qwen35moe` (Qwen3.5/3.6 MoE), `qwen35` (Qwen3.5's
+dense models) and `qwen3next`. They differ in three ways, all flags here, read from the
+architecture name:
+- the Gated DeltaNet value heads: llama.cpp tiles them for qwen35moe and qwen35 (value head p
+  reads key head p % n_k_heads) and keeps them grouped for qwen3next (p // (n_v / n_k));
+- beta and alpha: qwen35moe and qwen35 store `ssm_beta` and `ssm_alpha`, qwen3next one fused `ssm_ba`;
+- the FFN: routed experts and a shared expert ("moe"), or one SwiGLU of `feed_forward_length`
+  ("dense", qwen35), in every trunk layer and in the MTP block.
 The tensors each layer kind carries are listed in common/model/layers.py.
 """
 from __future__ import annotations
@@ -24,10 +27,12 @@ class ModelConfigError(UserError, ValueError):
 class ArchTraits:
     v_head_layout: str           # how a value head finds its key head in the file's order
     fused_ba: bool               # one ssm_ba matrix: per key head, r beta rows then r alpha rows
+    ffn_kind: str = "moe"        # "moe" | "dense": the FFN of every layer (layers.FFN_SPECS)
 
 
 ARCHITECTURES: dict[str, ArchTraits] = {
     "qwen35moe": ArchTraits(v_head_layout="tiled", fused_ba=False),
+    "qwen35": ArchTraits(v_head_layout="tiled", fused_ba=False, ffn_kind="dense"),
     "qwen3next": ArchTraits(v_head_layout="grouped", fused_ba=True),
 }
 
@@ -55,12 +60,14 @@ class ModelConfig:
     head_k_dim: int
     head_v_dim: int
     v_head_layout: str           # "tiled" | "grouped"
-    # MoE
+    # MoE (all 0 in a dense model)
     n_experts: int
     n_experts_used: int
     expert_ffn: int
     shared_ffn: int              # 0: no shared expert
     fused_ba: bool = False       # see ArchTraits
+    ffn_kind: str = "moe"        # see ArchTraits
+    dense_ffn: int = 0           # the dense FFN's width (feed_forward_length); 0 in an MoE model
     # mRoPE: how many of the rope_dim / 2 frequencies follow T, H and W (interleaved); () = none
     rope_sections: tuple[int, ...] = ()
 
@@ -122,6 +129,8 @@ class ModelConfig:
         nextn = int(key("nextn_predict_layers", 0))
         n_v = int(key("ssm.time_step_rank"))
         inner = int(key("ssm.inner_size"))
+        dense = traits.ffn_kind == "dense"
+        moe_key = (lambda name, default=None: 0) if dense else key   # a dense model has no experts
         return cls(
             arch=arch,
             vocab_size=vocab_size,
@@ -142,11 +151,13 @@ class ModelConfig:
             head_k_dim=int(key("ssm.state_size")),
             head_v_dim=inner // n_v,
             v_head_layout=traits.v_head_layout,
-            n_experts=int(key("expert_count")),
-            n_experts_used=int(key("expert_used_count")),
-            expert_ffn=int(key("expert_feed_forward_length")),
-            shared_ffn=int(key("expert_shared_feed_forward_length", 0)),
+            n_experts=int(moe_key("expert_count")),
+            n_experts_used=int(moe_key("expert_used_count")),
+            expert_ffn=int(moe_key("expert_feed_forward_length")),
+            shared_ffn=int(moe_key("expert_shared_feed_forward_length", 0)),
             fused_ba=traits.fused_ba,
+            ffn_kind=traits.ffn_kind,
+            dense_ffn=int(key("feed_forward_length")) if dense else 0,
             rope_sections=tuple(int(s) for s in get(f"{arch}.rope.dimension_sections"))
             if has(f"{arch}.rope.dimension_sections") else (),
         )

@@ -2,12 +2,13 @@
 its shape as a function of ModelConfig; and `bind`, the one place that checks a file against it.
 
 Kinds: the globals, the Gated DeltaNet mixer (`linear`), the gated full-attention mixer
-(`full`), the MoE FFN with its shared expert (every trunk layer), and the MTP block that
-llama.cpp files carry after the trunk: the `nextn` tensors plus a full-attention MoE layer,
-bound as `BoundModel.mtp` when the file has it (whole, or not at all).
+(`full`), the FFN of every trunk layer (the MoE with its shared expert, or the dense SwiGLU:
+FFN_SPECS by `ffn_kind`), and the MTP block that llama.cpp files carry after the trunk: the
+`nextn` tensors plus a full-attention layer with the trunk's FFN, bound as `BoundModel.mtp` when
+the file has it (whole, or not at all).
 
-Architecture differences are ModelConfig flags (`fused_ba`, `v_head_layout`), so runners never
-tell the architectures apart by looking for a tensor. Roles are the runners' names for the
+Architecture differences are ModelConfig flags (`fused_ba`, `v_head_layout`, `ffn_kind`), so
+runners never tell the architectures apart by looking for a tensor. Roles are the runners' names for the
 tensors (the CPU runner's `fm_layer` fields). Shapes are numpy order, (out, in).
 """
 from __future__ import annotations
@@ -99,6 +100,15 @@ MOE = (
     TensorSpec("sh_gate_inp", "ffn_gate_inp_shexp.weight", _H, optional=True, vector=True, when=_shared),
 )
 
+# the dense SwiGLU of qwen35: down(silu(gate x) * up x)
+DENSE = (
+    TensorSpec("ffn_gate", "ffn_gate.weight", lambda c: (c.dense_ffn, c.hidden_size)),
+    TensorSpec("ffn_up", "ffn_up.weight", lambda c: (c.dense_ffn, c.hidden_size)),
+    TensorSpec("ffn_down", "ffn_down.weight", lambda c: (c.hidden_size, c.dense_ffn)),
+)
+
+FFN_SPECS: dict[str, tuple[TensorSpec, ...]] = {"moe": MOE, "dense": DENSE}   # by ModelConfig.ffn_kind
+
 # the MTP block's own tensors; the optional ones fall back to output_norm, token_embd and the LM head
 NEXTN = (
     TensorSpec("eh_proj", "nextn.eh_proj.weight", lambda c: (c.hidden_size, 2 * c.hidden_size)),  # [emb | hidden]
@@ -116,14 +126,15 @@ EXPERT_ROLES = ("gate_exps", "up_exps", "down_exps")
 
 def layer_specs(cfg: ModelConfig, layer: int) -> tuple[TensorSpec, ...]:
     """The tensors of block `layer` (a trunk layer, or an MTP block after the trunk)."""
+    ffn = FFN_SPECS[cfg.ffn_kind]
     if layer < cfg.n_layers:
         mixer = FULL if cfg.is_full_attention(layer) else LINEAR
-        return tuple(s for s in NORMS + mixer + MOE if s.when(cfg))
+        return tuple(s for s in NORMS + mixer + ffn if s.when(cfg))
     # MTP: its mixer is full attention, whatever the trunk's pattern says of this index
-    return tuple(s for s in NEXTN + NORMS + FULL + MOE if s.when(cfg))
+    return tuple(s for s in NEXTN + NORMS + FULL + ffn if s.when(cfg))
 
 
-VECTOR_ROLES = frozenset(s.role for s in GLOBALS + NORMS + LINEAR + FULL + MOE + NEXTN if s.vector)
+VECTOR_ROLES = frozenset(s.role for s in GLOBALS + NORMS + LINEAR + FULL + MOE + DENSE + NEXTN if s.vector)
 
 
 def head_name(names) -> str:
@@ -147,7 +158,7 @@ class BoundModel:
     """A model file's tensors by role, checked against the specification."""
     globals: Bound               # embd, out_norm, output (None: tied), head (output or embd)
     layers: list[Bound]          # trunk layers
-    mtp: Bound | None = None     # the first MTP block (NEXTN + NORMS + FULL + MOE roles); None: none in the file
+    mtp: Bound | None = None     # the first MTP block (NEXTN + NORMS + FULL + FFN roles); None: none in the file
 
 
 def _same_shape(found: tuple[int, ...], expected: tuple[int, ...]) -> bool:

@@ -24,7 +24,7 @@ from ..state import DraftState, RollbackSlots, SequenceState
 from . import rollback as rb
 from .attention import GatedAttention
 from .deltanet import PREFILL_CHUNK, GatedDeltaNet
-from .moe import MoE
+from .ffn import make_ffn
 from .mtp import MtpBlock
 from .multimodal import MropeInput, text_input
 from .ops import rms_norm
@@ -42,7 +42,7 @@ class ReferenceModel:
         self.layers = [LayerWeights(self.w, tensors) for tensors in bound.layers]
         self.mixers = [GatedAttention(cfg, w, kv_type) if cfg.is_full_attention(i) else GatedDeltaNet(cfg, w)
                        for i, w in enumerate(self.layers)]
-        self.moes = [MoE(cfg, w) for w in self.layers]
+        self.ffns = [make_ffn(cfg, w) for w in self.layers]
         # layer -> its index among the linear or the full-attention layers (the state's order)
         self.slot = {i: n for n, i in enumerate(cfg.linear_layers)} | {i: n for n, i in enumerate(cfg.full_layers)}
         self.mtp = MtpBlock(cfg, self.w, bound.mtp, self.globals, kv_type) if bound.mtp is not None else None
@@ -88,7 +88,7 @@ class ReferenceModel:
                     h, state.conv[n], state.ssm[n], recurrent, chunk)
             x = x + h
             h = rms_norm(x, w["post_norm"], cfg.rms_eps)
-            x = x + self.moes[i].forward(h)
+            x = x + self.ffns[i].forward(h)
         state.pos += len(ids)
         if last_only:
             x = x[-1:]

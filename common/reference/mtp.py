@@ -3,7 +3,7 @@
 A row is (token t at trunk position i+1, h_i = the trunk's hidden at position i after output_norm):
     u = eh_proj @ [rmsnorm(emb(t)) * enorm ; rmsnorm(h_i) * hnorm]      # embedding first
     x = u + attn(rmsnorm(u) * attn_norm)       # gated full attention over the block's own KV
-    x = x + moe(rmsnorm(x) * post_norm)        # routed experts and the gated shared expert
+    x = x + ffn(rmsnorm(x) * post_norm)        # the trunk's FFN kind: the MoE, or the dense SwiGLU
     h_out = rmsnorm(x) * shared_head_norm      # (output_norm when the file has none)
     logits = head @ h_out                      # over the draft vocabulary, if one is set
 h_out is the hidden of the next chained draft. The block's KV rows are local to a decode: row 0
@@ -18,7 +18,7 @@ from ..model.config import ModelConfig
 from ..model.layers import Bound
 from ..state import DraftState
 from .attention import GatedAttention
-from .moe import MoE
+from .ffn import make_ffn
 from .ops import rms_norm
 from .weights import LayerWeights, Weights
 
@@ -33,7 +33,7 @@ class MtpBlock:
         self.cfg, self.weights, self.kv_type = cfg, weights, kv_type
         self.w = LayerWeights(weights, tensors)
         self.attention = GatedAttention(cfg, self.w, kv_type)
-        self.moe = MoE(cfg, self.w)
+        self.ffn = make_ffn(cfg, self.w)
         # the optional nextn tensors fall back to the trunk's, as llama.cpp's graph_mtp does
         self.embd = _either(tensors["embed_tokens"], globals_["embd"])
         self.head = _either(tensors["shared_head_head"], globals_["head"])
@@ -71,7 +71,7 @@ class MtpBlock:
         k, v = state.k[:state.pos], state.v[:state.pos]
         a, state.k, state.v = self.attention.forward(rms_norm(u, w["attn_norm"], cfg.rms_eps), k, v, state.pos)
         x = u + a
-        x = x + self.moe.forward(rms_norm(x, w["post_norm"], cfg.rms_eps))
+        x = x + self.ffn.forward(rms_norm(x, w["post_norm"], cfg.rms_eps))
         state.pos += len(tokens)
         return rms_norm(x, self.weights.get(self.head_norm), cfg.rms_eps)
 

@@ -2,7 +2,7 @@
  * norm, LM head) for n sequences at one token each, for n tokens of one sequence, or for runs of
  * tokens of several sequences (a verify); and the MTP block's step, whose input mixes each token's
  * embedding with the trunk's hidden. Matvecs of a layer that share an input run as one batch of
- * pool jobs. The layers' parts are in mixers.c and moe.c. */
+ * pool jobs. The layers' parts are in mixers.c, and moe.c or dense_ffn.c (the model's FFN kind). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +37,7 @@ static int reserve(fm_engine *e, int n) {
     const size_t H = m->hidden, C = 2 * (size_t)m->n_k_heads * m->head_k_dim + (size_t)m->n_v_heads * m->head_v_dim;
     const size_t Z = (size_t)m->n_v_heads * m->head_v_dim, QG = 2 * (size_t)m->n_heads * m->head_dim;
     const size_t KV = (size_t)m->n_kv_heads * m->head_dim, AO = (size_t)m->n_heads * m->head_dim;
-    const size_t K1 = (size_t)m->n_experts_used + 1, F = MAX(m->expert_ffn, m->shared_ffn);
+    const size_t K1 = (size_t)m->n_experts_used + 1, F = MAX(MAX(m->expert_ffn, m->shared_ffn), m->dense_ffn);
     const size_t nv2 = 2 * (size_t)m->n_v_heads, cap = (size_t)n;
     struct { float **p; size_t count; } plan[] = {
         { &e->x, cap * H }, { &e->xn, cap * H }, { &e->cat, m->eh_proj.data ? cap * 2 * H : 0 }, { &e->p_qkv, cap * MAX(C, QG) }, { &e->p_z, cap * MAX(Z, KV) },
@@ -63,11 +63,16 @@ fail:
     return -1;
 }
 
+// by fm_model.ffn_kind
+static const eng_ffn_fn FFNS[] = { eng_moe, eng_dense_ffn };
+
 fm_engine *fm_engine_new(const fm_model *model, fm_pool *pool) {
     if (!fm_kv_head_bytes(model->kv_type, model->head_dim)) return NULL;   // no such cache type for hd
+    if (model->ffn_kind < 0 || model->ffn_kind >= (int)(sizeof FFNS / sizeof FFNS[0])) return NULL;
     fm_engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->m = model;
+    e->ffn = FFNS[model->ffn_kind];
     e->pool = pool;
     e->lin_index = malloc(sizeof(int) * (size_t)model->n_layers);
     e->full_index = malloc(sizeof(int) * (size_t)model->n_layers);
@@ -220,7 +225,7 @@ static int layers_and_head(fm_engine *e, int n, const fm_seq *seqs, int logit_ro
         const fm_layer *L = &m->layers[i];
         int err = L->is_full ? eng_full_layer(e, L, e->full_index[i], n, seqs) : eng_linear_layer(e, L, e->lin_index[i], n, seqs);
         if (!err && e->out_rows && i == m->n_layers - 1) n = keep_out_rows(e);
-        if (err || eng_moe(e, L, n)) return -1;
+        if (err || e->ffn(e, L, n)) return -1;
     }
     if (logit_rows > 0) {   // the final norm and the LM head for those rows alone
         const size_t skip = (size_t)(n - logit_rows) * m->hidden;

@@ -32,6 +32,8 @@ typedef struct {
     // MoE
     fm_weight router, gate_exps, up_exps, down_exps, sh_gate, sh_up, sh_down;
     const float *sh_gate_inp;  // (H,) or NULL: shared expert scaled by sigmoid(sh_gate_inp . x)
+    // the dense FFN (qwen35)
+    fm_weight ffn_gate, ffn_up, ffn_down;   // (F, H), (F, H), (H, F)
 } fm_layer;
 
 typedef struct {
@@ -43,7 +45,9 @@ typedef struct {
     // when j % 3 == 1 and j < 3 sections[1], W when j % 3 == 2 and j < 3 sections[2], else T)
     int rope_sections[3];
     int conv_kernel, n_k_heads, n_v_heads, head_k_dim, head_v_dim, v_tiled;
-    int n_experts, n_experts_used, expert_ffn, shared_ffn;
+    int n_experts, n_experts_used, expert_ffn, shared_ffn;   // all 0 in a dense model
+    int ffn_kind;              // every layer's FFN: 0 the MoE, 1 the dense SwiGLU of dense_ffn (F)
+    int dense_ffn;
     int kv_type;               // the KV cache's type: ggml id 0 f32, 1 f16, 8 q8_0
     fm_weight embd, output;
     const float *out_norm;     // (H,)

@@ -26,9 +26,12 @@ typedef struct {
     const void **rows;            // NULL: nothing to reuse
 } quant_memo;
 
+typedef int (*eng_ffn_fn)(fm_engine *e, const fm_layer *L, int n);
+
 struct fm_engine {
     const fm_model *m;
     fm_pool *pool;
+    eng_ffn_fn ffn;               // the model's FFN kind: eng_moe or eng_dense_ffn
     int cap;                      // batch capacity of the scratch below
     int chain;                    // 1 in a prefill: the rows are one sequence's tokens, in order
     int n_runs;                   // in a verify: the sequences, each run_first[r]..run_first[r+1]-1 of the rows
@@ -100,9 +103,10 @@ typedef struct {
 size_t eng_attn_runs_work(const eng_attn_runs_args *a, int threads);
 int eng_attn_runs(fm_pool *pool, eng_attn_runs_args *a);   // 0, or -1 where the ISA has no kernel
 
-// ---- mixers.c and moe.c: one layer's parts for n tokens; 0 or -1 (out of scratch)
+// ---- mixers.c, moe.c and dense_ffn.c: one layer's parts for n tokens; 0 or -1 (out of scratch)
 int eng_linear_layer(fm_engine *e, const fm_layer *L, int li, int n, const fm_seq *seqs);
 int eng_full_layer(fm_engine *e, const fm_layer *L, int fi, int n, const fm_seq *seqs);
 int eng_moe(fm_engine *e, const fm_layer *L, int n);
+int eng_dense_ffn(fm_engine *e, const fm_layer *L, int n);
 
 #endif

@@ -1,4 +1,6 @@
-"""One layer of the model on the GPU: the Gated DeltaNet or gated-attention mixer, then the MoE.
+"""One layer of the model on the GPU: the Gated DeltaNet or gated-attention mixer, then the FFN:
+the MoE (below), or the dense FFN (ffn.py, which holds both behind one interface), by the
+config's `ffn_kind`.
 
 `LayerRunner` owns no memory: it is handed the resident weights, the workspace (device
 addresses by phase and name), the state block and the streams. Everything is enqueued on the
@@ -17,6 +19,7 @@ import numpy as np
 from common.model.layers import EXPERT_ROLES
 
 from .experts import ExpertSchedule
+from .ffn import ffn_for
 from .kernels import GEMM_BM
 from .phases import NULL_CLOCK, PhaseClock
 from .plan import EXPERT_TENSORS
@@ -44,13 +47,14 @@ class LayerRunner:
         self.experts = ExpertSchedule(cuda, cfg, streamer, weights, tables_h, ws["keep"]["woff"])
         self.layers = weights.bound.layers       # per layer: role -> Tensor (common/model/layers.py)
         self.eq = {(i, t): tensors[role] for i, tensors in enumerate(self.layers)
-                   for t, role in zip(EXPERT_TENSORS, EXPERT_ROLES)}
+                   for t, role in zip(EXPERT_TENSORS, EXPERT_ROLES) if role in tensors}
         self.T = 0
         self.d2h = cuda.Stream()
         self.wait_seconds = 0.0         # host blocked on routing counts
         self.host_work: list = []       # (event, call): host work done while the host would wait
         self.clock = PhaseClock(cuda, compute) if phases else NULL_CLOCK
         self.shared_fused = self._shared_tables()
+        self.ffn = ffn_for(self)
 
     def _shared_tables(self) -> bool:
         """Each layer's shared gate and up addresses on the device, for one fused launch; False
@@ -74,7 +78,7 @@ class LayerRunner:
 
     def begin_call(self) -> None:
         """Forget what a call that failed part way left queued: prefetched plans, host work."""
-        self.experts.pending.clear()
+        self.ffn.begin_call()
         self.host_work.clear()
 
     def run_host_work(self) -> None:
@@ -100,7 +104,7 @@ class LayerRunner:
         pairs of this layer's state, read back on the d2h stream while the MoE computes."""
         self.T = T
         keep = self.ws["keep"]
-        self.experts.prefetch(i, T)
+        self.ffn.prefetch(i, T)
         start = self.tl.begin(self.s)
         with self.clock("input norm"):
             self.norm((i, "attn_norm"), keep["x"], keep["xn"])
@@ -112,8 +116,12 @@ class LayerRunner:
         mixed.record(self.s)
         with self.clock("post norm"):
             self.norm((i, "post_norm"), keep["x"], keep["xn"])
-        self.moe(i, start)
+        self.ffn.run(i, start)
         if sink:
+            if self.cfg.is_full_attention(i):
+                # the last attention layer's rows leave the scratch first (an MoE's routing wait has
+                # already run that; a dense FFN has no wait)
+                self.run_host_work()
             self.d2h.wait_for_event(mixed)
             for host, ptr in sink:
                 self.cuda.memcpy_dtoh_async(host, ptr, self.d2h)
@@ -278,3 +286,4 @@ class LayerRunner:
         if self.layers[i]["sh_gate_inp"] is not None:
             self.dense((i, "sh_gate_inp"), xn, H, M["sg"], 1)
         return True
+

@@ -1,4 +1,5 @@
-"""Streamed experts in host memory that the driver copies from asynchronously (page-locked).
+"""Streamed weights (experts, or the dense FFNs that are not resident) in host memory that the
+driver copies from asynchronously (page-locked).
 
 The GGUF mapping itself cannot be registered with the driver, so the bytes are staged once at
 start, in one of three ways (the backend's `staging` option picks; `auto` walks the list):
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .plan import EXPERT_TENSORS, StreamPlan
+from .plan import DENSE_FFN_TENSORS, EXPERT_TENSORS, StreamPlan
 
 log = logging.getLogger("fermium.prefill.cuda")
 STAGINGS = ("auto", "register", "copy")
@@ -104,8 +105,23 @@ def _opened(model):
         os.close(fd)
 
 
+def _expert_sources(model, plan: StreamPlan) -> dict[tuple[int, str], np.ndarray]:
+    P = plan.pinned_experts
+    return {(i, t): model.tensor(f"blk.{i}.{t}.weight").raw[P:]
+            for i in range(model.config.n_layers) for t in EXPERT_TENSORS}
+
+
+def _ffn_sources(model, plan: StreamPlan) -> dict[tuple[int, str], np.ndarray]:
+    return {(i, t): model.tensor(f"blk.{i}.{t}.weight").raw
+            for i in range(plan.ffn_layers, model.config.n_layers) for t in DENSE_FFN_TENSORS}
+
+
+SOURCES = {"moe": _expert_sources, "dense": _ffn_sources}     # by ModelConfig.ffn_kind
+
+
 class HostExperts:
-    """Experts [pinned, E) of every layer in host memory for async copies: src[(layer, tensor)].
+    """Experts [pinned, E) of every layer (a dense model: the FFNs of layers [ffn_layers, n_layers))
+    in host memory for async copies: src[(layer, tensor)].
 
     `method` names the ways used ("register", "copy", "pageable", joined by "+" when a limit was
     reached part way; "in place" for a model already in page-locked memory), `seconds` and
@@ -118,9 +134,7 @@ class HostExperts:
         self.src: dict[tuple[int, str], np.ndarray] = {}
         self.owned: list[tuple[str, object]] = []        # (way, page-locked array or unlock call) for release()
         self.bytes_by = {"register": 0, "copy": 0, "pageable": 0}
-        P = plan.pinned_experts
-        raws = {(i, t): model.tensor(f"blk.{i}.{t}.weight").raw[P:]
-                for i in range(model.config.n_layers) for t in EXPERT_TENSORS}
+        raws = SOURCES[model.config.ffn_kind](model, plan)
         self.nbytes = sum(r.nbytes for r in raws.values())
         t0 = time.perf_counter()
         if getattr(model, "host_pinned", False):
@@ -138,7 +152,7 @@ class HostExperts:
         self.seconds = time.perf_counter() - t0
         self.pinned = self.bytes_by["pageable"] == 0
         if self.nbytes and self.method != "in place":
-            log.info("streamed experts staged by %s (staging=%s): %.2f GiB in %.2f s = %.2f GB/s",
+            log.info("streamed weights staged by %s (staging=%s): %.2f GiB in %.2f s = %.2f GB/s",
                      self.method, staging, self.nbytes / 2**30, self.seconds, self.rate / 1e9)
 
     @property

@@ -1,4 +1,5 @@
-"""Streaming of routed experts (and a non-resident LM head) through the device slot.
+"""Streaming of routed experts, the dense FFNs that are not resident (qwen35) and a non-resident LM
+head through the device slot.
 
 The slot is a ring of `regions` equal regions. Each chunk of experts goes to the next region
 on the copy stream, after the compute stream has released that region (an event); the
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import EXPERT_TENSORS, StreamPlan
+from .plan import DENSE_FFN_TENSORS, EXPERT_TENSORS, StreamPlan
 
 
 class Timeline:
@@ -64,9 +65,9 @@ class ExpertStreamer:
         self.copies = Timeline(cuda)
         self.h2d_bytes = 0
         cfg = model.config
-        # (layer, tensor) -> bytes of one expert
+        # (layer, tensor) -> bytes of one expert (none in a dense model)
         self.ebytes = {(i, t): model.tensor(f"blk.{i}.{t}.weight").raw[0].nbytes
-                       for i in range(cfg.n_layers) for t in EXPERT_TENSORS}
+                       for i in range(cfg.n_layers if cfg.n_experts else 0) for t in EXPERT_TENSORS}
 
     def expert_bytes(self, layer: int) -> int:
         return sum(self.ebytes[(layer, t)] for t in EXPERT_TENSORS)
@@ -108,6 +109,19 @@ class ExpertStreamer:
                 self.cuda.memcpy_htod_async(where.addr[t] + at * eb, src[first - P:end - P], self.copy)
                 self.h2d_bytes += (end - first) * eb
         return self._done(start)
+
+    def issue_ffn(self, layer: int, offsets: tuple[int, ...]):
+        """Copy one layer's dense FFN into the next region, each tensor at its offset (plan.ffn_offsets);
+        returns (region, tensor -> device address, the event that marks it arrived)."""
+        region = self.next
+        start = self._claim(region)
+        base, addr = self.slot + region * self.region_bytes, {}
+        for t, off in zip(DENSE_FFN_TENSORS, offsets):
+            src = self.host.src[(layer, t)]
+            self.cuda.memcpy_htod_async(base + off, src, self.copy)
+            self.h2d_bytes += src.nbytes
+            addr[t] = base + off
+        return region, addr, self._done(start)
 
     def upload(self, dst: int, src: np.ndarray):
         """A small table on the copy stream, so that it is not queued behind chunks issued after it."""

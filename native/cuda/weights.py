@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as Q
 
 from common.model.layers import EXPERT_ROLES, VECTOR_ROLES, bind, fused_ba_rows
 
-from .plan import EXPERT_TENSORS, StreamPlan
+from .plan import DENSE_FFN_TENSORS, EXPERT_TENSORS, StreamPlan
 from .staging import HostExperts  # noqa: F401 (the backend takes all three from here)
 
 ALIGN = 256
@@ -63,7 +63,8 @@ def _ba_split(cfg, raw: np.ndarray) -> np.ndarray:
 
 class ResidentWeights:
     """Dense tensors (GEMM weights in their blocks, vectors as f32), the head if resident, and
-    experts [0, pinned) of every layer, uploaded once into one allocation.
+    experts [0, pinned) of every layer, or the dense FFNs of layers [0, ffn_layers), uploaded once
+    into one allocation.
 
     Keys: (layer, role) for a layer's tensors (common/model/layers.py), a fused ssm_ba split
     into its "beta" and "alpha" rows; "output_norm.weight" and "head" for the globals."""
@@ -98,6 +99,8 @@ class ResidentWeights:
                     half = raw.shape[0] // 2
                     add((i, "beta"), raw[:half], t.qtype, half, t.shape[-1], t.row_bytes)
                     add((i, "alpha"), raw[half:], t.qtype, half, t.shape[-1], t.row_bytes)
+                elif role in DENSE_FFN_TENSORS and i >= plan.ffn_layers:
+                    continue                                        # streamed (HostExperts)
                 elif role in expert_name:
                     if plan.pinned_experts:
                         raw = t.raw[:plan.pinned_experts]

@@ -25,7 +25,9 @@ PLAIN_TYPES = {"experts": Q.Q8_0, "down": Q.Q4_0, "attn": Q.F16, "linear": Q.BF1
                "router": Q.F16, "embd": Q.Q8_0, "head": Q.F32, "small": Q.F32}
 MODELS = {"qwen35moe-kquants": TinySpec(), "qwen3next-kquants": TinySpec(arch="qwen3next"),
           "qwen35moe-plain": TinySpec(types=PLAIN_TYPES),
-          "qwen35moe-iq-mix": MIX_IQ, "qwen3next-low-bit-mix": MIX_LOW}    # every newer type, mixed by layer
+          "qwen35moe-iq-mix": MIX_IQ, "qwen3next-low-bit-mix": MIX_LOW,    # every newer type, mixed by layer
+          # the dense sibling, 8 layers: two attention layers share the read-back scratch
+          "qwen35-dense-kquants": TinySpec(arch="qwen35", layers=8)}
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:
@@ -56,8 +58,9 @@ def budget(model, share: float, pass_tokens: int) -> int:
     big = make_plan(model.config, sizes, budget=1 << 40, pass_tokens=pass_tokens, max_context=512)
     fixed = big.dense_bytes + big.workspace_bytes + big.state_bytes + big.reserve_bytes
     if share == 0:
-        return fixed + 8 * big.expert_bytes + 1024
-    return fixed + big.head_bytes + int(share * big.pinned_bytes) + model.config.n_experts * big.expert_bytes
+        return fixed + big.least_slot_bytes + 1024
+    slot = model.config.n_experts * big.expert_bytes + big.ffn_bytes    # a layer's experts streaming, or one FFN
+    return fixed + big.head_bytes + int(share * big.pinned_bytes) + slot
 
 
 @pytest.mark.parametrize("share,pass_tokens", [(1.0, 256), (0.5, 256), (0.0, 64)],

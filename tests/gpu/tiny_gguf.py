@@ -125,15 +125,18 @@ def build(path: Path, spec: TinySpec = TinySpec(), seed: int = 0) -> Path:
     H = s.hidden
     w = gguf.GGUFWriter(str(path), s.arch)
     a = s.arch
+    dense = a == "qwen35"          # the dense sibling: one FFN of s.ffn per layer, no experts
     for key, val in {"embedding_length": H, "block_count": s.layers, "context_length": 8192,
                      "attention.head_count": s.n_heads, "attention.head_count_kv": s.n_kv,
                      "attention.key_length": s.head_dim, "attention.value_length": s.head_dim,
                      "rope.dimension_count": s.rope_dim, "full_attention_interval": 4,
                      "ssm.conv_kernel": 4, "ssm.group_count": s.nk, "ssm.state_size": s.dk,
-                     "ssm.time_step_rank": s.nv, "ssm.inner_size": s.nv * s.dv,
-                     "expert_count": s.experts, "expert_used_count": s.top_k,
-                     "expert_feed_forward_length": s.ffn,
-                     "expert_shared_feed_forward_length": s.shared_ffn}.items():
+                     "ssm.time_step_rank": s.nv, "ssm.inner_size": s.nv * s.dv}.items():
+        w.add_uint32(f"{a}.{key}", val)
+    ffn_keys = ({"feed_forward_length": s.ffn} if dense else
+                {"expert_count": s.experts, "expert_used_count": s.top_k, "expert_feed_forward_length": s.ffn,
+                 "expert_shared_feed_forward_length": s.shared_ffn})
+    for key, val in ffn_keys.items():
         w.add_uint32(f"{a}.{key}", val)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32(f"{a}.rope.freq_base", 1e7)
@@ -176,6 +179,11 @@ def build(path: Path, spec: TinySpec = TinySpec(), seed: int = 0) -> Path:
             w.add_tensor(p + "ssm_dt.bias", (rng.standard_normal(s.nv) * 0.5).astype(np.float32))
             norm(p + "ssm_norm.weight", s.dv, centred=True)
             add(p + "ssm_out.weight", ty["linear"], (H, s.nv * s.dv), 1 / np.sqrt(s.nv * s.dv))
+        if dense:
+            add(p + "ffn_gate.weight", ty["experts"], (s.ffn, H), inv)
+            add(p + "ffn_up.weight", ty["experts"], (s.ffn, H), inv)
+            add(p + "ffn_down.weight", ty["down"], (H, s.ffn), 1 / np.sqrt(s.ffn))
+            continue
         add(p + "ffn_gate_inp.weight", ty["router"], (s.experts, H), 1.0)
         add(p + "ffn_gate_exps.weight", ty["experts"], (s.experts, s.ffn, H), inv)
         add(p + "ffn_up_exps.weight", ty.get("up", ty["experts"]), (s.experts, s.ffn, H), inv)

@@ -1,5 +1,5 @@
 """Architectures the converter knows, keyed by the checkpoint's `model_type`, and the
-GGUF metadata each one gets (llama.cpp's keys for `qwen35moe` and `qwen3next`)."""
+GGUF metadata each one gets (llama.cpp's keys for `qwen35moe`, `qwen35` and `qwen3next`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,14 +20,18 @@ class Arch:
     tokenizer_pre: str
     tiled_v_heads: bool          # reorder V heads from grouped-by-key-head to tiled
     mrope_sections: bool
+    moe: bool = True             # experts: their metadata keys are required (a dense model has none)
 
 
 QWEN35MOE = Arch("qwen35moe", "qwen35", tiled_v_heads=True, mrope_sections=True)
+QWEN35 = Arch("qwen35", "qwen35", tiled_v_heads=True, mrope_sections=True, moe=False)
 QWEN3NEXT = Arch("qwen3next", "qwen2", tiled_v_heads=False, mrope_sections=False)
 
 ARCHITECTURES: dict[str, Arch] = {
     "qwen3_5_moe_text": QWEN35MOE,
     "qwen3_5_moe": QWEN35MOE,
+    "qwen3_5_text": QWEN35,
+    "qwen3_5": QWEN35,
     "qwen3_next": QWEN3NEXT,
 }
 
@@ -74,21 +78,22 @@ def metadata(arch: Arch, hp: dict, path: Path, file_type: int,
         u32("context_length", req("max_position_embeddings")),
         u32("embedding_length", req("hidden_size")),
     ]
-    if hp.get("intermediate_size") is not None:
-        out.append(u32("feed_forward_length", hp["intermediate_size"]))
+    if hp.get("intermediate_size") is not None or not arch.moe:
+        out.append(u32("feed_forward_length", req("intermediate_size")))
     out += [u32("attention.head_count", n_heads),
             u32("attention.head_count_kv", req("num_key_value_heads"))]
     if "rope_theta" in rope:
         out.append((f"{a}.rope.freq_base", float(rope["rope_theta"]), V.FLOAT32, None))
+    out.append((f"{a}.attention.layer_norm_rms_epsilon", float(req("rms_norm_eps")), V.FLOAT32, None))
+    if arch.moe:
+        out += [u32("expert_count", req("num_experts")), u32("expert_used_count", req("num_experts_per_tok"))]
     out += [
-        (f"{a}.attention.layer_norm_rms_epsilon", float(req("rms_norm_eps")), V.FLOAT32, None),
-        u32("expert_count", req("num_experts")),
-        u32("expert_used_count", req("num_experts_per_tok")),
         u32("attention.key_length", head_dim),
         u32("attention.value_length", head_dim),
         ("general.file_type", int(file_type), V.UINT32, None),
-        u32("expert_feed_forward_length", req("moe_intermediate_size")),
     ]
+    if arch.moe:
+        out.append(u32("expert_feed_forward_length", req("moe_intermediate_size")))
     if hp.get("shared_expert_intermediate_size") is not None:
         out.append(u32("expert_shared_feed_forward_length", hp["shared_expert_intermediate_size"]))
     if n_mtp:

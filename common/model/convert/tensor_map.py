@@ -2,7 +2,7 @@
 
 - norms become 1 + w, except the gated `linear_attn.norm` (ssm_norm);
 - A_log becomes ssm_a = -exp(A_log); dt_bias becomes ssm_dt.bias; conv1d is squeezed to (C, K);
-- qwen35moe: V heads go from grouped-by-key-head to tiled order (value head p reads key head
+- qwen35moe and qwen35: V heads go from grouped-by-key-head to tiled order (value head p reads key head
   p % n_k) in every tensor that has a V-head axis;
 - qwen3next: in_proj_qkvz (per key head [q, k, v, z]) splits into attn_qkv = [all q, all k,
   all v] and attn_gate = z; in_proj_ba stays as ssm_ba;
@@ -120,7 +120,7 @@ LAYER_RULES: dict[str, tuple[str, Fn]] = {
     "mlp.shared_expert.gate_proj.weight": ("ffn_gate_shexp.weight", _identity),
     "mlp.shared_expert.up_proj.weight": ("ffn_up_shexp.weight", _identity),
     "mlp.shared_expert.down_proj.weight": ("ffn_down_shexp.weight", _identity),
-    "mlp.gate_proj.weight": ("ffn_gate.weight", _identity),      # dense layers (mlp_only_layers)
+    "mlp.gate_proj.weight": ("ffn_gate.weight", _identity),      # qwen35's dense FFN
     "mlp.up_proj.weight": ("ffn_up.weight", _identity),
     "mlp.down_proj.weight": ("ffn_down.weight", _identity),
 }

@@ -90,8 +90,8 @@ class CUDABackend:
             self.compute = cuda.Stream()
             self.timeline = Timeline(cuda)
             P, E = self.plan.pass_tokens, cfg.n_experts
-            self.counts_h = self._host(E, np.int32)
-            self.tables_h = self._host((2, 6 * E), np.int32)     # two expert address tables, int64 [3, E]
+            self.counts_h = self._host(max(E, 1), np.int32)        # (a dense model has no experts)
+            self.tables_h = self._host((2, 6 * max(E, 1)), np.int32)     # two expert address tables, int64 [3, E]
             self.embd = model.tensor("token_embd.weight")
             self.embed_h = self._host(P * self.embd.row_bytes, np.uint8)
             self.rope_h = self._host(P * max(cfg.rope_dim, 2), np.float32)
@@ -165,7 +165,7 @@ class CUDABackend:
         H = self.cfg.hidden_size
         if getattr(self, "image_h", None) is None:
             self.image_h = self._host((self.plan.pass_tokens, H), np.float32)
-        # reused by the next pass as embed_h is: each layer's routing wait has seen this copy through
+        # reused by the next pass as embed_h is, once the pass's uploads have landed (_prefill)
         self.image_h[:mine.size] = mm.embeds[mine]
         rows = mm.rows[mine] - p0
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1
@@ -192,9 +192,12 @@ class CUDABackend:
         out_state = HostState(self.cfg, state, len(ids), self.kv_scratch_h)
         t_up = time.perf_counter()
         H, keep, outs = cfg.hidden_size, self.ws["keep"], []
+        uploaded = None
         for p0 in range(0, len(ids), self.plan.pass_tokens):
             chunk = ids[p0:p0 + self.plan.pass_tokens]
             T = len(chunk)
+            if uploaded is not None:    # the host buffers below are the last pass's copy sources (an MoE
+                uploaded.synchronize()  # layer's routing wait has seen them through already; a dense one's not)
             # raw embedding rows go up in their blocks (through xn) and are widened on the device
             rb = self.embd.row_bytes
             self.embed_h[:T * rb] = self.embd.raw[chunk].reshape(-1)
@@ -209,6 +212,8 @@ class CUDABackend:
                 table = rope_table(positions, cfg.rope_dim, cfg.rope_theta, cfg.rope_sections).reshape(-1)
                 self.rope_h[:table.size] = table
                 cuda.memcpy_htod_async(keep["rope"], self.rope_h[:table.size], s)
+            uploaded = cuda.Event()
+            uploaded.record(s)
             last = p0 + T >= len(ids)
             for i in range(cfg.n_layers):
                 self.runner.layer(i, T, pos, out_state.sink(self.runner.slot_of[i], self.state, i, pos, T, last))

@@ -77,10 +77,10 @@ def plan_with_vision(cfg, tensor_bytes: dict[str, int], *, budget: int, mmproj: 
 
 
 def least_text_bytes(cfg, tensor_bytes: dict[str, int], *, regions: int = 8, **plan_options: Any) -> int:
-    """The smallest budget the text model's plan takes: its fixed part and a minimal expert slot
+    """The smallest budget the text model's plan takes: its fixed part and a minimal streaming slot
     (make_plan's own test of a budget)."""
     big = make_plan(cfg, tensor_bytes, budget=1 << 62, regions=regions, **plan_options)
-    return big.dense_bytes + big.workspace_bytes + big.state_bytes + big.reserve_bytes + regions * big.expert_bytes
+    return big.dense_bytes + big.workspace_bytes + big.state_bytes + big.reserve_bytes + big.least_slot_bytes
 
 
 class GpuVision:
