@@ -204,6 +204,7 @@ typedef void (*deq_fn)(const void *w, float *y, int n);
 static const deq_fn DEQUANT[KIND_COUNT] = {
     [KIND_Q4_0] = deq_q4_0, [KIND_Q8_0] = deq_q8_0, [KIND_Q4_K] = deq_q4_K, [KIND_Q5_K] = deq_q5_K,
     [KIND_Q6_K] = deq_q6_K, [KIND_F32] = deq_f32, [KIND_F16] = deq_f16, [KIND_BF16] = deq_bf16,
+    [KIND_IQ3_XXS] = fm_deq_iq3_xxs, [KIND_IQ3_S] = fm_deq_iq3_s, [KIND_IQ1_S] = fm_deq_iq1_s, [KIND_IQ1_M] = fm_deq_iq1_m,
 };
 
 void fm_dequant_row(int type, const void *w, float *out, int n) { DEQUANT[fm_kind_of(type)](w, out, n); }

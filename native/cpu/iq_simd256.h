@@ -1,0 +1,62 @@
+/* 256-bit helpers of the 3- and 1-bit i-quant kernels (iq_body256.h): sign words to bytes,
+ * grid gathers, the per-block sums. For files built with at least -mavx2 -mf16c. */
+#ifndef FERMIUM_IQ_SIMD256_H
+#define FERMIUM_IQ_SIMD256_H
+#include <immintrin.h>
+#include "quants.h"
+#include "simd256.h"
+#include "iq_lowbit.h"
+
+#define IQ_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define IQ_ACT(i, b) (((const block_a8_256 *)acts[i]) + (b))
+
+// pshufb pattern that copies byte k of a broadcast 32-bit word to bytes 8k..8k+7, and the bit
+// that each byte then tests
+static const uint8_t IQ_SIGN_SPREAD[32] __attribute__((aligned(32))) = {
+    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3 };
+static const uint8_t IQ_SIGN_BITS[32] __attribute__((aligned(32))) = {
+    1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128 };
+
+// a broadcast sign word's bits as bytes: each byte of the result holds bit v of the word at
+// bit position v % 8 (the others zero, but for those IQ_SIGN_BITS tests)
+IQ_INLINE __m256i iq_spread_signs(__m256i word) {
+    return _mm256_and_si256(_mm256_shuffle_epi8(word, _mm256_load_si256((const __m256i *)IQ_SIGN_SPREAD)),
+                            _mm256_load_si256((const __m256i *)IQ_SIGN_BITS));
+}
+
+IQ_INLINE int32_t iq_hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// the sign words of the 8 IQ3_XXS sub-blocks (iq_lowbit.h) from their scales_signs words: each
+// 7-bit field moved to its byte, with the byte's parity as its bit 7 (what fm_ksigns_iq2xs holds)
+IQ_INLINE __m256i iq3xxs_sign_words(__m256i aux) {
+    const __m256i f = _mm256_set1_epi32(0x7F);
+    const __m256i b = _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(aux, f), _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_slli_epi32(f, 8))),
+        _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_slli_epi32(f, 16)),
+                        _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_slli_epi32(f, 24))));
+    // bit 0 of each byte: the parity of the byte (the shifts' bits from the next byte land above bit 3,
+    // 1 and 0 of the three steps, which the next step does not read)
+    __m256i p = _mm256_xor_si256(b, _mm256_srli_epi32(b, 4));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
+    return _mm256_or_si256(b, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi8(1)), 7));
+}
+
+// 8 grid entries of 4 bytes, by index
+#define IQ_GATHER8(grid, ix) _mm256_set_epi32((int)grid[ix(7)], (int)grid[ix(6)], (int)grid[ix(5)], (int)grid[ix(4)], \
+                                              (int)grid[ix(3)], (int)grid[ix(2)], (int)grid[ix(1)], (int)grid[ix(0)])
+// 4 grid entries of 8 bytes, by index
+#define IQ_GATHER4(grid, ix) _mm256_set_epi64x((long long)grid[ix(3)], (long long)grid[ix(2)], \
+                                               (long long)grid[ix(1)], (long long)grid[ix(0)])
+
+// the sums of the block (acc[i]) into out[i] += block scale * sum
+#define IQ_FINISH_BLOCK(dw, pow2)                                                           \
+    _Pragma("GCC unroll 4")                                                                 \
+    for (int i = 0; i < na; i++) s[i] += fm_iq_block_scale(dw, IQ_ACT(i, b)->d, pow2) * (float)iq_hsum_epi32(acc[i]);
+
+#endif
