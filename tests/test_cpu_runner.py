@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.model import gguf_file
 from common.model.gguf_file import GGUFModel
 from common.reference.model import ReferenceModel
 from native import cpu_lib
@@ -16,7 +17,7 @@ from native.cpu_runner import CpuRunner
 from tests import kernel_calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
+from make_synthetic_gguf import IQ_LOWBIT, TINY, write_synthetic  # noqa: E402
 
 # Float weights: the native runner dots fp32 activations too; only summation order differs.
 FLOAT_REL_TOL = 1e-4
@@ -40,7 +41,7 @@ def prompt(n: int = PROMPT, seed: int = 1) -> list[int]:
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     out = {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY)
-           for r in ("f32", "q8_0", "q4_0", "q4_k_m")}
+           for r in ("f32", "q8_0", "q4_0", "q4_k_m", "iq_lowbit")}
     out["next-f32"] = write_synthetic(root / "next-f32.gguf", layers=4, recipe="f32", widths=TINY, arch="qwen3next")
     out["next-q4_0"] = write_synthetic(root / "next-q4_0.gguf", layers=4, recipe="q4_0", widths=TINY, arch="qwen3next")
     return out
@@ -71,8 +72,11 @@ def test_float_files_match_reference_and_greedy_tokens(files, name):
 
 
 @pytest.mark.parametrize("isa", sorted({"ssse3", cpu_lib.active_isa()}))
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m"])
-def test_quantized_files_track_reference(files, name, isa):
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m", "iq_lowbit"])
+def test_quantized_files_track_reference(files, name, isa, monkeypatch):
+    # the reference dequantizes the i-quants through gguf (Tensor.dequant) whether or not the model
+    # core lists them among the types it checks
+    monkeypatch.setattr(gguf_file, "SUPPORTED_TYPES", gguf_file.SUPPORTED_TYPES | set(IQ_LOWBIT))
     model = GGUFModel(files[name])
     ref = ReferenceModel(model)
     expect = ref.prefill(prompt(), ref.new_state(), all_logits=True)

@@ -15,6 +15,7 @@ from gguf.quants import dequantize, quantize
 from native import cpu_lib
 from native.cpu_lib import lib
 from tests import kernel_calls
+from tools.synthetic_blocks import set_block_scales
 
 # SIMD and generic do the same integer sums; only the float accumulation order differs.
 SIBLING_RTOL = 1e-5
@@ -25,7 +26,9 @@ FLOAT_ATOL = 1e-4
 # Float-weight kernels take fp32 activations: only summation order differs from float64.
 FLOAT_RTOL = 1e-5
 
-QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+# the 3- and 1-bit i-quants: every ISA sums the generic kernel's integers (iq_lowbit.h)
+IQ_LOWBIT_TYPES = [T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
+QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ_LOWBIT_TYPES]
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 ISAS = cpu_lib.supported_isas()
 N = 1024
@@ -52,6 +55,8 @@ def random_rows(qtype: T, rows: int, n: int, rng, scale: tuple[float, float] = (
     if qtype in (T.Q4_K, T.Q5_K):
         blocks[:, 0:2] = f16(rng, len(blocks), *scale)   # d
         blocks[:, 2:4] = f16(rng, len(blocks), *scale)   # dmin
+    elif qtype in IQ_LOWBIT_TYPES:
+        set_block_scales(qtype, blocks, f16(rng, len(blocks), *scale))
     else:
         blocks[:, 208:210] = f16(rng, len(blocks), *scale)
     return blocks.reshape(rows, -1)
@@ -116,6 +121,8 @@ def extreme_quants(qtype: T, byte: int = 0xFF) -> np.ndarray:
     if qtype == T.Q6_K:
         blocks[:, 192:208] = 127                      # int8 sub-block scales
         blocks[:, 208:210] = one
+    elif qtype in IQ_LOWBIT_TYPES:                    # 0xFF: the largest sub-block scales, every sign
+        set_block_scales(qtype, blocks, np.repeat(one[None], len(blocks), axis=0))
     else:
         blocks[:, 0:2] = one
         if qtype in (T.Q4_K, T.Q5_K):
@@ -182,7 +189,8 @@ def test_dequant_row_matches_gguf(qtype, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, T.F32, T.F16, T.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, T.F32, T.F16, T.BF16, *IQ_LOWBIT_TYPES],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
     """Batches run the batched kernels (in chunks of 4 activations) where the ISA has them."""
@@ -197,7 +205,7 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
             expect = np.array([kernel_calls.vec_dot(isa, qtype, w[r], act, n) for r in range(rows)], np.float32)
             scale = np.abs(dequantize(w, qtype) if qtype != T.F32 else w.view(np.float32)) @ np.abs(x[b])
             assert np.all(np.abs(y[b] - expect) <= SIBLING_RTOL * scale)
-            if qtype in FLOAT_TYPES:   # the same operations in the same order as the row kernel
+            if qtype in FLOAT_TYPES + IQ_LOWBIT_TYPES:   # the same operations in the same order as the row kernel
                 assert np.array_equal(y[b], expect)
 
 

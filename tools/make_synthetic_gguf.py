@@ -61,6 +61,16 @@ def _q4_k_m(name: str, layer: int) -> T:
     return T.Q4_K
 
 
+IQ_LOWBIT = (T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)
+
+
+def _iq_lowbit(name: str, layer: int) -> T:
+    """The 3- and 1-bit i-quants, a different one from tensor to tensor and layer to layer."""
+    if name == "token_embd.weight":
+        return T.IQ3_S
+    return T.IQ3_XXS if name == "output.weight" else IQ_LOWBIT[(layer + len(name)) % 4]
+
+
 def _uniform(qtype: T, head: T) -> Callable[[str, int], T]:
     return lambda name, layer: head if name == "output.weight" else qtype
 
@@ -69,6 +79,7 @@ RECIPES: dict[str, Callable[[str, int], T]] = {
     "q4_0": _uniform(T.Q4_0, T.Q6_K),      # llama.cpp keeps the LM head at Q6_K in Q4_0 files
     "q8_0": _uniform(T.Q8_0, T.Q8_0),
     "q4_k_m": _q4_k_m,
+    "iq_lowbit": _iq_lowbit,
     "f16": _uniform(T.F16, T.F16),
     "f32": _uniform(T.F32, T.F32),
 }

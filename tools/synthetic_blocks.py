@@ -50,6 +50,27 @@ def _q6_k(rng, rows, cols, std):
     return b
 
 
+def set_block_scales(qtype: T, blocks: np.ndarray, d: np.ndarray) -> None:
+    """Sets the f16 super-block scale of each of blocks (nb, bytes) of a 3- or 1-bit i-quant to d
+    (nb, 2) uint8: its first two bytes, or IQ1_M's, spread over the top nibbles of its 4 scale words."""
+    if qtype != T.IQ1_M:
+        blocks[:, 0:2] = d
+        return
+    words = blocks[:, 48:56].copy().view(np.uint16)
+    bits = d.copy().view(np.uint16)[:, 0]
+    for k in range(4):
+        words[:, k] = (words[:, k] & 0x0FFF) | (((bits >> (4 * k)) & 0xF) << 12)
+    blocks[:, 48:56] = words.view(np.uint8)
+
+
+def _iq_lowbit(spread: float, qtype: T):
+    def make(rng, rows, cols, std):   # random grid indices, signs, deltas and sub-block scales
+        b = _bytes(rng, rows, cols, qtype)
+        set_block_scales(qtype, b, _f16_field(rng, len(b), std / spread))
+        return b
+    return make
+
+
 def _float(dtype):
     def make(rng, rows, cols, std):
         return (rng.standard_normal((rows, cols), np.float32) * std).astype(dtype).view(np.uint8)
@@ -59,6 +80,8 @@ def _float(dtype):
 MAKERS: dict[T, Callable] = {
     T.Q4_0: _q4_0, T.Q8_0: _q8_0, T.Q4_K: _kquant(290.0, 7.5, T.Q4_K), T.Q5_K: _kquant(590.0, 15.5, T.Q5_K),
     T.Q6_K: _q6_k, T.F32: _float(np.float32), T.F16: _float(np.float16),
+    T.IQ3_XXS: _iq_lowbit(142.0, T.IQ3_XXS), T.IQ3_S: _iq_lowbit(141.0, T.IQ3_S),   # std of values at d 1
+    T.IQ1_S: _iq_lowbit(7.2, T.IQ1_S), T.IQ1_M: _iq_lowbit(7.2, T.IQ1_M),
 }
 
 
