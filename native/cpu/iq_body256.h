@@ -35,10 +35,7 @@ IQ_INLINE void iq3_xxs_n(int n, const block_iq3_xxs *x, const void *const *acts,
         for (int i = 0; i < na; i++) acc[i] = _mm256_setzero_si256();
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
-            const uint8_t *q = x[b].qs + 8 * j;
-#define IX(k) q[k]
-            const __m256i u = IQ_GATHER8(fm_iq3xxs_grid, IX);
-#undef IX
+            const __m256i u = IQ_GATHER8(fm_iq3xxs_grid, x[b].qs + 8 * j);
             const SIGNS sg = SIGNS_VEC(words, j);
             const __m256i scale = pick(sc, j);
             IQ3_SUBBLOCK(u, sg, scale, j)
@@ -61,13 +58,11 @@ IQ_INLINE void iq3_s_n(int n, const block_iq3_s *x, const void *const *acts, con
         __m256i acc[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) acc[i] = _mm256_setzero_si256();
+        uint16_t idx[64];
+        iq3s_indices(x + b, idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
-            const uint8_t *q = x[b].qs + 8 * j;
-            const int qh = x[b].qh[j];
-#define IX(k) (q[k] | ((qh << (8 - (k))) & 256))
-            const __m256i u = IQ_GATHER8(fm_iq3s_grid, IX);
-#undef IX
+            const __m256i u = IQ_GATHER8(fm_iq3s_grid, idx + 8 * j);
             const SIGNS sg = SIGNS_U32(fm_iq3s_signs(x + b, j));
             const __m256i scale = pick(sc, j);
             IQ3_SUBBLOCK(u, sg, scale, j)
@@ -98,11 +93,11 @@ IQ_INLINE void iq1_s_n(int n, const block_iq1_s *x, const void *const *acts, con
             const __m128i c = _mm_madd_epi16(ls, _mm_load_si128((const __m128i *)IQ_ACT(i, b)->sums32));
             acc[i] = _mm256_set_m128i(_mm_setzero_si128(), _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(c, 4)));
         }
+        uint16_t idx[32];
+        iq1s_indices(x + b, idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
-#define IX(l) fm_iq1s_index(x + b, j, l)
-            const __m256i u = IQ_GATHER4(fm_iq1_grid8, IX);
-#undef IX
+            const __m256i u = IQ_GATHER4(fm_iq1_grid8, idx + 4 * j);
             const __m256i scale = pick(sc, j);
             IQ1_SUBBLOCK(u, scale, j)
         }
@@ -138,11 +133,11 @@ IQ_INLINE void iq1_m_n(int n, const block_iq1_m *x, const void *const *acts, con
             acc[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 4));
         }
         const __m256i sclo = _mm256_broadcastsi128_si256(lo8), schi = _mm256_broadcastsi128_si256(hi8);
+        uint16_t idx[32];
+        iq1m_indices(x + b, idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
-#define IX(l) fm_iq1m_index(x + b, 4 * j + (l))
-            const __m256i u = IQ_GATHER4(fm_iq1_grid8, IX);
-#undef IX
+            const __m256i u = IQ_GATHER4(fm_iq1_grid8, idx + 4 * j);
             const __m256i scale = pick(j < 4 ? sclo : schi, 8 + j % 4);
             IQ1_SUBBLOCK(u, scale, j)
         }

@@ -5,6 +5,7 @@
 #include "quants.h"
 #include "simd128.h"
 #include "iq_lowbit.h"
+#include "iq_simd128.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define ACT(p) _mm_load_si128((const __m128i *)(p))   // activation rows are 16-byte aligned (quants.h)
@@ -100,14 +101,14 @@ float fm_dot_iq3_s_a8_ssse3(int n, const void *w, const void *a) {
         const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
         const __m128i sc = _mm_unpacklo_epi8(_mm_or_si128(_mm_add_epi8(nib, nib), _mm_set1_epi8(1)), _mm_setzero_si128());
         __m128i acc = _mm_setzero_si128();
+        uint16_t idx[64];
+        iq3s_indices(x + b, idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
-            const uint8_t *q = x[b].qs + 8 * j;
-            const int qh = x[b].qh[j];
             const __m128i word = _mm_set1_epi32((int)fm_iq3s_signs(x + b, j));
             const __m128i scale = lane(sc, j);
-#define IX0(k) (q[k] | ((qh << (8 - (k))) & 256))
-#define IX1(k) (q[4 + (k)] | ((qh << (4 - (k))) & 256))
+#define IX0(k) idx[8 * j + (k)]
+#define IX1(k) idx[8 * j + 4 + (k)]
             acc = signed_dot(acc, GATHER4(fm_iq3s_grid, IX0), y[b].qs + 32 * j, word, 0, scale);
             acc = signed_dot(acc, GATHER4(fm_iq3s_grid, IX1), y[b].qs + 32 * j + 16, word, 1, scale);
 #undef IX0
@@ -135,11 +136,13 @@ float fm_dot_iq1_s_a8_ssse3(int n, const void *w, const void *a) {
         // minus 16 ls . (the sums of each 32 activations), iq_lowbit.h
         __m128i acc = _mm_sub_epi32(_mm_setzero_si128(),
                                     _mm_slli_epi32(_mm_madd_epi16(ls, _mm_load_si128((const __m128i *)y[b].sums32)), 4));
+        uint16_t idx[32];
+        iq1s_indices(x + b, idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
             const __m128i scale = lane(ls, j);
-#define IX0(l) fm_iq1s_index(x + b, j, l)
-#define IX1(l) fm_iq1s_index(x + b, j, 2 + (l))
+#define IX0(l) idx[4 * j + (l)]
+#define IX1(l) idx[4 * j + 2 + (l)]
             acc = grid8_dot(acc, GATHER2(fm_iq1_grid8, IX0), y[b].qs + 32 * j, scale);
             acc = grid8_dot(acc, GATHER2(fm_iq1_grid8, IX1), y[b].qs + 32 * j + 16, scale);
 #undef IX0
@@ -167,9 +170,11 @@ float fm_dot_iq1_m_a8_ssse3(int n, const void *w, const void *a) {
         const __m128i c = _mm_add_epi32(_mm_madd_epi16(ls[0], _mm_load_si128((const __m128i *)y[b].bsums)),
                                         _mm_madd_epi16(ls[1], _mm_load_si128((const __m128i *)(y[b].bsums + 8))));
         __m128i acc = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(c, 4));
+        uint16_t idx[32];
+        iq1m_indices(x + b, idx);
         _Pragma("GCC unroll 16")
         for (int t = 0; t < 16; t++) {
-#define IX(l) fm_iq1m_index(x + b, 2 * t + (l))
+#define IX(l) idx[2 * t + (l)]
             acc = grid8_dot(acc, GATHER2(fm_iq1_grid8, IX), y[b].qs + 16 * t, lane(ls[t / 8], t % 8));
 #undef IX
         }

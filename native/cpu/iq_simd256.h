@@ -6,6 +6,7 @@
 #include "quants.h"
 #include "simd256.h"
 #include "iq_lowbit.h"
+#include "iq_simd128.h"
 
 #define IQ_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define IQ_ACT(i, b) (((const block_a8_256 *)acts[i]) + (b))
@@ -47,12 +48,12 @@ IQ_INLINE __m256i iq3xxs_sign_words(__m256i aux) {
     return _mm256_or_si256(b, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi8(1)), 7));
 }
 
-// 8 grid entries of 4 bytes, by index
-#define IQ_GATHER8(grid, ix) _mm256_set_epi32((int)grid[ix(7)], (int)grid[ix(6)], (int)grid[ix(5)], (int)grid[ix(4)], \
-                                              (int)grid[ix(3)], (int)grid[ix(2)], (int)grid[ix(1)], (int)grid[ix(0)])
-// 4 grid entries of 8 bytes, by index
-#define IQ_GATHER4(grid, ix) _mm256_set_epi64x((long long)grid[ix(3)], (long long)grid[ix(2)], \
-                                               (long long)grid[ix(1)], (long long)grid[ix(0)])
+// 8 grid entries of 4 bytes and 4 of 8 bytes, by the indices at p (uint8_t or uint16_t), put
+// together by inserts: the hardware gathers (vpgatherdd, vpgatherdq) read slower
+#define IQ_GATHER8(grid, p) _mm256_set_epi32((int)grid[(p)[7]], (int)grid[(p)[6]], (int)grid[(p)[5]], (int)grid[(p)[4]], \
+                                             (int)grid[(p)[3]], (int)grid[(p)[2]], (int)grid[(p)[1]], (int)grid[(p)[0]])
+#define IQ_GATHER4(grid, p) _mm256_set_epi64x((long long)grid[(p)[3]], (long long)grid[(p)[2]], \
+                                              (long long)grid[(p)[1]], (long long)grid[(p)[0]])
 
 // the sums of the block (acc[i]) into out[i] += block scale * sum
 #define IQ_FINISH_BLOCK(dw, pow2)                                                           \
