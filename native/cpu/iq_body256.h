@@ -60,6 +60,7 @@ IQ_INLINE void iq3_s_n(int n, const block_iq3_s *x, const void *const *acts, con
         for (int i = 0; i < na; i++) acc[i] = _mm256_setzero_si256();
         uint16_t idx[64];
         iq3s_indices(x + b, idx);
+        IQ_INDICES_IN_MEMORY(idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
             const __m256i u = IQ_GATHER8(fm_iq3s_grid, idx + 8 * j);
@@ -95,6 +96,7 @@ IQ_INLINE void iq1_s_n(int n, const block_iq1_s *x, const void *const *acts, con
         }
         uint16_t idx[32];
         iq1s_indices(x + b, idx);
+        IQ_INDICES_IN_MEMORY(idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
             const __m256i u = IQ_GATHER4(fm_iq1_grid8, idx + 4 * j);
@@ -135,6 +137,7 @@ IQ_INLINE void iq1_m_n(int n, const block_iq1_m *x, const void *const *acts, con
         const __m256i sclo = _mm256_broadcastsi128_si256(lo8), schi = _mm256_broadcastsi128_si256(hi8);
         uint16_t idx[32];
         iq1m_indices(x + b, idx);
+        IQ_INDICES_IN_MEMORY(idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
             const __m256i u = IQ_GATHER4(fm_iq1_grid8, idx + 4 * j);

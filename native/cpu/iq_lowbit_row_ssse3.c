@@ -103,6 +103,7 @@ float fm_dot_iq3_s_a8_ssse3(int n, const void *w, const void *a) {
         __m128i acc = _mm_setzero_si128();
         uint16_t idx[64];
         iq3s_indices(x + b, idx);
+        IQ_INDICES_IN_MEMORY(idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
             const __m128i word = _mm_set1_epi32((int)fm_iq3s_signs(x + b, j));
@@ -138,6 +139,7 @@ float fm_dot_iq1_s_a8_ssse3(int n, const void *w, const void *a) {
                                     _mm_slli_epi32(_mm_madd_epi16(ls, _mm_load_si128((const __m128i *)y[b].sums32)), 4));
         uint16_t idx[32];
         iq1s_indices(x + b, idx);
+        IQ_INDICES_IN_MEMORY(idx);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < 8; j++) {
             const __m128i scale = lane(ls, j);
@@ -172,6 +174,7 @@ float fm_dot_iq1_m_a8_ssse3(int n, const void *w, const void *a) {
         __m128i acc = _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(c, 4));
         uint16_t idx[32];
         iq1m_indices(x + b, idx);
+        IQ_INDICES_IN_MEMORY(idx);
         _Pragma("GCC unroll 16")
         for (int t = 0; t < 16; t++) {
 #define IX(l) idx[2 * t + (l)]

@@ -9,6 +9,9 @@
 
 #define IQ_LOAD128(p) _mm_loadu_si128((const __m128i *)(p))
 #define IQ_STORE128(p, v) _mm_storeu_si128((__m128i *)(p), v)
+// the indices read back from memory, one load each: left to itself, the compiler moves each one
+// out of its register by `pextrw`, two micro-operations
+#define IQ_INDICES_IN_MEMORY(idx) __asm__ volatile("" : : "r"(idx) : "memory")
 
 // pshufb patterns: bytes 2m and 2m+1 (8 copies each) of a vector of IQ3_S's qh, for the 16
 // entries of sub-blocks 2m, 2m+1; then the bit that each entry's byte tests
