@@ -1,5 +1,5 @@
 /* SSSE3 dot products of the 3- and 1-bit i-quants (IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) with 8-bit
- * activations: the arithmetic of iq_body256.h on 128-bit registers, a sub-block as two halves of
+ * activations: the arithmetic of the AVX2 kernels (iq_lowbit_batch_avx2.c) on 128-bit registers, a sub-block as two halves of
  * 16 values. Built with -mssse3 and nothing wider. */
 #include <tmmintrin.h>
 #include "quants.h"
@@ -158,16 +158,11 @@ float fm_dot_iq1_s_a8_ssse3(int n, const void *w, const void *a) {
 float fm_dot_iq1_m_a8_ssse3(int n, const void *w, const void *a) {
     const block_iq1_m *x = w;
     const block_a8_256 *y = a;
-    const __m128i mul = _mm_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16), one = _mm_set1_epi16(1);
     float s = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        // the 16 scales (iq_lowbit.h): each uint16 4 times, multiplied so that field t % 4 lands in bits 13..15
-        const __m128i wv = _mm_loadl_epi64((const __m128i *)x[b].scales);
-        const __m128i w01 = _mm_shuffle_epi8(wv, _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3));
-        const __m128i w23 = _mm_shuffle_epi8(wv, _mm_setr_epi8(4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7));
-        const __m128i ls[2] = { _mm_or_si128(_mm_slli_epi16(_mm_srli_epi16(_mm_mullo_epi16(w01, mul), 13), 1), one),
-                                _mm_or_si128(_mm_slli_epi16(_mm_srli_epi16(_mm_mullo_epi16(w23, mul), 13), 1), one) };
+        __m128i ls[2];
+        iq1m_scales(x + b, &ls[0], &ls[1]);
         // minus 16 ls . (the sums of each 16 activations)
         const __m128i c = _mm_add_epi32(_mm_madd_epi16(ls[0], _mm_load_si128((const __m128i *)y[b].bsums)),
                                         _mm_madd_epi16(ls[1], _mm_load_si128((const __m128i *)(y[b].bsums + 8))));

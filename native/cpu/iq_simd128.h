@@ -1,5 +1,5 @@
-/* The grid indices of whole IQ3_S, IQ1_S and IQ1_M super-blocks (iq_lowbit.h) computed in
- * 128-bit registers and stored as uint16, from which the kernels load each entry's address:
+/* The grid indices of whole IQ3_S, IQ1_S and IQ1_M super-blocks (iq_lowbit.h), and IQ1_M's
+ * scales, computed in 128-bit registers; the indices stored as uint16, from which the kernels load each entry's address:
  * two loads per entry, where decoding one index in general registers took five to seven
  * instructions. SSSE3 only: shared by the SSSE3, AVX2 and AVX-512 kernels. */
 #ifndef FERMIUM_IQ_SIMD128_H
@@ -69,6 +69,18 @@ IQ_INLINE void iq1s_indices(const block_iq1_s *x, uint16_t idx[32]) {
         const __m128i q = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * m)), zero);
         IQ_STORE128(idx + 8 * m, _mm_or_si128(q, h));
     }
+}
+
+// the 16 IQ1_M scales ls = 2 s + 1 (iq_lowbit.h): lo8 those of values 0..127, hi8 of 128..255
+IQ_INLINE void iq1m_scales(const block_iq1_m *x, __m128i *lo8, __m128i *hi8) {
+    const __m128i w = _mm_loadl_epi64((const __m128i *)x->scales);
+    // each uint16 4 times, multiplied so that its field t % 4 lands in bits 13..15
+    const __m128i mul = _mm_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16);
+    const __m128i one = _mm_set1_epi16(1);
+    const __m128i w01 = _mm_shuffle_epi8(w, _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3));
+    const __m128i w23 = _mm_shuffle_epi8(w, _mm_setr_epi8(4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7));
+    *lo8 = _mm_or_si128(_mm_slli_epi16(_mm_srli_epi16(_mm_mullo_epi16(w01, mul), 13), 1), one);
+    *hi8 = _mm_or_si128(_mm_slli_epi16(_mm_srli_epi16(_mm_mullo_epi16(w23, mul), 13), 1), one);
 }
 
 #endif

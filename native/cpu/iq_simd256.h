@@ -1,5 +1,5 @@
-/* 256-bit helpers of the 3- and 1-bit i-quant kernels (iq_body256.h): sign words to bytes,
- * grid gathers, the per-block sums. For files built with at least -mavx2 -mf16c. */
+/* 256-bit helpers of the AVX2 and AVX-512 kernels of the 3- and 1-bit i-quants: IQ3_XXS's sign
+ * words, grid gathers. For files built with at least -mavx2 -mf16c. */
 #ifndef FERMIUM_IQ_SIMD256_H
 #define FERMIUM_IQ_SIMD256_H
 #include <immintrin.h>
@@ -7,30 +7,6 @@
 #include "simd256.h"
 #include "iq_lowbit.h"
 #include "iq_simd128.h"
-
-#define IQ_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
-#define IQ_ACT(i, b) (((const block_a8_256 *)acts[i]) + (b))
-
-// pshufb pattern that copies byte k of a broadcast 32-bit word to bytes 8k..8k+7, and the bit
-// that each byte then tests
-static const uint8_t IQ_SIGN_SPREAD[32] __attribute__((aligned(32))) = {
-    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3 };
-static const uint8_t IQ_SIGN_BITS[32] __attribute__((aligned(32))) = {
-    1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128 };
-
-// a broadcast sign word's bits as bytes: each byte of the result holds bit v of the word at
-// bit position v % 8 (the others zero, but for those IQ_SIGN_BITS tests)
-IQ_INLINE __m256i iq_spread_signs(__m256i word) {
-    return _mm256_and_si256(_mm256_shuffle_epi8(word, _mm256_load_si256((const __m256i *)IQ_SIGN_SPREAD)),
-                            _mm256_load_si256((const __m256i *)IQ_SIGN_BITS));
-}
-
-IQ_INLINE int32_t iq_hsum_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
 
 // the sign words of the 8 IQ3_XXS sub-blocks (iq_lowbit.h) from their scales_signs words: each
 // 7-bit field moved to its byte, with the byte's parity as its bit 7 (what fm_ksigns_iq2xs holds)
@@ -54,10 +30,5 @@ IQ_INLINE __m256i iq3xxs_sign_words(__m256i aux) {
                                              (int)grid[(p)[3]], (int)grid[(p)[2]], (int)grid[(p)[1]], (int)grid[(p)[0]])
 #define IQ_GATHER4(grid, p) _mm256_set_epi64x((long long)grid[(p)[3]], (long long)grid[(p)[2]], \
                                               (long long)grid[(p)[1]], (long long)grid[(p)[0]])
-
-// the sums of the block (acc[i]) into out[i] += block scale * sum
-#define IQ_FINISH_BLOCK(dw, pow2)                                                           \
-    _Pragma("GCC unroll 4")                                                                 \
-    for (int i = 0; i < na; i++) s[i] += fm_iq_block_scale(dw, IQ_ACT(i, b)->d, pow2) * (float)iq_hsum_epi32(acc[i]);
 
 #endif
