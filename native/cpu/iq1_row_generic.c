@@ -9,9 +9,9 @@ uint64_t fm_iq1_grid8[4096];
 __attribute__((constructor)) static void fill_iq1_grid8(void) {
     for (int i = 0; i < 4096; i++) {
         const int8_t *g = (const int8_t *)&fm_iq1s_grid[i & 2047];
+        const int delta = i >> 11 ? -1 : 1;
         uint64_t e = 0;
-        for (int k = 0; k < 8; k++)
-            e |= (uint64_t)(8 * (g[k] + 1) + FM_IQ1_GRID8_OFFSET / 2 + (i >> 11 ? -1 : 1)) << 8 * k;
+        for (int k = 0; k < 8; k++) e |= (uint64_t)(8 * g[k] + delta + FM_IQ1_GRID8_OFFSET) << 8 * k;
         fm_iq1_grid8[i] = e;
     }
 }

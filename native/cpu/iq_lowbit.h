@@ -75,11 +75,11 @@ IQ_INLINE fm_f16 fm_iq1m_d(const block_iq1_m *x) {
                     | ((fm_iq1m_word(x, 2) >> 4) & 0x0F00) | (fm_iq1m_word(x, 3) & 0xF000));
 }
 
-// The SIMD kernels' IQ1 table, by 12-bit index: the 8 bytes 8 (grid + 1) + 8 + delta (7 .. 25),
+// The SIMD kernels' IQ1 table, by 12-bit index: the 8 bytes 8 grid + delta + 16 (7 .. 25),
 // unsigned for `pmaddubsw`. Its products are sum (8 grid + delta) a + 16 sum a; the kernels take
 // the 16 sum a out through the activations' sums of each 16 (IQ1_M) or 32 (IQ1_S) values.
 // Derived from fm_iq1s_grid when the library loads (iq1_row_generic.c).
 extern uint64_t fm_iq1_grid8[4096];
-#define FM_IQ1_GRID8_OFFSET 16
+#define FM_IQ1_GRID8_OFFSET 16   // the kernels take it out as a shift by 4 of the scaled sums
 
 #endif
