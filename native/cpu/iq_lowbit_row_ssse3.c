@@ -50,10 +50,15 @@ INLINE __m128i iq3xxs_sign_words(__m128i aux) {
     return _mm_or_si128(b, _mm_slli_epi32(_mm_and_si128(p, _mm_set1_epi8(1)), 7));
 }
 
-// acc + (the 16 grid values u . the activations a with the signs of half h of `word`) . scale
-INLINE __m128i signed_dot(__m128i acc, __m128i u, const int8_t *a, __m128i word, int h, __m128i scale) {
-    const __m128i p = _mm_maddubs_epi16(u, _mm_sign_epi8(ACT(a), sign_operand(word, h)));
-    return _mm_add_epi32(acc, _mm_madd_epi16(p, scale));
+// the 16 grid values u . the 16 activations a with the signs of half h of `word`, int16 pairs
+INLINE __m128i signed_half(__m128i u, const int8_t *a, __m128i word, int h) {
+    return _mm_maddubs_epi16(u, _mm_sign_epi8(ACT(a), sign_operand(word, h)));
+}
+
+// acc + (the int16 products of a sub-block's two halves) . scale: their sum stays exact in int16
+// (|sum| <= 4 * 62 * 127 for IQ3_XXS's largest grid value), so one `pmaddwd` scales both
+INLINE __m128i scaled_sum(__m128i acc, __m128i p0, __m128i p1, __m128i scale) {
+    return _mm_add_epi32(acc, _mm_madd_epi16(_mm_add_epi16(p0, p1), scale));
 }
 
 #define GATHER4(grid, ix) _mm_set_epi32((int)grid[ix(3)], (int)grid[ix(2)], (int)grid[ix(1)], (int)grid[ix(0)])
@@ -79,8 +84,8 @@ float fm_dot_iq3_xxs_a8_ssse3(int n, const void *w, const void *a) {
             const __m128i scale = lane(sc, j);
 #define IX0(k) q[k]
 #define IX1(k) q[4 + (k)]
-            acc = signed_dot(acc, GATHER4(fm_iq3xxs_grid, IX0), y[b].qs + 32 * j, word, 0, scale);
-            acc = signed_dot(acc, GATHER4(fm_iq3xxs_grid, IX1), y[b].qs + 32 * j + 16, word, 1, scale);
+            acc = scaled_sum(acc, signed_half(GATHER4(fm_iq3xxs_grid, IX0), y[b].qs + 32 * j, word, 0),
+                             signed_half(GATHER4(fm_iq3xxs_grid, IX1), y[b].qs + 32 * j + 16, word, 1), scale);
 #undef IX0
 #undef IX1
         }
@@ -110,8 +115,8 @@ float fm_dot_iq3_s_a8_ssse3(int n, const void *w, const void *a) {
             const __m128i scale = lane(sc, j);
 #define IX0(k) idx[8 * j + (k)]
 #define IX1(k) idx[8 * j + 4 + (k)]
-            acc = signed_dot(acc, GATHER4(fm_iq3s_grid, IX0), y[b].qs + 32 * j, word, 0, scale);
-            acc = signed_dot(acc, GATHER4(fm_iq3s_grid, IX1), y[b].qs + 32 * j + 16, word, 1, scale);
+            acc = scaled_sum(acc, signed_half(GATHER4(fm_iq3s_grid, IX0), y[b].qs + 32 * j, word, 0),
+                             signed_half(GATHER4(fm_iq3s_grid, IX1), y[b].qs + 32 * j + 16, word, 1), scale);
 #undef IX0
 #undef IX1
         }
@@ -145,8 +150,8 @@ float fm_dot_iq1_s_a8_ssse3(int n, const void *w, const void *a) {
             const __m128i scale = lane(ls, j);
 #define IX0(l) idx[4 * j + (l)]
 #define IX1(l) idx[4 * j + 2 + (l)]
-            acc = grid8_dot(acc, GATHER2(fm_iq1_grid8, IX0), y[b].qs + 32 * j, scale);
-            acc = grid8_dot(acc, GATHER2(fm_iq1_grid8, IX1), y[b].qs + 32 * j + 16, scale);
+            acc = scaled_sum(acc, _mm_maddubs_epi16(GATHER2(fm_iq1_grid8, IX0), ACT(y[b].qs + 32 * j)),
+                             _mm_maddubs_epi16(GATHER2(fm_iq1_grid8, IX1), ACT(y[b].qs + 32 * j + 16)), scale);
 #undef IX0
 #undef IX1
         }
