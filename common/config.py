@@ -236,22 +236,24 @@ def model_file_bytes(model: Any) -> int:
 
 
 def check_memory(role: str, mem: SequenceMemory, sequences: int, model_bytes: int, *,
-                 batch_option: str | None = "--max-batch") -> int:
+                 batch_option: str | None = "--max-batch", model: Any = None) -> int:
     """Raise ContextSizeError, naming the sizes, when one state at the context size and the model
-    file do not fit this machine's RAM. KV grows with each sequence's length, so `sequences` at the
-    full context (`batch_option` sets their number) is a worst case: past the RAM it is a warning,
-    naming what fits. Returns the bytes that worst case needs."""
+    file do not fit this machine's RAM: with the --ctx-size that fits, or where none does, the
+    smaller files of `model` that would (common/file_types.py). KV grows with each sequence's
+    length, so `sequences` at the full context (`batch_option` sets their number) is a worst
+    case: past the RAM it is a warning, naming what fits. Returns the bytes that it needs."""
     ram, available = machine_ram()
     room = ram - model_bytes
     if mem.total_bytes > room:
+        from common.file_types import files_that_fit
         per_token = mem.kv_bytes_per_token
         fit_ctx = (room - mem.fixed_bytes) // per_token if per_token else 0
         raise ContextSizeError(
             f"{role}: a context of {mem.tokens} tokens needs up to {size_text(mem.total_bytes)} per sequence (KV "
             f"{mem.kv_type} {size_text(mem.kv_bytes)} + recurrent state {size_text(mem.recurrent_bytes)}); with the "
             f"model file's {size_text(model_bytes)} that is {size_text(mem.total_bytes + model_bytes)}, more than this "
-            f"machine's {size_text(ram)} of RAM; lower --ctx-size"
-            + (f" (--ctx-size {fit_ctx} fits)" if fit_ctx > 0 else ""))
+            f"machine's {size_text(ram)} of RAM"
+            + (f"; lower --ctx-size (--ctx-size {fit_ctx} fits)" if fit_ctx > 0 else files_that_fit(model, ram, mem)))
     need = sequences * mem.total_bytes + model_bytes
     if need > ram:
         fit = f"; {batch_option} {room // mem.total_bytes} would" if batch_option else ""
@@ -273,7 +275,7 @@ def plan_context(role: str, model: Any, requested: int, sequences: int, batch_op
     from common.kv_cache import check_kv_type
     kv_type = check_kv_type(kv_type, model.config.head_dim)
     mem = sequence_memory(model.config, context_size(requested, model.config), kv_type, draft_tokens)
-    check_memory(role, mem, sequences, model_file_bytes(model), batch_option=batch_option)
+    check_memory(role, mem, sequences, model_file_bytes(model), batch_option=batch_option, model=model)
     return mem
 
 

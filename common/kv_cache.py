@@ -14,6 +14,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, quants
 
 from .errors import UserError
+from .model.quants import dequantize
 
 KV_TYPES = ("f16", "q8_0", "f32")
 DEFAULT_KV_TYPE = "f16"
@@ -76,7 +77,7 @@ def kv_decode(a: np.ndarray, kv_type: str) -> np.ndarray:
         return a
     if kv_type == "f16":
         return a.astype(np.float32)
-    return quants.dequantize(np.ascontiguousarray(a), GGMLQuantizationType.Q8_0).astype(np.float32, copy=False)
+    return dequantize(a, GGMLQuantizationType.Q8_0)
 
 
 def kv_type_of(a: np.ndarray) -> str:

@@ -152,6 +152,7 @@ def up_command(
     for name in ("speculative", "draft_tokens", "draft_vocab"):
         quiet["decode"] += [f"--{name.replace('_', '-')}", str(settings[name])]
     path = _model(settings["model"])
+    _check_fits(path, settings["ctx_size"], settings["kv_type"])
 
     def note(text):     # progress; stdout carries the answer
         print(text, file=sys.stderr, flush=True)
@@ -184,6 +185,21 @@ def up_command(
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         Supervisor(stack, note).run(stopping)
+
+
+def _check_fits(path: str, ctx_size: int, kv_type: str) -> None:
+    """Before any process starts: the file and one sequence at the context must fit the RAM
+    (the workers check it again at start), else the error names the --ctx-size or the smaller
+    files that would."""
+    from common.config import plan_context
+    from common.model.config import ModelConfigError
+    from common.model.gguf_file import GGUFModel
+    try:
+        model = GGUFModel(path)
+        model.config            # read now: a file whose metadata is wrong is the services' to name
+    except (ModelConfigError, FileNotFoundError):
+        return                  # each service says why it cannot load the file
+    plan_context("up", model, ctx_size, 1, batch_option=None, kv_type=kv_type)
 
 
 def chat_command(

@@ -9,6 +9,7 @@ from gguf.quants import dequantize
 from common.reference.deltanet import chunked_rule
 from common.reference.moe import route
 from common.reference.ops import l2_norm, rms_norm, sigmoid, silu
+from native.cuda.kernels import GATE_UP_KERNELS, GEMM_KERNELS, ROWS_KERNELS, KernelError, _gemm_checked
 
 
 def _f(mem, ptr, rows, cols, ld):
@@ -36,17 +37,23 @@ class FakeKernels:
 
     def gemm(self, stream, qtype, *, x, ldx, y, ldy, w, row_bytes, tiles, n_tiles, N, K,
              xrows=0, woff=0, accumulate=False, bm=64):
+        if not _gemm_checked(GEMM_KERNELS, qtype, x, ldx, K, n_tiles):     # the real one's type registry
+            return
         for row0, nrows, prod in self._tiles(qtype, x, ldx, xrows, w, woff, row_bytes, tiles, n_tiles, N, K, bm):
             Y = _f(self.m, y + row0 * ldy * 4, nrows, N, ldy)
             Y[:] = (Y if accumulate else 0) + prod
 
     def gemm_gate_up(self, stream, qtype, *, x, ldx, y, ldy, woff, woff_up, row_bytes, tiles, n_tiles, N, K,
                      xrows=0, w=0):
+        if not _gemm_checked(GATE_UP_KERNELS, qtype, x, ldx, K, n_tiles):
+            return
         gate, up = (self._tiles(qtype, x, ldx, xrows, w, t, row_bytes, tiles, n_tiles, N, K) for t in (woff, woff_up))
         for (row0, nrows, g), (_, _, u) in zip(gate, up):
             _f(self.m, y + row0 * ldy * 4, nrows, N, ldy)[:] = silu(g) * u
 
     def dequant_rows(self, stream, qtype, w, row_bytes, rows, out, n, K):
+        if qtype not in ROWS_KERNELS:
+            raise KernelError(f"no row dequantizer for {Q(qtype).name}")
         idx = self.m.view(rows, n, np.int32) if rows else np.arange(n)
         raw = self.m.view(w, (int(idx.max()) + 1, row_bytes), np.uint8)[idx]
         self.m.view(out, (n, K))[:] = raw.view(np.float32) if qtype == Q.F32 else dequantize(raw, Q(qtype))

@@ -192,3 +192,61 @@ def test_the_runner_makes_each_kv_buffer_once_for_the_context(model):
     assert all(a.base is b for a, b in zip(state.k + state.v, bases))          # never copied to grow
     assert all(b.shape[0] == 300 for b in bases)
     assert state.nbytes == sequence_memory(model.config, 35).total_bytes
+
+
+def test_a_file_larger_than_the_ram_names_the_smaller_files_that_fit(model, tiny, monkeypatch):
+    """No context fits beside the file: the refusal names the sizes and the llama-quantize file
+    types of this model whose file and one sequence's state would fit, the largest first."""
+    from common.config import size_text
+    from common.file_types import SMALLER_NAMED, file_type_sizes
+    from fermium.cli_services import _check_fits
+    mem = sequence_memory(model.config, CONTEXT, "f16")
+    file_bytes = tiny.stat().st_size
+    sizes = file_type_sizes(model)
+    q4_k_m = dict((name, n) for name, n, _ in sizes)["q4_k_m"]
+    ram = q4_k_m + mem.total_bytes
+    assert ram < file_bytes
+    monkeypatch.setattr(config_module, "machine_ram", lambda: (ram, None))
+    with pytest.raises(ContextSizeError) as err:
+        DecodeServer(DecodeConfig(model=str(tiny), max_batch=16, worker_token="t"), model=model,
+                     runner=ReferenceModel(model, kv_type="f16"))
+    text = str(err.value)
+    assert text.startswith(f"decode: a context of {CONTEXT} tokens needs up to {size_text(mem.total_bytes)} per "
+                           f"sequence")
+    assert f"model file's {size_text(file_bytes)}" in text
+    assert f"more than this machine's {size_text(ram)} of RAM" in text
+    assert "--ctx-size" not in text
+    named = text.split("that would fit, by bits per weight: ")[1].split(", ")
+    fits = [(name, n, bpw) for name, n, bpw in sizes if n + mem.total_bytes <= ram]
+    assert named == [f"{name.upper()} about {size_text(n)} ({bpw:.2f} bpw)" for name, n, bpw in fits[:SMALLER_NAMED]]
+    assert named[0].startswith("Q4_K_M ") and len(named) == SMALLER_NAMED
+    # `fermium up` says so before it starts anything
+    with pytest.raises(ContextSizeError, match=r"^up: a context of .* files of this model that would fit"):
+        _check_fits(str(tiny), 0, "f16")
+    smallest, smallest_bytes, _ = sizes[-1]
+    tight = smallest_bytes + mem.total_bytes - 1                     # the smallest fits only with less context
+    monkeypatch.setattr(config_module, "machine_ram", lambda: (tight, None))
+    with pytest.raises(ContextSizeError) as err:
+        _check_fits(str(tiny), 0, "f16")
+    fit = int(str(err.value).split(f"the smallest, {smallest.upper()}, about {size_text(smallest_bytes)}, "
+                                   f"would with --ctx-size ")[1])
+    assert 0 < fit < CONTEXT and smallest_bytes + sequence_memory(model.config, fit, "f16").total_bytes <= tight
+    monkeypatch.setattr(config_module, "machine_ram", lambda: (smallest_bytes, None))      # not even that
+    with pytest.raises(ContextSizeError, match=rf"no llama-quantize file type of this model fits \(the smallest, "
+                                               rf"{smallest.upper()}, about "):
+        _check_fits(str(tiny), 0, "f16")
+
+
+def test_the_file_type_sizes_are_those_of_the_files(tmp_path):
+    """Priced from an F32 file's tensors, each file type is within 2% of the file written so
+    (the synthetic writer keeps the small DeltaNet gates F32, which llama-quantize would not)."""
+    import os
+    sys.path.insert(0, str(REPO / "tools"))
+    from make_synthetic_gguf import TINY, write_synthetic
+
+    from common.file_types import file_type_sizes
+    sizes = {name: n for name, n, _ in file_type_sizes(GGUFModel(write_synthetic(tmp_path / "f32.gguf", layers=4,
+                                                                                 recipe="f32", widths=TINY)))}
+    for recipe in ("q8_0", "q3_k_m", "iq2_xxs", "mxfp4_moe"):
+        real = os.path.getsize(write_synthetic(tmp_path / f"{recipe}.gguf", layers=4, recipe=recipe, widths=TINY))
+        assert abs(sizes[recipe] - real) <= 0.02 * real, recipe

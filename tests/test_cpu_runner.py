@@ -17,7 +17,7 @@ from native.cpu_runner import CpuRunner
 from tests import kernel_calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from make_synthetic_gguf import IQ_LOWBIT, TINY, write_synthetic  # noqa: E402
+from make_synthetic_gguf import TINY, write_synthetic  # noqa: E402
 
 # Float weights: the native runner dots fp32 activations too; only summation order differs.
 FLOAT_REL_TOL = 1e-4
@@ -41,7 +41,7 @@ def prompt(n: int = PROMPT, seed: int = 1) -> list[int]:
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     out = {r: write_synthetic(root / f"{r}.gguf", layers=4, recipe=r, widths=TINY)
-           for r in ("f32", "q8_0", "q4_0", "q4_k_m", "iq_lowbit")}
+           for r in ("f32", "q8_0", "q4_0", "q4_k_m")}
     out["next-f32"] = write_synthetic(root / "next-f32.gguf", layers=4, recipe="f32", widths=TINY, arch="qwen3next")
     out["next-q4_0"] = write_synthetic(root / "next-q4_0.gguf", layers=4, recipe="q4_0", widths=TINY, arch="qwen3next")
     return out
@@ -72,11 +72,8 @@ def test_float_files_match_reference_and_greedy_tokens(files, name):
 
 
 @pytest.mark.parametrize("isa", sorted({"ssse3", cpu_lib.active_isa()}))
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m", "iq_lowbit"])
-def test_quantized_files_track_reference(files, name, isa, monkeypatch):
-    # the reference dequantizes the i-quants through gguf (Tensor.dequant) whether or not the model
-    # core lists them among the types it checks
-    monkeypatch.setattr(gguf_file, "SUPPORTED_TYPES", gguf_file.SUPPORTED_TYPES | set(IQ_LOWBIT))
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k_m"])
+def test_quantized_files_track_reference(files, name, isa):
     model = GGUFModel(files[name])
     ref = ReferenceModel(model)
     expect = ref.prefill(prompt(), ref.new_state(), all_logits=True)
@@ -86,6 +83,33 @@ def test_quantized_files_track_reference(files, name, isa, monkeypatch):
     err = rel_err(got, expect)
     assert np.median(err) <= QUANT_MEDIAN_REL_TOL, err
     assert err.max() <= QUANT_MAX_REL_TOL, err
+    assert (got.argmax(-1) == expect.argmax(-1)).mean() >= QUANT_MIN_ARGMAX_AGREEMENT
+
+
+IQ2_TYPES = {gguf_file.GGMLQuantizationType[t] for t in ("IQ2_XXS", "IQ2_XS", "IQ2_S")}
+
+
+@pytest.mark.parametrize("isa", sorted({"ssse3", cpu_lib.active_isa()}))
+def test_iq2_mixed_file_tracks_reference(tmp_path, isa):
+    """A file whose tensors hold IQ2_XXS, IQ2_XS or IQ2_S by tensor and by layer (the embedding
+    too), beside Q4_K and Q6_K: the native runner's logits track the reference's."""
+    path = write_synthetic(tmp_path / "iq2_mix.gguf", layers=4, recipe="iq2_mix", widths=TINY)
+    model = GGUFModel(path)
+    assert IQ2_TYPES <= {t.qtype for t in model.tensors.values()}
+    ref = ReferenceModel(model)
+    expect = ref.prefill(prompt(), ref.new_state(), all_logits=True)
+    with kernel_calls.isa_restored():
+        eng = CpuRunner(model, threads=2, isa=isa)
+        got = eng.prefill(prompt(), eng.new_state(), all_logits=True)
+        state = eng.new_state()
+        eng.prefill(prompt(), state)
+        step = eng.decode([int(expect[-1].argmax())], [state])
+    rstate = ref.new_state()
+    ref.prefill(prompt(), rstate)
+    ref_step = ref.decode([int(expect[-1].argmax())], [rstate])
+    for err in rel_err(got, expect), rel_err(step, ref_step):
+        assert np.median(err) <= QUANT_MEDIAN_REL_TOL, err
+        assert err.max() <= QUANT_MAX_REL_TOL, err
     assert (got.argmax(-1) == expect.argmax(-1)).mean() >= QUANT_MIN_ARGMAX_AGREEMENT
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 from common.kv_cache import kv_decode, kv_dtype
 from common.model.gguf_file import GGUFModel
@@ -17,7 +18,7 @@ from native.cuda.plan import make_plan
 from services.prefill.backends import cuda as cuda_backend
 
 from .cuda_emulator import emulate_cuda
-from .gpu.tiny_gguf import TinySpec, build
+from .gpu.tiny_gguf import MIX_IQ, MIX_LOW, TinySpec, build, open_model
 
 # the emulated kernels are the reference's own numpy ops, so only summation order differs
 LOGITS_ATOL = 1e-3
@@ -78,6 +79,10 @@ def run_both(model, tokens, **options):
 @pytest.mark.parametrize("share,pass_tokens", [(1.0, 256), (0.5, 256), (0.0, 64)],
                          ids=["resident", "half-pinned", "all-streamed-multipass"])
 def test_matches_reference(model, emulated, share, pass_tokens):
+    matches_reference(model, share, pass_tokens)
+
+
+def matches_reference(model, share, pass_tokens):
     tokens = list(np.random.default_rng(1).integers(0, model.config.vocab_size, 90))
     budget = budget_for(model, share, pass_tokens)
     out, rs, cs, backend = run_both(model, tokens, vram_budget=budget, pass_tokens=pass_tokens)
@@ -99,6 +104,45 @@ def test_matches_reference(model, emulated, share, pass_tokens):
         assert stats["h2d_bytes"] > 0
     else:
         assert stats["h2d_bytes"] == 0
+
+
+MIXES = {"iq-mix": MIX_IQ, "low-bit-mix": MIX_LOW}     # every type of quant_linear.cuh and quant_iq.cuh
+
+
+@pytest.fixture(scope="module", params=list(MIXES))
+def mixed(request, tmp_path_factory):
+    return open_model(build(tmp_path_factory.mktemp("mix") / f"{request.param}.gguf", MIXES[request.param]))
+
+
+@pytest.mark.parametrize("share,pass_tokens", [(1.0, 256), (0.0, 64)], ids=["resident", "all-streamed-multipass"])
+def test_mixed_types_match_reference(mixed, emulated, share, pass_tokens):
+    """Files whose tensors mix the newer types by role and by layer: each GEMM is launched with
+    its tensor's own type (the emulated kernels refuse a type the real registry lacks)."""
+    matches_reference(mixed, share, pass_tokens)
+
+
+def test_streamed_bytes_follow_each_type(tmp_path, emulated):
+    """Two files alike but for their experts' type (Q4_K, 144 bytes per 256 weights; IQ2_XXS, 66):
+    the plan's expert size, the streamer's per-expert copies and the bytes that crossed the bus
+    with every expert streamed and the head resident all scale by 66 / 144."""
+    tokens = list(np.random.default_rng(5).integers(0, 512, 90))
+    got = {}
+    for qtype in (Q.Q4_K, Q.IQ2_XXS):
+        spec = TinySpec(types={**TinySpec().types, "experts": qtype, "down": qtype})
+        model = open_model(build(tmp_path / f"{qtype.name}.gguf", spec))
+        big = make_plan(model.config, {n: t.nbytes for n, t in model.tensors.items()}, budget=1 << 40,
+                        pass_tokens=64, max_context=512)
+        budget = (big.dense_bytes + big.workspace_bytes + big.state_bytes + big.reserve_bytes + big.head_bytes
+                  + 8 * big.expert_bytes + 1024)
+        backend = cuda_backend.CUDABackend(model, max_context=512, vram_budget=budget, pass_tokens=64)
+        state = SequenceState.empty(model.config, "f32")
+        backend.prefill(tokens, state)
+        assert backend.plan.pinned_experts == 0 and backend.plan.head_resident
+        got[qtype] = (backend.plan.expert_bytes, set(backend.streamer.ebytes.values()), backend.stats()["h2d_bytes"])
+    (e4, eb4, h4), (e2, eb2, h2) = got[Q.Q4_K], got[Q.IQ2_XXS]
+    assert e2 * 144 == e4 * 66
+    assert {b * 144 for b in eb2} == {b * 66 for b in eb4}
+    assert h4 > 0 and h2 * 144 == h4 * 66
 
 
 def test_budget_too_small_is_explained(model, emulated):

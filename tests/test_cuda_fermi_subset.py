@@ -21,6 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import check_fermi_subset as fermi  # noqa: E402
 
+from native.cuda.kernels import GEMM_KERNELS  # noqa: E402
+
+from .gpu.tiny_gguf import BLOCK_SCALES, set_scales  # noqa: E402
+from .gpu.tiny_gguf import random_blocks as scaled_blocks  # noqa: E402
+
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not on PATH")
 
@@ -33,7 +38,8 @@ def test_every_kernel_in_subset():
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert " 0 violations" in run.stdout
-    for kernel in ("gemm_q4_k", "gdn_chunk_scan", "attn_prefill", "moe_route", "conv1d_silu"):
+    for kernel in ("gemm_q4_k", "gemm_gate_up_iq2_xxs", "gemm_mxfp4", "rows_iq1_m", "gdn_chunk_scan", "attn_prefill",
+                   "moe_route", "conv1d_silu"):
         assert kernel in run.stdout
 
 
@@ -75,13 +81,8 @@ def dequant_host(tmp_path_factory) -> Path:
 
 
 def random_blocks(qtype: Q, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Random bytes with every f16 scale set to a finite value, so nothing decodes to inf/nan."""
+    """Random bytes with every scale set to a finite value, so nothing decodes to inf/nan."""
     block, size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(n // block, size), dtype=np.uint8)
-
-    def scale(k):
-        return rng.uniform(0.001, 0.1, size=(n // block, k)).astype(np.float16).view(np.uint8)
-
     if qtype == Q.F32:
         return rng.standard_normal(n).astype(np.float32).view(np.uint8).reshape(n, 4)
     if qtype == Q.F16:
@@ -89,17 +90,35 @@ def random_blocks(qtype: Q, n: int, rng: np.random.Generator) -> np.ndarray:
     if qtype == Q.BF16:
         top_halves = rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16
         return top_halves.astype(np.uint16).view(np.uint8).reshape(n, 2)
-    if qtype in (Q.Q8_0, Q.Q4_0):
-        raw[:, :2] = scale(1)
-    elif qtype in (Q.Q4_K, Q.Q5_K):
-        raw[:, :4] = scale(2)
-    elif qtype == Q.Q6_K:
-        raw[:, 208:210] = scale(1)
+    return scaled_blocks(qtype, n // block, rng)
+
+
+def edge_blocks(qtype: Q, n: int) -> np.ndarray:
+    """Blocks of extremes, a quarter each: all bytes zero (zero scales, MXFP4's smallest exponent);
+    all bytes 0xff with the largest finite f16 scales; every byte value in turn (every 1-, 2- and
+    4-bit code at every place) under unit scales; the ramp again under the smallest subnormal."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    nb = n // block
+    raw = (np.arange(nb * size) % 251).astype(np.uint8).reshape(nb, size)       # 251: prime, shifts per block
+    q = nb // 4
+    raw[:q] = 0
+    raw[q:2 * q] = 255
+    f16 = np.full((nb, 2), 1.0, np.float16)
+    f16[q:2 * q] = np.float16(65504.0)
+    f16[3 * q:] = np.uint16(1).view(np.float16)
+    f16[:q] = 0.0
+    if qtype in BLOCK_SCALES:                                   # MXFP4: the bytes' own exponents
+        set_scales(raw, qtype, f16[:, 0], f16[:, 1])
     return raw
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K],
-                         ids=lambda q: q.name)
+def decode_on_host(exe: Path, qtype: Q, raw: np.ndarray) -> np.ndarray:
+    n = raw.size // GGML_QUANT_SIZES[qtype][1] * GGML_QUANT_SIZES[qtype][0]
+    run = subprocess.run([str(exe), qtype.name, str(n)], input=raw.tobytes(), capture_output=True, check=True)
+    return np.frombuffer(run.stdout, np.float32)
+
+
+@pytest.mark.parametrize("qtype", list(GEMM_KERNELS), ids=lambda q: q.name)
 def test_block_decoders_match_gguf(dequant_host, qtype):
     n = 4096
     raw = random_blocks(qtype, n, np.random.default_rng(int(qtype)))
@@ -107,7 +126,15 @@ def test_block_decoders_match_gguf(dequant_host, qtype):
         want = raw.view(np.float32).reshape(-1)
     else:
         want = dequantize(raw.reshape(1, -1), qtype).reshape(-1).astype(np.float32)
-    run = subprocess.run([str(dequant_host), qtype.name, str(n)], input=raw.tobytes(),
-                         capture_output=True, check=True)
-    got = np.frombuffer(run.stdout, np.float32)
+    np.testing.assert_allclose(decode_on_host(dequant_host, qtype, raw), want, rtol=DECODE_RTOL, atol=DECODE_ATOL)
+
+
+@pytest.mark.parametrize("qtype", [q for q in GEMM_KERNELS if q not in (Q.F32, Q.F16, Q.BF16)],
+                         ids=lambda q: q.name)
+def test_block_decoders_match_gguf_on_edges(dequant_host, qtype):
+    raw = edge_blocks(qtype, 256 * 16)
+    want = dequantize(raw.reshape(1, -1), qtype).reshape(-1).astype(np.float32)
+    got = decode_on_host(dequant_host, qtype, raw)
     np.testing.assert_allclose(got, want, rtol=DECODE_RTOL, atol=DECODE_ATOL)
+    assert not np.isnan(want).any()
+    assert np.isfinite(want).all() or qtype == Q.MXFP4        # 12 * 2^127 overflows in gguf too

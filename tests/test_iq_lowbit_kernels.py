@@ -13,11 +13,7 @@ from gguf.quants import dequantize
 from native import cpu_lib
 from tests import kernel_calls
 from tests.test_kernels import FLOAT_ATOL, IQ_LOWBIT_TYPES, ISAS, ROUNDING_SLACK, act_values
-from tools.synthetic_blocks import set_block_scales
-
-
-def f16_bytes(values) -> np.ndarray:
-    return np.asarray(values, np.float16).reshape(-1, 1).view(np.uint8)
+from tools.synthetic_blocks import MAKERS
 
 
 def covering_blocks(qtype: T, rng) -> np.ndarray:
@@ -50,7 +46,7 @@ def covering_blocks(qtype: T, rng) -> np.ndarray:
         b[:, 32:48] = (index[:, 0::2] >> 8) | (index[:, 1::2] >> 8) << 4
         fields = np.arange(16).reshape(4, 4) % 8    # the 16 3-bit scales, each value twice
         b[:, 48:56] = (fields << (3 * np.arange(4))).sum(axis=1).astype(np.uint16).view(np.uint8)
-    set_block_scales(qtype, b, f16_bytes(np.ones(nb)))
+    MAKERS[qtype].scale(b, np.ones(nb))
     return b.reshape(1, -1)
 
 
@@ -93,7 +89,7 @@ def test_zero_subnormal_and_largest_block_scales(qtype, d, rng):
     w = covering_blocks(qtype, rng)
     nb = w.shape[1] // GGML_QUANT_SIZES[qtype][1]
     blocks = w.reshape(nb, -1)
-    set_block_scales(qtype, blocks, f16_bytes(np.full(nb, d)))
+    MAKERS[qtype].scale(blocks, np.full(nb, d))
     n = nb * 256
     for x in rng.standard_normal(n).astype(np.float32), np.full(n, 1.0, np.float32):
         check_row(qtype, w, x)
@@ -109,7 +105,7 @@ def test_batched_kernels_give_the_row_kernels_bits(qtype, batch, rng):
     rows, n = 40, 1024
     block, nbytes = GGML_QUANT_SIZES[qtype]
     w = rng.integers(0, 256, (rows * n // block, nbytes), dtype=np.uint8)
-    set_block_scales(qtype, w, f16_bytes(rng.uniform(1e-3, 4e-3, len(w))))
+    MAKERS[qtype].scale(w, rng.uniform(1e-3, 4e-3, len(w)))
     w = w.reshape(rows, -1)
     x = (rng.standard_normal((batch, n)) * rng.uniform(0.1, 10, (batch, 1))).astype(np.float32)
     for isa in ISAS:

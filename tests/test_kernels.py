@@ -15,7 +15,7 @@ from gguf.quants import dequantize, quantize
 from native import cpu_lib
 from native.cpu_lib import lib
 from tests import kernel_calls
-from tools.synthetic_blocks import set_block_scales
+from tools.synthetic_blocks import MAKERS
 
 # SIMD and generic do the same integer sums; only the float accumulation order differs.
 SIBLING_RTOL = 1e-5
@@ -26,9 +26,12 @@ FLOAT_ATOL = 1e-4
 # Float-weight kernels take fp32 activations: only summation order differs from float64.
 FLOAT_RTOL = 1e-5
 
+IQ2_TYPES = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
+# the other blocks of 32 (q32_*.c): d (f16, MXFP4 an E8M0 exponent byte), the min of Q4_1 and Q5_1
+Q32_TYPES = [T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4]
 # the 3- and 1-bit i-quants: every ISA sums the generic kernel's integers (iq_lowbit.h)
 IQ_LOWBIT_TYPES = [T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
-QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ_LOWBIT_TYPES]
+QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, *IQ_LOWBIT_TYPES]
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 ISAS = cpu_lib.supported_isas()
 N = 1024
@@ -52,11 +55,19 @@ def random_rows(qtype: T, rows: int, n: int, rng, scale: tuple[float, float] = (
         return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     block, nbytes = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (rows * n // block, nbytes), dtype=np.uint8)
-    if qtype in (T.Q4_K, T.Q5_K):
+    if qtype == T.MXFP4:   # the exponent of a power of two in the range
+        blocks[:, 0] = np.round(np.log2(rng.uniform(*scale, len(blocks)))).astype(np.uint8) + 128
+    elif qtype in Q32_TYPES:
+        blocks[:, 0:2] = f16(rng, len(blocks), *scale)   # d
+        if qtype in (T.Q4_1, T.Q5_1):                     # the min, either sign
+            blocks[:, 2:4] = f16(rng, len(blocks), -16 * scale[1], 16 * scale[1])
+    elif qtype in (T.Q4_K, T.Q5_K):
         blocks[:, 0:2] = f16(rng, len(blocks), *scale)   # d
         blocks[:, 2:4] = f16(rng, len(blocks), *scale)   # dmin
-    elif qtype in IQ_LOWBIT_TYPES:
-        set_block_scales(qtype, blocks, f16(rng, len(blocks), *scale))
+    elif qtype in IQ2_TYPES:                             # d first; any bytes after it are valid
+        blocks[:, 0:2] = f16(rng, len(blocks), *scale)
+    elif qtype in IQ_LOWBIT_TYPES:                       # d (IQ1_M's spread over its scale words)
+        MAKERS[qtype].scale(blocks, rng.uniform(*scale, len(blocks)))
     else:
         blocks[:, 208:210] = f16(rng, len(blocks), *scale)
     return blocks.reshape(rows, -1)
@@ -64,7 +75,7 @@ def random_rows(qtype: T, rows: int, n: int, rng, scale: tuple[float, float] = (
 
 def act_values(qtype: T, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The per-element quantization step bound (amax/254) of x for qtype's activation blocks."""
-    block = 32 if qtype in (T.Q4_0, T.Q8_0) else 256
+    block = GGML_QUANT_SIZES[qtype][0]
     amax = np.abs(x.reshape(-1, block)).max(axis=1)
     return np.repeat(amax / 254.0, block)
 
@@ -113,21 +124,28 @@ def test_subnormal_block_scales(isa, qtype, rng):
 
 def extreme_quants(qtype: T, byte: int = 0xFF) -> np.ndarray:
     """One row (1, row_bytes) of N values, every quant byte `byte` (0xFF: each quant at its
-    largest; 0: at its smallest, the most negative for the offset types Q4_0 and Q6_K), block
-    scales 1 (Q6_K's sub-block scales 127), mins 0."""
+    largest; 0: at its smallest, the most negative for the offset and code-book types Q4_0,
+    Q5_0, Q6_K and IQ4_NL; MXFP4's code book takes 0x77 and 0xFF for them), block scales 1
+    (Q6_K's sub-block scales 127), mins 0."""
     block, nbytes = GGML_QUANT_SIZES[qtype]
+    if qtype == T.MXFP4:
+        byte = {0xFF: 0x77, 0x00: 0xFF}[byte]   # codes 7 (+12) and 15 (-12)
     blocks = np.full((N // block, nbytes), byte, np.uint8)
     one = np.array([1.0], np.float16).view(np.uint8)
-    if qtype == T.Q6_K:
+    if qtype == T.MXFP4:
+        blocks[:, 0] = 128                            # 2^(128 - 128) times the doubled E2M1 values
+    elif qtype == T.Q6_K:
         blocks[:, 192:208] = 127                      # int8 sub-block scales
         blocks[:, 208:210] = one
     elif qtype in IQ_LOWBIT_TYPES:                    # 0xFF: the largest sub-block scales, every sign
-        set_block_scales(qtype, blocks, np.repeat(one[None], len(blocks), axis=0))
+        MAKERS[qtype].scale(blocks, np.ones(len(blocks)))
     else:
         blocks[:, 0:2] = one
         if qtype in (T.Q4_K, T.Q5_K):
             blocks[:, 2:4] = 0                        # dmin 0: only the scaled quants count
             blocks[:, 4:16] = 0xFF                    # sub-block scales 63
+        if qtype in (T.Q4_1, T.Q5_1):
+            blocks[:, 2:4] = 0                        # min 0
     return blocks.reshape(1, -1)
 
 
@@ -146,6 +164,58 @@ def test_extreme_quants_and_activations_stay_exact(isa, qtype, sign, byte):
     got = kernel_calls.vec_dot(isa, qtype, w[0], act, N)
     assert abs(got - kernel_calls.vec_dot("generic", qtype, w[0], act, N)) <= SIBLING_RTOL * abs(ref)
     assert abs(got - ref) <= SIBLING_RTOL * abs(ref)
+
+
+IQ2_EDGE_N = 8192   # 1024 grid entries of 8 values: each index of IQ2_S once, of the others more
+
+
+def iq2_edge_row(qtype: T, d: float = 1.0) -> np.ndarray:
+    """One row (1, row_bytes) of IQ2_EDGE_N values holding every grid index and every sign
+    pattern of qtype, with 4-bit scales 0 and 15 (both halves of a sub-block, and each alone
+    where they are per 16 values), block scales d."""
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    nb, e = IQ2_EDGE_N // block, np.arange(IQ2_EDGE_N // 8)
+    sub = np.arange(IQ2_EDGE_N // 32)
+    nibbles = np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8)[sub % 4]       # per sub-block
+    if qtype == T.IQ2_XXS:   # per sub-block: 4 index bytes, 4 x 7 sign bits and the scale
+        signs = (e % 128).reshape(-1, 4).astype(np.uint32) << np.array([0, 7, 14, 21], np.uint32)
+        words = signs.sum(axis=1, dtype=np.uint32) | (nibbles.astype(np.uint32) & 15) << 28
+        qs = np.concatenate([(e % 256).astype(np.uint8).reshape(-1, 4), words.view(np.uint8).reshape(-1, 4)], axis=1)
+        body = qs.reshape(nb, -1)
+    elif qtype == T.IQ2_XS:
+        qs = ((e % 512) | (e % 128) << 9).astype(np.uint16).view(np.uint8)
+        body = np.concatenate([qs.reshape(nb, -1), nibbles.reshape(nb, -1)], axis=1)
+    else:
+        idx = e % 1024
+        qh = ((idx >> 8).reshape(-1, 4) << np.array([0, 2, 4, 6])).sum(axis=1).astype(np.uint8)
+        body = np.concatenate([(idx & 255).astype(np.uint8).reshape(nb, -1), (e % 256).astype(np.uint8).reshape(nb, -1),
+                               qh.reshape(nb, -1), nibbles.reshape(nb, -1)], axis=1)
+    scale = np.repeat(np.array([[d]], np.float16).view(np.uint8), nb, axis=0)
+    return np.concatenate([scale, body], axis=1).reshape(1, -1)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", IQ2_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("d", [1.0, 65504.0], ids=["d1", "dmax"])
+def test_iq2_every_grid_index_sign_pattern_and_scale(isa, qtype, d, rng):
+    """Every grid entry and sign pattern, zero and largest scales (4-bit and, with d the largest
+    f16, block): the row dequantizer gives gguf's floats, and each ISA's dot gives the generic one
+    and the float dot within the bounds, for random activations and all at +-127 (the widest
+    `pmaddubsw` sums)."""
+    w = iq2_edge_row(qtype, d)
+    wf = dequantize(w, qtype).astype(np.float64)[0]
+    assert len(w[0]) == IQ2_EDGE_N // 256 * GGML_QUANT_SIZES[qtype][1] and np.abs(wf).max() == d * 31 / 8 * 0x2b
+    out = np.empty(IQ2_EDGE_N, np.float32)
+    lib.fm_dequant_row(int(qtype), cpu_lib.ptr(np.ascontiguousarray(w[0])), cpu_lib.ptr(out, "float *"), IQ2_EDGE_N)
+    np.testing.assert_array_equal(out, wf.astype(np.float32))
+    for x in (rng.standard_normal(IQ2_EDGE_N).astype(np.float32), np.ones(IQ2_EDGE_N, np.float32),
+              -np.ones(IQ2_EDGE_N, np.float32)):
+        act = kernel_calls.quantize_act(qtype, x)
+        got = kernel_calls.vec_dot(isa, qtype, w[0], act, IQ2_EDGE_N)
+        magnitude = float(np.abs(wf * x).sum())
+        assert abs(got - kernel_calls.vec_dot("generic", qtype, w[0], act, IQ2_EDGE_N)) <= SIBLING_RTOL * magnitude
+        bound = float(np.abs(wf) @ act_values(qtype, x)) * ROUNDING_SLACK + SIBLING_RTOL * magnitude
+        assert abs(got - float(wf @ x)) <= bound, (got, float(wf @ x), bound)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -189,8 +259,8 @@ def test_dequant_row_matches_gguf(qtype, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, T.F32, T.F16, T.BF16, *IQ_LOWBIT_TYPES],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, *IQ_LOWBIT_TYPES, T.F32, T.F16,
+                                   T.BF16], ids=lambda t: t.name)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
     """Batches run the batched kernels (in chunks of 4 activations) where the ISA has them."""
@@ -205,7 +275,8 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
             expect = np.array([kernel_calls.vec_dot(isa, qtype, w[r], act, n) for r in range(rows)], np.float32)
             scale = np.abs(dequantize(w, qtype) if qtype != T.F32 else w.view(np.float32)) @ np.abs(x[b])
             assert np.all(np.abs(y[b] - expect) <= SIBLING_RTOL * scale)
-            if qtype in FLOAT_TYPES + IQ_LOWBIT_TYPES:   # the same operations in the same order as the row kernel
+            # the same operations in the same order as the row kernel
+            if qtype in FLOAT_TYPES + IQ2_TYPES + IQ_LOWBIT_TYPES:
                 assert np.array_equal(y[b], expect)
 
 

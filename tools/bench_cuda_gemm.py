@@ -9,6 +9,7 @@ checked against the first one's output, so `--source old=PATH` gives the old/new
 
     python tools/bench_cuda_gemm.py --tokens 947 4096 --types q4_k q5_k q6_k q8_0 q4_0 \
         --source old=/path/gemm.cu:64x64 --out gemm.json
+    python tools/bench_cuda_gemm.py --tokens 4096 --types all      # every type of the registry
 """
 from __future__ import annotations
 
@@ -32,24 +33,20 @@ from native.cuda.kernels import (  # noqa: E402
     NVCC_OPTIONS,
     SIGNATURES,
 )
+from tests.gpu.tiny_gguf import random_blocks  # noqa: E402
 
 H, F, E, TOP = 2048, 512, 256, 8
 SHAPES = {GEMM_BM: (GEMM_BN, "gemm_")}          # tile rows -> (block columns, kernel name prefix)
 DENSE = {"qkv 8192x2048": (8192, 2048), "gate z 4096x2048": (4096, 2048), "out 2048x4096": (2048, 4096),
          "shared up 512x2048": (512, 2048), "shared down 2048x512": (2048, 512)}
-SCALE_AT = {Q.Q8_0: 0, Q.Q4_0: 0, Q.Q4_K: 0, Q.Q5_K: 0, Q.Q6_K: 208}      # first f16 scale in a block
 CHECK_RTOL = 1e-4       # the same sums in another order, relative to the largest output
 CHECK_ROWS = 2048       # output rows read back and compared per GEMM (tests/gpu checks all of them)
 
 
 def random_weights(qtype: Q, n: int, rng) -> np.ndarray:
-    """n weights of random blocks whose f16 scales are small and finite."""
-    block, size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(n // block, size), dtype=np.uint8)
-    nscale = 2 if qtype in (Q.Q4_K, Q.Q5_K) else 1
-    at = SCALE_AT[qtype]
-    raw[:, at:at + 2 * nscale] = rng.uniform(1e-3, 1e-2, (len(raw), nscale)).astype(np.float16).view(np.uint8)
-    return raw.reshape(-1)
+    """n weights of random blocks whose scales are small and finite."""
+    block = GGML_QUANT_SIZES[qtype][0]
+    return random_blocks(qtype, n // block, rng, 1e-3, 1e-2).reshape(-1)
 
 
 def parse_source(spec: str) -> tuple[str, Path, dict[int, tuple[int, str]]]:
@@ -75,7 +72,10 @@ class Source:
         for qname in GEMM_KERNELS.values():
             for _, prefix in shapes.values():
                 kname = qname.replace("gemm_", prefix)
-                f = module.get_function(kname)
+                try:                                # an older source may lack the newer types
+                    f = module.get_function(kname)
+                except Exception:
+                    continue
                 f.prepare(SIGNATURES[qname])
                 self.fn[kname] = f
         self.gate_up = {}                           # the fused gate/up kernels, where the source has them
@@ -86,6 +86,9 @@ class Source:
                 continue
             self.gate_up[qtype].prepare(SIGNATURES[kname])
         self.regs = max(f.num_regs for f in [*self.fn.values(), *self.gate_up.values()])
+
+    def has(self, qtype, bm) -> bool:
+        return GEMM_KERNELS[qtype].replace("gemm_", self.shapes[bm][1]) in self.fn
 
     def launch(self, stream, qtype, bm, x, ldx, xrows, y, ldy, w, woff, row_bytes, tiles, n_tiles, N, K):
         bn, prefix = self.shapes[bm]
@@ -122,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args(argv)
+    if args.types == ["all"]:
+        args.types = [q.name.lower() for q in GEMM_KERNELS if q not in (Q.F32, Q.F16, Q.BF16)]
 
     import pycuda.driver as cuda
     cuda.init()
@@ -189,7 +194,7 @@ def run_all(cuda, args, sources, peak_flops: float) -> list[dict]:
                "seconds": {}, "tflops": {}, "peak_share": {}, "rel_diff": {}}
         ref = None
         for src in sources:
-            if (qtype not in src.gate_up) if fused else (bm not in src.shapes):
+            if (qtype not in src.gate_up) if fused else (bm not in src.shapes or not src.has(qtype, bm)):
                 continue
             go = (lambda: src.launch_gate_up(stream, qtype, *launch_args)) if fused else \
                 (lambda: src.launch(stream, qtype, bm, *launch_args))

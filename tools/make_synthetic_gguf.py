@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common.model.quants.mixes import MIXES, Mix  # noqa: E402
 from tools.synthetic_blocks import MAKERS, write_tensors  # noqa: E402
 
 ARCHES = ("qwen35moe", "qwen3next")   # qwen3next: one ssm_ba matrix instead of ssm_alpha + ssm_beta
@@ -49,9 +50,12 @@ TINY = Widths(hidden=256, vocab=512, experts=8, experts_used=2, expert_ffn=256, 
               k_heads=2, v_heads=4, head_k=64, head_v=64, heads=2, kv_heads=1, head_dim=128, rope_dim=32)
 
 
-# ---- recipes: tensor name, layer -> type of a matrix (1-D tensors are always F32)
+# ---- recipes: the type of a matrix from its name, its layer and the file's layer count (1-D
+# tensors are always F32): llama-quantize's mixes (common/model/quants/mixes.py), under their names
 
-def _q4_k_m(name: str, layer: int) -> T:
+def _q4_k_m_fixture(name: str, layer: int, n_layers: int) -> T:
+    # the test files' Q4_K_M, older than the mix table and kept so their bytes stay: Q6_K for the
+    # LM head, attn_v and the even layers' expert ffn_down, Q5_K for the shared ffn_down
     if name == "output.weight" or name.endswith("attn_v.weight"):
         return T.Q6_K
     if name.endswith("ffn_down_exps.weight"):
@@ -61,28 +65,33 @@ def _q4_k_m(name: str, layer: int) -> T:
     return T.Q4_K
 
 
-IQ_LOWBIT = (T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)
+def _mix(mix: Mix) -> Callable[[str, int, int], T]:
+    return lambda name, layer, n_layers: mix.type_of(name, n_layers, layer)
 
 
-def _iq_lowbit(name: str, layer: int) -> T:
-    """The 3- and 1-bit i-quants, a different one from tensor to tensor and layer to layer."""
-    if name == "token_embd.weight":
-        return T.IQ3_S
-    return T.IQ3_XXS if name == "output.weight" else IQ_LOWBIT[(layer + len(name)) % 4]
+def _rotation(experts: tuple[T, ...], others: tuple[T, ...], *, embd: T,
+              head: T = T.Q6_K) -> Callable[[str, int, int], T]:
+    """A test file's mix: the experts' type turns with the layer through `experts`, the other
+    matrices' with the layer and the name through `others`, so one small file runs each type by
+    tensor and by layer, the embedding and the LM head included."""
+    def type_of(name: str, layer: int, n_layers: int) -> T:
+        if name == "output.weight":
+            return head
+        if name == "token_embd.weight":
+            return embd
+        if name.endswith("_exps.weight"):
+            return experts[layer % len(experts)]
+        return others[(layer + len(name)) % len(others)]
+    return type_of
 
 
-def _uniform(qtype: T, head: T) -> Callable[[str, int], T]:
-    return lambda name, layer: head if name == "output.weight" else qtype
-
-
-RECIPES: dict[str, Callable[[str, int], T]] = {
-    "q4_0": _uniform(T.Q4_0, T.Q6_K),      # llama.cpp keeps the LM head at Q6_K in Q4_0 files
-    "q8_0": _uniform(T.Q8_0, T.Q8_0),
-    "q4_k_m": _q4_k_m,
-    "iq_lowbit": _iq_lowbit,
-    "f16": _uniform(T.F16, T.F16),
-    "f32": _uniform(T.F32, T.F32),
-}
+RECIPES: dict[str, Callable[[str, int, int], T]] = {name: _mix(mix) for name, mix in MIXES.items()}
+RECIPES["q4_k_m"] = _q4_k_m_fixture
+RECIPES["iq2_mix"] = _rotation((T.IQ2_XXS, T.IQ2_XS, T.IQ2_S), (T.IQ2_S, T.Q4_K), embd=T.IQ2_XS)
+RECIPES["q32_mix"] = _rotation((T.MXFP4, T.IQ4_NL, T.Q4_1, T.Q5_1), (T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4),
+                               embd=T.Q4_1, head=T.Q5_1)
+RECIPES["iq_lowbit_mix"] = _rotation((T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M), (T.IQ3_S, T.IQ1_M, T.IQ3_XXS, T.IQ1_S),
+                                     embd=T.IQ3_S, head=T.IQ3_XXS)
 FLOAT_SMALL = ("ffn_gate_inp.weight", "ssm_alpha.weight", "ssm_beta.weight", "ssm_ba.weight")   # kept F32
 ROUTER_GAIN = 4.0   # router logits of std ~4: clear top-k margins, so engines rarely disagree on a route
 
@@ -196,8 +205,8 @@ def write_synthetic(path: str | Path, *, layers: int = 4, recipe: str = "q4_0", 
     def qtype_of(name: str, shape: tuple, kind: str):
         if len(shape) == 1 or kind == "conv" or name.endswith(FLOAT_SMALL):
             return T.F32
-        layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-        return RECIPES[recipe](name, _recipe_layer(layer, layers, interval))
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        return RECIPES[recipe](name, _recipe_layer(layer, layers, interval), layers + int(mtp))
 
     def values(name: str, shape: tuple, kind: str, qtype) -> np.ndarray:
         if len(shape) == 1:

@@ -15,19 +15,14 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from gguf.constants import GGML_QUANT_SIZES
-from gguf.quants import dequantize
 
 from .config import ModelConfig, ModelConfigError
 from .gguf_reader import FastGGUF, GGUFFormatError
+from .quants import QUANTS, dequantize
 
-# Types the reference path can dequantize; the native kernels cover a subset of these.
 FINGERPRINT_SAMPLE = 4096     # bytes read from each of three places in every tensor
-SUPPORTED_TYPES = {
-    GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
-    GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K,
-    GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
-}
+# Types the reference path can dequantize (common/model/quants); the native kernels cover a subset.
+SUPPORTED_TYPES = frozenset(QUANTS)
 
 
 @dataclass(frozen=True)
@@ -39,8 +34,8 @@ class Tensor:
 
     @property
     def row_bytes(self) -> int:
-        block, nbytes = GGML_QUANT_SIZES[self.qtype]
-        return self.shape[-1] // block * nbytes
+        q = QUANTS[self.qtype]
+        return self.shape[-1] // q.block * q.block_bytes
 
     @property
     def nbytes(self) -> int:
@@ -51,7 +46,7 @@ class Tensor:
         raw = self.raw if index is None else self.raw[index]
         if self.qtype == GGMLQuantizationType.F32:
             return np.ascontiguousarray(raw).view(np.float32).reshape(*raw.shape[:-1], -1)
-        return dequantize(np.ascontiguousarray(raw), self.qtype).astype(np.float32, copy=False)
+        return dequantize(raw, self.qtype)
 
 
 class GGUFModel:
@@ -78,7 +73,7 @@ class GGUFModel:
                     f"{qtype.name if qtype else entry.ggml_type}; supported: "
                     f"{', '.join(sorted(q.name for q in SUPPORTED_TYPES))}")
             shape = tuple(reversed(entry.ne))
-            block, block_bytes = GGML_QUANT_SIZES[qtype]
+            block, block_bytes = QUANTS[qtype].block, QUANTS[qtype].block_bytes
             if shape[-1] % block:
                 raise ModelConfigError(f"{self.path}: tensor {entry.name} rows of {shape[-1]} are not "
                                        f"whole {qtype.name} blocks of {block}")

@@ -26,22 +26,35 @@ typedef struct {
 #define ROW(name, isa, fisa, hisa, pisa, gisa, disa, aisa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, \
     fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, \
     fm_dot_f16_##hisa, fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##isa, \
-    [KIND_Q4_0P] = fm_dot_q4_0p_a8_##pisa, [KIND_Q4_KP] = fm_dot_q4_Kp_a8_##pisa, IQ_LOWBIT_DOTS(isa) }, batched, \
+    [KIND_Q4_0P] = fm_dot_q4_0p_a8_##pisa, [KIND_Q4_KP] = fm_dot_q4_Kp_a8_##pisa, DOTS_IQ2(isa), DOTS_Q32(isa), \
+    DOTS_IQ_LOWBIT(isa) }, batched, \
     { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, rows, fm_gdn_head_##disa, \
     fm_conv_update_##disa, fm_attn_tiled_##aisa }
-#define IQ_LOWBIT_DOTS(isa) [KIND_IQ3_XXS] = fm_dot_iq3_xxs_a8_##isa, [KIND_IQ3_S] = fm_dot_iq3_s_a8_##isa, \
+// the 2-bit i-quants (iq2_*.c)
+#define DOTS_IQ2(isa) [KIND_IQ2_XXS] = fm_dot_iq2_xxs_a8_##isa, [KIND_IQ2_XS] = fm_dot_iq2_xs_a8_##isa, \
+    [KIND_IQ2_S] = fm_dot_iq2_s_a8_##isa
+#define DOTN_IQ2(isa) [KIND_IQ2_XXS] = fm_dotn_iq2_xxs_a8_##isa, [KIND_IQ2_XS] = fm_dotn_iq2_xs_a8_##isa, \
+    [KIND_IQ2_S] = fm_dotn_iq2_s_a8_##isa
+// the other 32-value block types (q32_*.c)
+#define DOTS_Q32(isa) [KIND_Q4_1] = fm_dot_q4_1_a8_##isa, [KIND_Q5_0] = fm_dot_q5_0_a8_##isa, \
+    [KIND_Q5_1] = fm_dot_q5_1_a8_##isa, [KIND_IQ4_NL] = fm_dot_iq4_nl_a8_##isa, [KIND_MXFP4] = fm_dot_mxfp4_a8_##isa
+#define DOTN_Q32(isa) [KIND_Q4_1] = fm_dotn_q4_1_a8_##isa, [KIND_Q5_0] = fm_dotn_q5_0_a8_##isa, \
+    [KIND_Q5_1] = fm_dotn_q5_1_a8_##isa, [KIND_IQ4_NL] = fm_dotn_iq4_nl_a8_##isa, [KIND_MXFP4] = fm_dotn_mxfp4_a8_##isa
+// the 3- and 1-bit i-quants (iq_lowbit_*.c, iq3_row_generic.c, iq1_row_generic.c)
+#define DOTS_IQ_LOWBIT(isa) [KIND_IQ3_XXS] = fm_dot_iq3_xxs_a8_##isa, [KIND_IQ3_S] = fm_dot_iq3_s_a8_##isa, \
     [KIND_IQ1_S] = fm_dot_iq1_s_a8_##isa, [KIND_IQ1_M] = fm_dot_iq1_m_a8_##isa
-#define IQ_LOWBIT_DOTN(isa) [KIND_IQ3_XXS] = fm_dotn_iq3_xxs_a8_##isa, [KIND_IQ3_S] = fm_dotn_iq3_s_a8_##isa, \
+#define DOTN_IQ_LOWBIT(isa) [KIND_IQ3_XXS] = fm_dotn_iq3_xxs_a8_##isa, [KIND_IQ3_S] = fm_dotn_iq3_s_a8_##isa, \
     [KIND_IQ1_S] = fm_dotn_iq1_s_a8_##isa, [KIND_IQ1_M] = fm_dotn_iq1_m_a8_##isa
 #define NO_DOTN { 0 }
 #define NO_DOTR { 0 }
 #define DOTN_FLOAT_AVX2 [KIND_F32] = fm_dotn_f32_avx2, [KIND_F16] = fm_dotn_f16_avx2, [KIND_BF16] = fm_dotn_bf16_avx2
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
                     [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx2, DOTN_FLOAT_AVX2, \
-                    IQ_LOWBIT_DOTN(avx2) }
+                    DOTN_IQ2(avx2), DOTN_Q32(avx2), DOTN_IQ_LOWBIT(avx2) }
 #define DOTN_AVX512 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx512, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx512, \
                       [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx512, DOTN_FLOAT_AVX2, \
-                      IQ_LOWBIT_DOTN(avx512) }
+                      DOTN_IQ2(avx512), DOTN_Q32(avx512), \
+                      DOTN_IQ_LOWBIT(avx512) }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
     ROW("generic", generic, generic, generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
@@ -66,6 +79,14 @@ const fm_type_traits FM_TYPES[KIND_COUNT] = {
     [KIND_Q6_KP] = { FM_Q6_KP, QK_K, sizeof(block_q6_Kp), ACT_A8_256P, 1 },
     [KIND_Q4_0P] = { FM_Q4_0P, QK_Q4_0P, sizeof(block_q4_0p), ACT_A8_32P, 1 },
     [KIND_Q4_KP] = { FM_Q4_KP, QK_K, sizeof(block_q4_K), ACT_A8_256K, 1 },
+    [KIND_IQ2_XXS] = { FM_IQ2_XXS, QK_K, sizeof(block_iq2_xxs), ACT_A8_256, 1 },
+    [KIND_IQ2_XS] = { FM_IQ2_XS, QK_K, sizeof(block_iq2_xs), ACT_A8_256, 1 },
+    [KIND_IQ2_S] = { FM_IQ2_S, QK_K, sizeof(block_iq2_s), ACT_A8_256, 1 },
+    [KIND_Q4_1] = { FM_Q4_1, QK32, sizeof(block_q4_1), ACT_A8_32, 1 },
+    [KIND_Q5_0] = { FM_Q5_0, QK32, sizeof(block_q5_0), ACT_A8_32, 1 },
+    [KIND_Q5_1] = { FM_Q5_1, QK32, sizeof(block_q5_1), ACT_A8_32, 1 },
+    [KIND_IQ4_NL] = { FM_IQ4_NL, QK32, sizeof(block_iq4_nl), ACT_A8_32, 1 },
+    [KIND_MXFP4] = { FM_MXFP4, QK32, sizeof(block_mxfp4), ACT_A8_32, 1 },
     [KIND_IQ3_XXS] = { FM_IQ3_XXS, QK_K, sizeof(block_iq3_xxs), ACT_A8_256, 1 },
     [KIND_IQ3_S] = { FM_IQ3_S, QK_K, sizeof(block_iq3_s), ACT_A8_256, 1 },
     [KIND_IQ1_S] = { FM_IQ1_S, QK_K, sizeof(block_iq1_s), ACT_A8_256, 1 },

@@ -38,6 +38,8 @@ static inline uint64_t fm_stream_sum(const void *p, size_t bytes, int prefetch) 
 }
 
 enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16, KIND_BF16, KIND_Q4_0X8, KIND_Q4_KX8, KIND_Q6_KP, KIND_Q4_0P, KIND_Q4_KP,
+       KIND_IQ2_XXS, KIND_IQ2_XS, KIND_IQ2_S,
+       KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_IQ4_NL, KIND_MXFP4,
        KIND_IQ3_XXS, KIND_IQ3_S, KIND_IQ1_S, KIND_IQ1_M,
        KIND_COUNT };
 // ACT_A8_32P, ACT_A8_256P, ACT_A8_256K: the quants in Q4_0p, Q6_Kp and Q4_Kp order (quants.h)

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 #include "internal.h"
+#include "q32.h"
 
 // lrintf as one cvtss2si (it sets no errno), and a max that the compiler can keep inline
 #pragma GCC optimize("no-math-errno")
@@ -200,10 +201,30 @@ static void deq_bf16(const void *w, float *y, int n) {
     }
 }
 
+// Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4: d * code + m per value (q32.h), as GGML computes it
+#define DEQ_Q32(name, block_t, codes)                                       \
+    static void name(const void *w, float *y, int n) {                      \
+        const block_t *x = w;                                               \
+        for (int b = 0; b < n / QK32; b++, y += QK32) {                     \
+            int code[QK32];                                                 \
+            float d, m;                                                     \
+            codes(x + b, &d, &m, code);                                     \
+            for (int j = 0; j < QK32; j++) y[j] = d * (float)code[j] + m;   \
+        }                                                                   \
+    }
+DEQ_Q32(deq_q4_1, block_q4_1, fm_q4_1_codes)
+DEQ_Q32(deq_q5_0, block_q5_0, fm_q5_0_codes)
+DEQ_Q32(deq_q5_1, block_q5_1, fm_q5_1_codes)
+DEQ_Q32(deq_iq4_nl, block_iq4_nl, fm_iq4_nl_codes)
+DEQ_Q32(deq_mxfp4, block_mxfp4, fm_mxfp4_codes)
+
 typedef void (*deq_fn)(const void *w, float *y, int n);
 static const deq_fn DEQUANT[KIND_COUNT] = {
     [KIND_Q4_0] = deq_q4_0, [KIND_Q8_0] = deq_q8_0, [KIND_Q4_K] = deq_q4_K, [KIND_Q5_K] = deq_q5_K,
     [KIND_Q6_K] = deq_q6_K, [KIND_F32] = deq_f32, [KIND_F16] = deq_f16, [KIND_BF16] = deq_bf16,
+    [KIND_IQ2_XXS] = fm_deq_iq2_xxs, [KIND_IQ2_XS] = fm_deq_iq2_xs, [KIND_IQ2_S] = fm_deq_iq2_s,
+    [KIND_Q4_1] = deq_q4_1, [KIND_Q5_0] = deq_q5_0, [KIND_Q5_1] = deq_q5_1, [KIND_IQ4_NL] = deq_iq4_nl,
+    [KIND_MXFP4] = deq_mxfp4,
     [KIND_IQ3_XXS] = fm_deq_iq3_xxs, [KIND_IQ3_S] = fm_deq_iq3_s, [KIND_IQ1_S] = fm_deq_iq1_s, [KIND_IQ1_M] = fm_deq_iq1_m,
 };
 

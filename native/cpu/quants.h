@@ -20,6 +20,22 @@ typedef struct { fm_f16 d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8];
                  uint8_t qs[QK_K / 2]; } block_q5_K;                          // 176 B
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16];
                  fm_f16 d; } block_q6_K;                                      // 210 B
+// 2-bit i-quants: 8 values per grid entry (native/iq_tables.h), 4 entries per sub-block of 32.
+// IQ2_XXS: per sub-block, qs holds 4 grid indices (bytes), then 4 x 7-bit sign indices (into
+// fm_ksigns_iq2xs) and a 4-bit scale in the top bits of the next 32-bit word. IQ2_XS: qs holds
+// 9-bit indices and 7-bit sign indices, scales a 4-bit scale per 16 values. IQ2_S: qs holds the
+// low 8 bits of 10-bit indices, then the sign bytes; qh the top 2 bits. A value is
+// d * (2 scale + 1) / 8 * grid byte * sign.
+typedef struct { fm_f16 d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;                         // 66 B
+typedef struct { fm_f16 d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; } block_iq2_xs;  // 74 B
+typedef struct { fm_f16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s;  // 82 B
+// the other 32-value blocks (q32_*.c): value j of a block is nibble j % 16 of qs, low nibbles
+// first, with bit j of qh (little-endian) on top for the 5-bit types
+typedef struct { fm_f16 d, m; uint8_t qs[QK32 / 2]; } block_q4_1;                       // 20 B
+typedef struct { fm_f16 d; uint8_t qh[4]; uint8_t qs[QK32 / 2]; } block_q5_0;           // 22 B
+typedef struct { fm_f16 d, m; uint8_t qh[4]; uint8_t qs[QK32 / 2]; } block_q5_1;        // 24 B
+typedef struct { fm_f16 d; uint8_t qs[QK32 / 2]; } block_iq4_nl;                        // 18 B
+typedef struct { uint8_t e; uint8_t qs[QK32 / 2]; } block_mxfp4;                        // 17 B
 // i-quants of 3 and 1 bits (iq_lowbit.h decodes them; the grids are in native/iq_tables.h)
 typedef struct { fm_f16 d; uint8_t qs[QK_K / 4]; uint8_t scales_signs[QK_K / 8]; } block_iq3_xxs;   // 98 B
 typedef struct { fm_f16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8];
@@ -47,6 +63,8 @@ _Static_assert(sizeof(block_a8_256) % 16 == 0, "activation blocks keep 16-byte a
 // definition as in fermium_cpu.h, which cffi reads)
 enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K = 13,
        FM_Q6_K = 14, FM_BF16 = 30 };
+enum { FM_IQ2_XXS = 16, FM_IQ2_XS = 17, FM_IQ2_S = 22 };
+enum { FM_Q4_1 = 3, FM_Q5_0 = 6, FM_Q5_1 = 7, FM_IQ4_NL = 20, FM_MXFP4 = 39 };
 enum { FM_IQ3_XXS = 18, FM_IQ1_S = 19, FM_IQ3_S = 21, FM_IQ1_M = 29 };
 #define FM_Q4_0X8 258
 #define FM_Q4_KX8 268
@@ -157,6 +175,15 @@ fm_f16 fm_f32_to_f16(float f);
 extern float fm_f16_table[1 << 16];
 static inline float fm_half(fm_f16 h) { return fm_f16_table[h]; }
 
+// an MXFP4 block's E8M0 exponent as the float 2^(e - 128): half the scale, as the code book
+// fm_kvalues_mxfp4 holds twice the E2M1 values (GGML's GGML_E8M0_TO_FP32_HALF; subnormal for e < 2)
+static inline float fm_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+
 // the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K/Q5_K super-block, unpacked
 static inline void fm_unpack_scales_k4(const uint8_t *q, uint32_t out[4]) {
     uint32_t u0, u1, u2;
@@ -215,7 +242,12 @@ static inline __attribute__((always_inline)) void fm_prefetch_ahead(const void *
     float fm_dot_q8_0_a8_##isa(int n, const void *w, const void *a); \
     float fm_dot_q4_K_a8_##isa(int n, const void *w, const void *a); \
     float fm_dot_q5_K_a8_##isa(int n, const void *w, const void *a); \
-    float fm_dot_q6_K_a8_##isa(int n, const void *w, const void *a);
+    float fm_dot_q6_K_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_q4_1_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_q5_0_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_q5_1_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_iq4_nl_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_mxfp4_a8_##isa(int n, const void *w, const void *a);
 #define FM_DECLARE_FLOAT_DOTS(isa) \
     float fm_dot_f32_##isa(int n, const void *w, const void *a); \
     float fm_dot_f16_##isa(int n, const void *w, const void *a); \
@@ -260,6 +292,14 @@ void fm_dotn_bf16_avx2(int n, const void *w, const void *const *acts, int na, fl
 void fm_dotn_q4_0_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
+#define FM_DECLARE_DOTN_Q32(isa) \
+    void fm_dotn_q4_1_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_q5_0_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_q5_1_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_iq4_nl_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_mxfp4_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out);
+FM_DECLARE_DOTN_Q32(avx2)
+FM_DECLARE_DOTN_Q32(avx512)
 #define FM_DECLARE_IQ_LOWBIT_DOTN(isa) \
     void fm_dotn_iq3_xxs_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
     void fm_dotn_iq3_s_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
@@ -307,6 +347,25 @@ void fm_dotg_q4_0x8_avx512(int n, const void *w, const void *const *acts, int na
 void fm_dotg_q4_Kx8_avx512(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_0x8_ssse3(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotg_q4_Kx8_ssse3(int n, const void *w, const void *const *acts, int na, float *out);
+
+// IQ2_XXS, IQ2_XS, IQ2_S (iq2_*.c)
+#define FM_DECLARE_IQ2_DOTS(isa) \
+    float fm_dot_iq2_xxs_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_iq2_xs_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_iq2_s_a8_##isa(int n, const void *w, const void *a);
+#define FM_DECLARE_IQ2_DOTN(isa) \
+    void fm_dotn_iq2_xxs_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_iq2_xs_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_iq2_s_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out);
+FM_DECLARE_IQ2_DOTS(generic)
+FM_DECLARE_IQ2_DOTS(ssse3)
+FM_DECLARE_IQ2_DOTS(avx2)
+FM_DECLARE_IQ2_DOTS(avx512)
+FM_DECLARE_IQ2_DOTN(avx2)
+FM_DECLARE_IQ2_DOTN(avx512)
+void fm_deq_iq2_xxs(const void *w, float *y, int n);   // n values of a row, for the embedding
+void fm_deq_iq2_xs(const void *w, float *y, int n);
+void fm_deq_iq2_s(const void *w, float *y, int n);
 
 FM_DECLARE_FLOAT_DOTS(generic)   // float activations; the SSSE3 row uses the F16 one
 float fm_dot_f32_ssse3(int n, const void *w, const void *a);

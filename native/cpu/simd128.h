@@ -17,6 +17,32 @@ static inline __attribute__((always_inline)) float hmax128_ps(__m128 s) {
     return _mm_cvtss_f32(s);
 }
 
+// the f16 scales of weight blocks b..b+3 (their first two bytes, stride bytes apart), each in
+// the high 16 bits of a 32-bit lane, the low ones zero: put together in a general register and
+// moved over, 2 vector operations where four `pinsrw` took 5 on the vector pipes, which bound
+// these kernels (the integer pipes are idle here)
+static inline __attribute__((always_inline)) __m128i f16x4_high(const uint8_t *first, size_t stride) {
+    uint16_t h[4];
+    for (int k = 0; k < 4; k++) __builtin_memcpy(&h[k], first + k * stride, 2);
+    const uint64_t four = h[0] | (uint64_t)h[1] << 16 | (uint64_t)h[2] << 32 | (uint64_t)h[3] << 48;
+    return _mm_unpacklo_epi16(_mm_setzero_si128(), _mm_cvtsi64_si128((long long)four));
+}
+
+// four f16 scales, each in the high half of a 32-bit lane, as f32 by a multiply: an arithmetic
+// shift by 3 keeps each scale's sign in bit 31 and puts exponent and mantissa in place (the sign
+// copies in bits 30..28 masked off), then the exponent is rebiased by 2^(127-15). Normal and subnormal
+// values exact (a subnormal scale is a subnormal float here: one microcode assist, and read as
+// zero under denormals-are-zero, which the pool therefore leaves off, internal.h); 3 vector
+// operations after the gather, where a conversion that avoided subnormal floats took 9
+static inline __attribute__((always_inline)) __m128 half4_ps(__m128i high) {
+    const __m128i bits = _mm_and_si128(_mm_srai_epi32(high, 3), _mm_set1_epi32((int)0x8FFFFFFF));
+    return _mm_mul_ps(_mm_castsi128_ps(bits), _mm_set1_ps(0x1p112f));
+}
+
+static inline __attribute__((always_inline)) __m128 half4_gathered(const uint8_t *first, size_t stride) {
+    return half4_ps(f16x4_high(first, stride));
+}
+
 // the 8 scales (bytes 0..7) and 8 mins (bytes 8..15) of a Q4_K/Q5_K super-block, unpacked in
 // general registers and moved over in two quadwords. Stored as words and loaded as one vector,
 // they waited on a failed store forwarding (a shuffle-and-mask unpack in vector registers was

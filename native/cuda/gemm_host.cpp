@@ -24,7 +24,11 @@ typedef void (*GateUp)(const float*, int, const int*, float*, int, const unsigne
 struct Entry { const char* name; Kernel fn; GateUp gate_up; };
 #define GEMM_ENTRY(t) {"gemm_" #t, gemm_##t, 0}, {"gemm_gate_up_" #t, 0, gemm_gate_up_##t}
 static const Entry TABLE[] = {GEMM_ENTRY(f32), GEMM_ENTRY(f16), GEMM_ENTRY(bf16), GEMM_ENTRY(q8_0),
-                              GEMM_ENTRY(q4_0), GEMM_ENTRY(q4_k), GEMM_ENTRY(q5_k), GEMM_ENTRY(q6_k)};
+                              GEMM_ENTRY(q4_0), GEMM_ENTRY(q4_k), GEMM_ENTRY(q5_k), GEMM_ENTRY(q6_k),
+                              GEMM_ENTRY(q4_1), GEMM_ENTRY(q5_0), GEMM_ENTRY(q5_1), GEMM_ENTRY(q2_k), GEMM_ENTRY(q3_k),
+                              GEMM_ENTRY(tq1_0), GEMM_ENTRY(tq2_0), GEMM_ENTRY(iq4_nl), GEMM_ENTRY(iq4_xs), GEMM_ENTRY(mxfp4),
+                              GEMM_ENTRY(iq2_xxs), GEMM_ENTRY(iq2_xs), GEMM_ENTRY(iq2_s), GEMM_ENTRY(iq3_xxs), GEMM_ENTRY(iq3_s),
+                              GEMM_ENTRY(iq1_s), GEMM_ENTRY(iq1_m)};
 static const int BLOCK_COLUMNS = 128;               // GEMM_BN of native/cuda/kernels.py; gate/up: half as many features
 
 static std::vector<unsigned char> load(const char* path) {

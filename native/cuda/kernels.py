@@ -17,6 +17,9 @@ NVCC_OPTIONS = ["-maxrregcount=63", "-O3"]
 GEMM_KERNELS: dict[Q, str] = {
     Q.F32: "gemm_f32", Q.F16: "gemm_f16", Q.BF16: "gemm_bf16", Q.Q8_0: "gemm_q8_0",
     Q.Q4_0: "gemm_q4_0", Q.Q4_K: "gemm_q4_k", Q.Q5_K: "gemm_q5_k", Q.Q6_K: "gemm_q6_k",
+    **{q: f"gemm_{q.name.lower()}" for q in (      # quant_linear.cuh and quant_iq.cuh
+        Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.TQ1_0, Q.TQ2_0, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4,
+        Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M)},
 }
 ROWS_KERNELS: dict[Q, str] = {q: name.replace("gemm_", "rows_") for q, name in GEMM_KERNELS.items()}
 GATE_UP_KERNELS: dict[Q, str] = {q: name.replace("gemm_", "gemm_gate_up_") for q, name in GEMM_KERNELS.items()}

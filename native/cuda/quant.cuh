@@ -10,7 +10,8 @@
 // four in a row. Host-callable as well, so tools can check them against gguf's numpy dequantizer.
 // Alignment: f32, f16 and bf16 rows start on 16 bytes; Q4_K and Q5_K blocks too (144 and 176 are
 // multiples of 16, so any row of them does when the tensor does); Q8_0, Q4_0 and Q6_K blocks
-// are read in 16-bit words or the aligned words around them.
+// are read in 16-bit words or the aligned words around them. The other types' traits are in
+// quant_linear.cuh and quant_iq.cuh, with their alignments.
 #pragma once
 #include "fermi.cuh"
 
@@ -237,6 +238,9 @@ struct QT_q6_k {
     }
 };
 
+#include "quant_linear.cuh"
+#include "quant_iq.cuh"
+
 // ---------------------------------------------------------------------------- one call
 #define FM_DQ8(name, qt)                                                                        \
     FM_HD void name(const unsigned char* row, int k, float* v) {                                \
@@ -255,3 +259,20 @@ FM_DQ8(dq8_q4_0, QT_q4_0)
 FM_DQ8(dq8_q4_k, QT_q4_k)
 FM_DQ8(dq8_q5_k, QT_q5_k)
 FM_DQ8(dq8_q6_k, QT_q6_k)
+FM_DQ8(dq8_q4_1, QT_q4_1)
+FM_DQ8(dq8_q5_0, QT_q5_0)
+FM_DQ8(dq8_q5_1, QT_q5_1)
+FM_DQ8(dq8_q2_k, QT_q2_k)
+FM_DQ8(dq8_q3_k, QT_q3_k)
+FM_DQ8(dq8_tq1_0, QT_tq1_0)
+FM_DQ8(dq8_tq2_0, QT_tq2_0)
+FM_DQ8(dq8_iq4_nl, QT_iq4_nl)
+FM_DQ8(dq8_iq4_xs, QT_iq4_xs)
+FM_DQ8(dq8_mxfp4, QT_mxfp4)
+FM_DQ8(dq8_iq2_xxs, QT_iq2_xxs)
+FM_DQ8(dq8_iq2_xs, QT_iq2_xs)
+FM_DQ8(dq8_iq2_s, QT_iq2_s)
+FM_DQ8(dq8_iq3_xxs, QT_iq3_xxs)
+FM_DQ8(dq8_iq3_s, QT_iq3_s)
+FM_DQ8(dq8_iq1_s, QT_iq1_s)
+FM_DQ8(dq8_iq1_m, QT_iq1_m)

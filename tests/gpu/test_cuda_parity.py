@@ -13,7 +13,7 @@ from common.reference.model import ReferenceModel
 from native.cuda.plan import make_plan
 from services.prefill.backends.cuda import CUDABackend
 
-from .tiny_gguf import TinySpec, build
+from .tiny_gguf import MIX_IQ, MIX_LOW, TinySpec, build, open_model
 
 # fp32 sums in another order through 4 random layers; the scan inverts in fp32 where the
 # reference solves in float64. Errors are relative to the largest magnitude of the array.
@@ -24,7 +24,8 @@ GREEDY_STEPS = 8
 PLAIN_TYPES = {"experts": Q.Q8_0, "down": Q.Q4_0, "attn": Q.F16, "linear": Q.BF16, "shared": Q.F32,
                "router": Q.F16, "embd": Q.Q8_0, "head": Q.F32, "small": Q.F32}
 MODELS = {"qwen35moe-kquants": TinySpec(), "qwen3next-kquants": TinySpec(arch="qwen3next"),
-          "qwen35moe-plain": TinySpec(types=PLAIN_TYPES)}
+          "qwen35moe-plain": TinySpec(types=PLAIN_TYPES),
+          "qwen35moe-iq-mix": MIX_IQ, "qwen3next-low-bit-mix": MIX_LOW}    # every newer type, mixed by layer
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:
@@ -33,7 +34,7 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def model(request, tmp_path_factory):
-    return GGUFModel(build(tmp_path_factory.mktemp("m") / f"{request.param}.gguf", MODELS[request.param]))
+    return open_model(build(tmp_path_factory.mktemp("m") / f"{request.param}.gguf", MODELS[request.param]))
 
 
 _REF: dict = {}

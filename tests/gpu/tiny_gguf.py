@@ -1,6 +1,7 @@
 """Tiny random GGUF models of the real architectures, written with gguf alone (no torch), so the
-GPU machine can build them. Weights are random with a chosen standard deviation; K-quant
-tensors are random blocks whose scales are set to give that deviation."""
+GPU machine can build them. Weights are random with a chosen standard deviation; the tensors of
+the types gguf cannot quantize (K-quants, i-quants) are random blocks whose scales are set to
+give that deviation."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,8 +13,17 @@ from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
-# K-quant f16 scale fields: (offset of d, offset of dmin or None, dmin / d giving a zero mean)
-KQUANT_SCALES = {Q.Q4_K: (0, 2, 7.5), Q.Q5_K: (0, 2, 15.5), Q.Q6_K: (208, None, 0.0)}
+# f16 scale fields of each block type: (offset of d, offset of the min's scale or None, min / d
+# giving a zero mean); IQ1_M's d is spread over its scale words (set_scales). MXFP4 has none.
+BLOCK_SCALES = {Q.Q8_0: (0, None, 0.0), Q.Q4_0: (0, None, 0.0), Q.Q4_1: (0, 2, -7.5), Q.Q5_0: (0, None, 0.0),
+                Q.Q5_1: (0, 2, -15.5), Q.TQ1_0: (52, None, 0.0), Q.TQ2_0: (64, None, 0.0),
+                Q.Q4_K: (0, 2, 7.5), Q.Q5_K: (0, 2, 15.5), Q.Q6_K: (208, None, 0.0),
+                Q.Q2_K: (80, 82, 1.5), Q.Q3_K: (108, None, 0.0), Q.IQ1_M: (None, None, 0.0),
+                **{q: (0, None, 0.0) for q in (Q.IQ4_NL, Q.IQ4_XS, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S,
+                                                Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S)}}
+# the types gguf cannot quantize: weight() draws them as random blocks with their scales set
+RANDOM_BLOCKS = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.IQ2_XXS, Q.IQ2_XS,
+                 Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M}
 
 
 @dataclass(frozen=True)
@@ -38,28 +48,68 @@ class TinySpec:
     types: dict = field(default_factory=lambda: {
         "experts": Q.Q4_K, "down": Q.Q6_K, "attn": Q.Q8_0, "linear": Q.Q5_K, "shared": Q.Q4_0,
         "router": Q.F32, "embd": Q.F16, "head": Q.Q6_K, "small": Q.BF16})
+    # per-layer overrides of `types`, layer i taking entry i % len (files mix types by layer too);
+    # an "up" entry gives the experts' up tensors a type of their own (unfused gate and up)
+    layer_types: tuple = ()
+
+
+# two mixes that hold every type of the CUDA prefill's second set of kernels between them, each
+# varying by layer (over the older types too), as the importance-matrix quants of the 35B do
+MIX_IQ = TinySpec(types={"experts": Q.IQ2_XXS, "down": Q.Q3_K, "attn": Q.IQ4_XS, "linear": Q.Q2_K,
+                         "shared": Q.IQ3_S, "router": Q.F32, "embd": Q.Q5_0, "head": Q.IQ4_NL, "small": Q.Q5_1},
+                  layer_types=({}, {"experts": Q.IQ3_XXS, "up": Q.IQ4_NL, "down": Q.IQ2_S, "linear": Q.IQ2_XS,
+                                    "shared": Q.Q4_1}))
+MIX_LOW = TinySpec(arch="qwen3next",
+                   types={"experts": Q.MXFP4, "down": Q.IQ1_M, "attn": Q.TQ2_0, "linear": Q.IQ1_S,
+                          "shared": Q.TQ1_0, "router": Q.F16, "embd": Q.Q4_1, "head": Q.Q5_1, "small": Q.Q5_0},
+                   layer_types=({}, {"experts": Q.Q4_K, "down": Q.Q6_K}, {"linear": Q.Q8_0}))
+
+
+def set_scales(raw: np.ndarray, qtype: Q, d, dmin=None) -> None:
+    """Write the f16 scale d (and the min's, dmin) into every block of raw [blocks, bytes]: scalars
+    or one per block. IQ1_M keeps its d as the top nibbles of its four scale words (bytes 48-55)."""
+    d_off, m_off, _ = BLOCK_SCALES[qtype]
+
+    def f16(v) -> np.ndarray:
+        return np.broadcast_to(np.asarray(v, np.float32).reshape(-1, 1), (len(raw), 1)).astype(np.float16)
+    if qtype == Q.IQ1_M:
+        bits = f16(d).view(np.uint16)
+        words = raw[:, 48:56].copy().view(np.uint16)                     # [blocks, 4]
+        nib = (bits >> np.array([0, 4, 8, 12], np.uint16)) & np.uint16(15)
+        raw[:, 48:56] = ((words & np.uint16(0x0fff)) | (nib << np.uint16(12))).view(np.uint8)
+        return
+    raw[:, d_off:d_off + 2] = f16(d).view(np.uint8)
+    if m_off is not None and dmin is not None:
+        raw[:, m_off:m_off + 2] = f16(dmin).view(np.uint8)
+
+
+def random_blocks(qtype: Q, n_blocks: int, rng, lo: float = 1e-3, hi: float = 0.1) -> np.ndarray:
+    """[n_blocks, block bytes] of random bytes whose scales (d and any min's, or MXFP4's
+    exponent 2^(e-128)) are drawn from [lo, hi), so that every value is finite."""
+    raw = rng.integers(0, 256, size=(n_blocks, GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8)
+    s = rng.uniform(lo, hi, size=(n_blocks, 2))
+    if qtype == Q.MXFP4:
+        raw[:, 0] = np.floor(np.log2(s[:, 0])).astype(np.int64) + 128
+    else:
+        set_scales(raw, qtype, s[:, 0], s[:, 1])
+    return raw
 
 
 def _kquant(qtype: Q, shape: tuple[int, ...], std: float, rng) -> np.ndarray:
     block, size = GGML_QUANT_SIZES[qtype]
     rows = int(np.prod(shape[:-1]))
-    nb = rows * shape[-1] // block
-    raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
-    d_off, m_off, ratio = KQUANT_SCALES[qtype]
-
-    def set_scales(d: float) -> None:
-        raw[:, d_off:d_off + 2] = np.full((nb, 1), d, np.float16).view(np.uint8)
-        if m_off is not None:
-            raw[:, m_off:m_off + 2] = np.full((nb, 1), d * ratio, np.float16).view(np.uint8)
-    set_scales(1e-3)
+    raw = random_blocks(qtype, rows * shape[-1] // block, rng)
+    ratio = BLOCK_SCALES[qtype][2]
+    set_scales(raw, qtype, 1e-3, 1e-3 * ratio)
     got = dequantize(raw, qtype).std()
-    set_scales(1e-3 * std / got)
+    d = 1e-3 * std / got
+    set_scales(raw, qtype, d, d * ratio)
     return raw.reshape(*shape[:-1], shape[-1] // block * size)
 
 
 def weight(qtype: Q, shape: tuple[int, ...], std: float, rng) -> tuple[np.ndarray, Q | None]:
     """(array for GGUFWriter.add_tensor, raw_dtype)"""
-    if qtype in KQUANT_SCALES:
+    if qtype in RANDOM_BLOCKS:
         return _kquant(qtype, shape, std, rng), qtype
     x = (rng.standard_normal(shape) * std).astype(np.float32)
     if qtype == Q.F32:
@@ -103,6 +153,7 @@ def build(path: Path, spec: TinySpec = TinySpec(), seed: int = 0) -> Path:
     C = 2 * s.nk * s.dk + s.nv * s.dv
     for i in range(s.layers):
         p = f"blk.{i}."
+        ty = {**s.types, **(s.layer_types[i % len(s.layer_types)] if s.layer_types else {})}
         norm(p + "attn_norm.weight", H)
         norm(p + "post_attention_norm.weight", H)
         if (i + 1) % 4 == 0:
@@ -127,7 +178,7 @@ def build(path: Path, spec: TinySpec = TinySpec(), seed: int = 0) -> Path:
             add(p + "ssm_out.weight", ty["linear"], (H, s.nv * s.dv), 1 / np.sqrt(s.nv * s.dv))
         add(p + "ffn_gate_inp.weight", ty["router"], (s.experts, H), 1.0)
         add(p + "ffn_gate_exps.weight", ty["experts"], (s.experts, s.ffn, H), inv)
-        add(p + "ffn_up_exps.weight", ty["experts"], (s.experts, s.ffn, H), inv)
+        add(p + "ffn_up_exps.weight", ty.get("up", ty["experts"]), (s.experts, s.ffn, H), inv)
         add(p + "ffn_down_exps.weight", ty["down"], (s.experts, H, s.ffn), 1 / np.sqrt(s.ffn))
         add(p + "ffn_gate_shexp.weight", ty["shared"], (s.shared_ffn, H), inv)
         add(p + "ffn_up_shexp.weight", ty["shared"], (s.shared_ffn, H), inv)
@@ -138,3 +189,9 @@ def build(path: Path, spec: TinySpec = TinySpec(), seed: int = 0) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def open_model(path: Path):
+    """The GGUFModel of a tiny file."""
+    from common.model.gguf_file import GGUFModel
+    return GGUFModel(path)

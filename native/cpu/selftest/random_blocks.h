@@ -17,7 +17,10 @@ static void fill_blocks(int type, uint8_t *w, size_t bytes) {
     for (uint8_t *p = w; p + bb <= w + bytes; p += bb) {
         const fm_f16 h = fm_f32_to_f16(0.001f + 0.003f * (next() % 1000) / 1000.0f);
         if (type == FM_Q6_K || type == FM_Q6_KP) memcpy(p + 208, &h, 2);
-        else if (type == FM_Q4_0 || type == FM_Q8_0) memcpy(p, &h, 2);
+        else if (type == FM_Q4_0 || type == FM_Q8_0 || type == FM_Q5_0 || type == FM_IQ4_NL || type == FM_IQ2_XXS
+                 || type == FM_IQ2_XS || type == FM_IQ2_S) memcpy(p, &h, 2);
+        else if (type == FM_Q4_1 || type == FM_Q5_1) { memcpy(p, &h, 2); memcpy(p + 2, &h, 2); }
+        else if (type == FM_MXFP4) *p = (uint8_t)(118 + next() % 4);   // E8M0: 2^(e - 128), about 2^-9
         else if (type == FM_Q4_K || type == FM_Q5_K) { memcpy(p, &h, 2); memcpy(p + 2, &h, 2); }
         else if (type == FM_F32) { float f = ((int)(next() % 2001) - 1000) / 1000.0f; memcpy(p, &f, 4); }
         else if (type == FM_F16) memcpy(p, &h, 2);

@@ -22,8 +22,10 @@
 #define ROWS 128
 #define SIBLING_RTOL 1e-5   // same integer sums, different float accumulation order
 
-static const int TYPES[] = { FM_Q4_0, FM_Q8_0, FM_Q4_K, FM_Q5_K, FM_Q6_K, FM_F32, FM_F16, FM_BF16 };
-static const char *TYPE_NAMES[] = { "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16" };
+static const int TYPES[] = { FM_Q4_0, FM_Q8_0, FM_Q4_K, FM_Q5_K, FM_Q6_K, FM_F32, FM_F16, FM_BF16,
+                             FM_IQ2_XXS, FM_IQ2_XS, FM_IQ2_S, FM_Q4_1, FM_Q5_0, FM_Q5_1, FM_IQ4_NL, FM_MXFP4 };
+static const char *TYPE_NAMES[] = { "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16",
+                                    "IQ2_XXS", "IQ2_XS", "IQ2_S", "Q4_1", "Q5_0", "Q5_1", "IQ4NL", "MXFP4" };
 
 // the largest difference, relative to the dot, between the generic kernel of `ref_type` on rows
 // `ref_w` and ISA `isa`'s kernel of `type` on rows `w` (the same rows, maybe repacked)
@@ -92,7 +94,7 @@ int main(void) {
         uint8_t *w = malloc(row_bytes * ROWS), *act = malloc(fm_act_bytes(type, COLS));
         fill_blocks(type, w, row_bytes * ROWS);
         fm_quantize_act(type, x, COLS, act);
-        printf("%-5s", TYPE_NAMES[t]);
+        printf("%-7s", TYPE_NAMES[t]);
         for (int isa = 0; isa < 4; isa++) {
             if (!fm_isa_supported(isa)) continue;
             const double worst = worst_rel(isa, type, w, act, type, w, act, row_bytes);

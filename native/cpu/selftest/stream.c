@@ -7,7 +7,7 @@
  *      native/cpu/*_generic.c build/native_cpu_isa/*.o -lm -o /tmp/fm_stream
  *   /tmp/fm_stream TYPE ISA [COLS]    e.g. /tmp/fm_stream 270 1: Q6_Kp through SSSE3
  *
- * TYPE is the GGUF type number (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K) or a repacked one (258 Q4_0
+ * TYPE is the GGUF type number (2 Q4_0, 12 Q4_K, 13 Q5_K, 14 Q6_K, 16 IQ2_XXS, 17 IQ2_XS, 22 IQ2_S) or a repacked one (258 Q4_0
  * and 268 Q4_K in groups of 8 rows; 270 Q6_Kp, 514 Q4_0p and 524 Q4_Kp row by row), ISA 0
  * generic, 1 ssse3, 2 avx2, 3 avx512; COLS the row width (default 2048). Best of 5 passes each.
  * Built with -DFM_PREFETCH_AHEAD=N in every file, it measures another prefetch distance, e.g. 4 KB:
