@@ -30,11 +30,11 @@ INLINE int32_t hsum_epi32(__m128i s) {
     return _mm_cvtsi128_si32(s);
 }
 
-// the `psignb` operand of half h of a broadcast sign word: -1 where the value is negative, else 1
+// the `psignb` operand of half h of a broadcast sign word: negative where the value is, else 0x7F
 INLINE __m128i sign_operand(__m128i word, int h) {
     const __m128i bits = _mm_load_si128((const __m128i *)BITS);
     const __m128i spread = _mm_and_si128(_mm_shuffle_epi8(word, _mm_load_si128((const __m128i *)SPREAD[h])), bits);
-    return _mm_or_si128(_mm_cmpeq_epi8(spread, bits), _mm_set1_epi8(1));
+    return _mm_add_epi8(spread, _mm_set1_epi8(0x7F));   // bit + 0x7F: negative where the bit is set
 }
 
 // the sign words of 4 IQ3_XXS sub-blocks (as iq3xxs_sign_words in iq_simd256.h)
