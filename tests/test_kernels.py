@@ -15,6 +15,7 @@ from gguf.quants import dequantize, quantize
 from native import cpu_lib
 from native.cpu_lib import lib
 from tests import kernel_calls
+from tools.synthetic_blocks import MAKERS
 
 # SIMD and generic do the same integer sums; only the float accumulation order differs.
 SIBLING_RTOL = 1e-5
@@ -29,7 +30,9 @@ IQ2_TYPES = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S]
 # the other blocks of 32 (q32_*.c): d (f16, MXFP4 an E8M0 exponent byte), the min of Q4_1 and Q5_1
 Q32_TYPES = [T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4]
 LOWBIT_TYPES = [T.Q2_K, T.Q3_K, T.IQ4_XS, T.TQ2_0, T.TQ1_0]
-QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, *LOWBIT_TYPES]
+# the 3- and 1-bit i-quants: every ISA sums the generic kernel's integers (iq_lowbit.h)
+IQ_LOWBIT_TYPES = [T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
+QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, *LOWBIT_TYPES, *IQ_LOWBIT_TYPES]
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 ISAS = cpu_lib.supported_isas()
 N = 1024
@@ -61,6 +64,8 @@ def random_rows(qtype: T, rows: int, n: int, rng, scale: tuple[float, float] = (
             blocks[:, 2:4] = f16(rng, len(blocks), -16 * scale[1], 16 * scale[1])
     elif qtype in IQ2_TYPES:                             # d first; any bytes after it are valid
         blocks[:, 0:2] = f16(rng, len(blocks), *scale)
+    elif qtype in IQ_LOWBIT_TYPES:                       # d (IQ1_M's spread over its scale words)
+        MAKERS[qtype].scale(blocks, rng.uniform(*scale, len(blocks)))
     else:
         lo, hi = F16_FIELDS[qtype]
         for at in range(lo, hi, 2):
@@ -145,6 +150,8 @@ def extreme_quants(qtype: T, byte: int = 0xFF) -> np.ndarray:
     elif qtype == T.Q6_K:
         blocks[:, 192:208] = 127                      # int8 sub-block scales
         blocks[:, 208:210] = one
+    elif qtype in IQ_LOWBIT_TYPES:                    # 0xFF: the largest sub-block scales, every sign
+        MAKERS[qtype].scale(blocks, np.ones(len(blocks)))
     else:
         blocks[:, 0:2] = one
         if qtype in (T.Q4_K, T.Q5_K):
@@ -305,7 +312,8 @@ def test_dequant_row_matches_gguf(qtype, rng):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, *LOWBIT_TYPES, T.F32, T.F16,
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K, *IQ2_TYPES, *Q32_TYPES, *LOWBIT_TYPES, *IQ_LOWBIT_TYPES,
+                                   T.F32, T.F16,
                                    T.BF16], ids=lambda t: t.name)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
@@ -321,7 +329,8 @@ def test_matvec_batch_matches_row_dots(isa, qtype, threads, rng):
             expect = np.array([kernel_calls.vec_dot(isa, qtype, w[r], act, n) for r in range(rows)], np.float32)
             scale = np.abs(dequantize(w, qtype) if qtype != T.F32 else w.view(np.float32)) @ np.abs(x[b])
             assert np.all(np.abs(y[b] - expect) <= SIBLING_RTOL * scale)
-            if qtype in FLOAT_TYPES + IQ2_TYPES:   # the same operations in the same order as the row kernel
+            # the same operations in the same order as the row kernel
+            if qtype in FLOAT_TYPES + IQ2_TYPES + IQ_LOWBIT_TYPES:
                 assert np.array_equal(y[b], expect)
 
 

@@ -94,6 +94,8 @@ RECIPES["iq2_mix"] = _rotation((T.IQ2_XXS, T.IQ2_XS, T.IQ2_S), (T.IQ2_S, T.Q4_K)
 RECIPES["q32_mix"] = _rotation((T.MXFP4, T.IQ4_NL, T.Q4_1, T.Q5_1), (T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4),
                                embd=T.Q4_1, head=T.Q5_1)
 RECIPES["lower_bit"] = _rotation((T.Q2_K, T.Q3_K), (T.Q3_K, T.IQ4_XS, T.TQ2_0, T.TQ1_0), embd=T.Q3_K)
+RECIPES["iq_lowbit_mix"] = _rotation((T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M), (T.IQ3_S, T.IQ1_M, T.IQ3_XXS, T.IQ1_S),
+                                     embd=T.IQ3_S, head=T.IQ3_XXS)
 FLOAT_SMALL = ("ffn_gate_inp.weight", "ssm_alpha.weight", "ssm_beta.weight", "ssm_ba.weight")   # kept F32
 ROUTER_GAIN = 4.0   # router logits of std ~4: clear top-k margins, so engines rarely disagree on a route
 

@@ -10,7 +10,9 @@ The dot kernels are named <weights>_<shape>_<isa>.c, the generic sibling as *_ge
            q32: the other blocks of 32 (Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4),
            q4x8: Q4_0x8 and Q4_Kx8, q6_Kp, float: F32, F16, BF16, iq2: IQ2_XXS, IQ2_XS, IQ2_S
            (iq2_prep.h: their per-block unpacking, shared by the SIMD siblings), lowbit: Q2_K,
-           Q3_K, IQ4_XS, TQ2_0, TQ1_0 (the AVX2 and AVX-512 files instances of lowbit_body256.h)
+           Q3_K, IQ4_XS, TQ2_0, TQ1_0 (the AVX2 and AVX-512 files instances of lowbit_body256.h),
+           iq_lowbit: IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (their generic siblings iq3_row_generic.c and
+           iq1_row_generic.c)
   shape    row: one weight row . one activation row; batch: one row . up to FM_DOTN_MAX
            activation rows; rows: up to FM_DOTR_MAX rows . up to FM_DOTN_MAX; group: FM_GROUP
            interleaved rows . up to FM_DOTN_MAX (quants.h). A file holds its weights' narrower

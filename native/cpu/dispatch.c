@@ -26,7 +26,8 @@ typedef struct {
 #define ROW(name, isa, fisa, hisa, pisa, gisa, disa, aisa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, \
     fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, \
     fm_dot_f16_##hisa, fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##isa, \
-    [KIND_Q4_0P] = fm_dot_q4_0p_a8_##pisa, [KIND_Q4_KP] = fm_dot_q4_Kp_a8_##pisa, DOTS_IQ2(isa), DOTS_Q32(isa), DOTS_LOWBIT(isa) }, batched, \
+    [KIND_Q4_0P] = fm_dot_q4_0p_a8_##pisa, [KIND_Q4_KP] = fm_dot_q4_Kp_a8_##pisa, DOTS_IQ2(isa), DOTS_Q32(isa), \
+    DOTS_LOWBIT(isa), DOTS_IQ_LOWBIT(isa) }, batched, \
     { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, rows, fm_gdn_head_##disa, \
     fm_conv_update_##disa, fm_attn_tiled_##aisa }
 // the 2-bit i-quants (iq2_*.c)
@@ -44,15 +45,20 @@ typedef struct {
     [KIND_IQ4_XS] = fm_dot_iq4_xs_a8_##isa, [KIND_TQ2_0] = fm_dot_tq2_0_a8_##isa, [KIND_TQ1_0] = fm_dot_tq1_0_a8_##isa
 #define DOTN_LOWBIT(isa) [KIND_Q2_K] = fm_dotn_q2_K_a8_##isa, [KIND_Q3_K] = fm_dotn_q3_K_a8_##isa, \
     [KIND_IQ4_XS] = fm_dotn_iq4_xs_a8_##isa, [KIND_TQ2_0] = fm_dotn_tq2_0_a8_##isa, [KIND_TQ1_0] = fm_dotn_tq1_0_a8_##isa
+// the 3- and 1-bit i-quants (iq_lowbit_*.c, iq3_row_generic.c, iq1_row_generic.c)
+#define DOTS_IQ_LOWBIT(isa) [KIND_IQ3_XXS] = fm_dot_iq3_xxs_a8_##isa, [KIND_IQ3_S] = fm_dot_iq3_s_a8_##isa, \
+    [KIND_IQ1_S] = fm_dot_iq1_s_a8_##isa, [KIND_IQ1_M] = fm_dot_iq1_m_a8_##isa
+#define DOTN_IQ_LOWBIT(isa) [KIND_IQ3_XXS] = fm_dotn_iq3_xxs_a8_##isa, [KIND_IQ3_S] = fm_dotn_iq3_s_a8_##isa, \
+    [KIND_IQ1_S] = fm_dotn_iq1_s_a8_##isa, [KIND_IQ1_M] = fm_dotn_iq1_m_a8_##isa
 #define NO_DOTN { 0 }
 #define NO_DOTR { 0 }
 #define DOTN_FLOAT_AVX2 [KIND_F32] = fm_dotn_f32_avx2, [KIND_F16] = fm_dotn_f16_avx2, [KIND_BF16] = fm_dotn_bf16_avx2
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
                     [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx2, DOTN_FLOAT_AVX2, \
-                    DOTN_IQ2(avx2), DOTN_Q32(avx2), DOTN_LOWBIT(avx2) }
+                    DOTN_IQ2(avx2), DOTN_Q32(avx2), DOTN_LOWBIT(avx2), DOTN_IQ_LOWBIT(avx2) }
 #define DOTN_AVX512 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx512, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx512, \
                       [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx512, DOTN_FLOAT_AVX2, \
-                      DOTN_IQ2(avx512), DOTN_Q32(avx512), DOTN_LOWBIT(avx512) }
+                      DOTN_IQ2(avx512), DOTN_Q32(avx512), DOTN_LOWBIT(avx512), DOTN_IQ_LOWBIT(avx512) }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
     ROW("generic", generic, generic, generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
@@ -90,6 +96,10 @@ const fm_type_traits FM_TYPES[KIND_COUNT] = {
     [KIND_IQ4_XS] = { FM_IQ4_XS, QK_K, sizeof(block_iq4_xs), ACT_A8_256, 1 },
     [KIND_TQ2_0] = { FM_TQ2_0, QK_K, sizeof(block_tq2_0), ACT_A8_256, 1 },
     [KIND_TQ1_0] = { FM_TQ1_0, QK_K, sizeof(block_tq1_0), ACT_A8_256, 1 },
+    [KIND_IQ3_XXS] = { FM_IQ3_XXS, QK_K, sizeof(block_iq3_xxs), ACT_A8_256, 1 },
+    [KIND_IQ3_S] = { FM_IQ3_S, QK_K, sizeof(block_iq3_s), ACT_A8_256, 1 },
+    [KIND_IQ1_S] = { FM_IQ1_S, QK_K, sizeof(block_iq1_s), ACT_A8_256, 1 },
+    [KIND_IQ1_M] = { FM_IQ1_M, QK_K, sizeof(block_iq1_m), ACT_A8_256, 1 },
 };
 
 int fm_kind_of(int type) {

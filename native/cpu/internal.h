@@ -41,6 +41,7 @@ enum { KIND_Q4_0, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_F32, KIND_F16
        KIND_IQ2_XXS, KIND_IQ2_XS, KIND_IQ2_S,
        KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_IQ4_NL, KIND_MXFP4,
        KIND_Q2_K, KIND_Q3_K, KIND_IQ4_XS, KIND_TQ2_0, KIND_TQ1_0,
+       KIND_IQ3_XXS, KIND_IQ3_S, KIND_IQ1_S, KIND_IQ1_M,
        KIND_COUNT };
 // ACT_A8_32P, ACT_A8_256P, ACT_A8_256K: the quants in Q4_0p, Q6_Kp and Q4_Kp order (quants.h)
 enum { ACT_A8_32, ACT_A8_32P, ACT_A8_256, ACT_A8_256P, ACT_A8_256K, ACT_F32 };
@@ -48,6 +49,12 @@ enum { ACT_A8_32, ACT_A8_32P, ACT_A8_256, ACT_A8_256P, ACT_A8_256K, ACT_F32 };
 // group: rows interleaved in the stored layout (FM_GROUP for the repacked ones, else 1)
 typedef struct { int type, block, block_bytes, act, group; } fm_type_traits;
 extern const fm_type_traits FM_TYPES[KIND_COUNT];
+
+// the row dequantizers of the 3- and 1-bit i-quants (iq3_row_generic.c, iq1_row_generic.c)
+void fm_deq_iq3_xxs(const void *w, float *y, int n);
+void fm_deq_iq3_s(const void *w, float *y, int n);
+void fm_deq_iq1_s(const void *w, float *y, int n);
+void fm_deq_iq1_m(const void *w, float *y, int n);
 
 int fm_kind_of(int type);                       // -1 if unsupported
 fm_vec_dot_fn fm_dot_for(int isa, int kind);    // isa < 0: the active one

@@ -272,6 +272,7 @@ static const deq_fn DEQUANT[KIND_COUNT] = {
     [KIND_MXFP4] = deq_mxfp4,
     [KIND_Q2_K] = deq_q2_K, [KIND_Q3_K] = deq_q3_K, [KIND_IQ4_XS] = deq_iq4_xs, [KIND_TQ2_0] = deq_tq2_0,
     [KIND_TQ1_0] = deq_tq1_0,
+    [KIND_IQ3_XXS] = fm_deq_iq3_xxs, [KIND_IQ3_S] = fm_deq_iq3_s, [KIND_IQ1_S] = fm_deq_iq1_s, [KIND_IQ1_M] = fm_deq_iq1_m,
 };
 
 void fm_dequant_row(int type, const void *w, float *out, int n) { DEQUANT[fm_kind_of(type)](w, out, n); }

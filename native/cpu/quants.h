@@ -44,6 +44,12 @@ typedef struct { uint8_t qs[QK_K / 4]; fm_f16 d; } block_tq2_0;              // 
 typedef struct { uint8_t qs[(QK_K - 4 * QK_K / 64) / 5]; uint8_t qh[QK_K / 64]; fm_f16 d; } block_tq1_0;   // 54 B
 _Static_assert(sizeof(block_q2_K) == 84 && sizeof(block_q3_K) == 110 && sizeof(block_iq4_xs) == 136 &&
                sizeof(block_tq2_0) == 66 && sizeof(block_tq1_0) == 54, "GGUF block sizes");
+// i-quants of 3 and 1 bits (iq_lowbit.h decodes them; the grids are in native/iq_tables.h)
+typedef struct { fm_f16 d; uint8_t qs[QK_K / 4]; uint8_t scales_signs[QK_K / 8]; } block_iq3_xxs;   // 98 B
+typedef struct { fm_f16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8];
+                 uint8_t scales[QK_K / 64]; } block_iq3_s;                    // 110 B
+typedef struct { fm_f16 d; uint8_t qs[QK_K / 8]; uint16_t qh[QK_K / 32]; } block_iq1_s;   // 50 B
+typedef struct { uint8_t qs[QK_K / 8]; uint8_t qh[QK_K / 16]; uint8_t scales[QK_K / 32]; } block_iq1_m;   // 56 B
 
 // ---- activations, 8-bit with fp32 scales
 // For Q4_0/Q8_0, a row of nb blocks of 32 is stored as arrays, so SIMD code loads several
@@ -68,6 +74,7 @@ enum { FM_F32 = 0, FM_F16 = 1, FM_Q4_0 = 2, FM_Q8_0 = 8, FM_Q4_K = 12, FM_Q5_K =
 enum { FM_IQ2_XXS = 16, FM_IQ2_XS = 17, FM_IQ2_S = 22 };
 enum { FM_Q4_1 = 3, FM_Q5_0 = 6, FM_Q5_1 = 7, FM_IQ4_NL = 20, FM_MXFP4 = 39 };
 enum { FM_Q2_K = 10, FM_Q3_K = 11, FM_IQ4_XS = 23, FM_TQ1_0 = 34, FM_TQ2_0 = 35 };
+enum { FM_IQ3_XXS = 18, FM_IQ1_S = 19, FM_IQ3_S = 21, FM_IQ1_M = 29 };
 #define FM_Q4_0X8 258
 #define FM_Q4_KX8 268
 #define FM_Q6_KP 270
@@ -269,6 +276,15 @@ FM_DECLARE_LOWBIT_DOTS(generic)
 FM_DECLARE_LOWBIT_DOTS(ssse3)
 FM_DECLARE_LOWBIT_DOTS(avx2)
 FM_DECLARE_LOWBIT_DOTS(avx512)
+#define FM_DECLARE_IQ_LOWBIT_DOTS(isa) \
+    float fm_dot_iq3_xxs_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_iq3_s_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_iq1_s_a8_##isa(int n, const void *w, const void *a); \
+    float fm_dot_iq1_m_a8_##isa(int n, const void *w, const void *a);
+FM_DECLARE_IQ_LOWBIT_DOTS(generic)
+FM_DECLARE_IQ_LOWBIT_DOTS(ssse3)
+FM_DECLARE_IQ_LOWBIT_DOTS(avx2)
+FM_DECLARE_IQ_LOWBIT_DOTS(avx512)
 // one weight row . na <= FM_DOTN_MAX activation rows, results in out[0..na)
 #define FM_DOTN_MAX 4
 typedef void (*fm_vec_dot_n_fn)(int n, const void *w, const void *const *acts, int na, float *out);
@@ -311,6 +327,13 @@ FM_DECLARE_DOTN_Q32(avx512)
     void fm_dotn_tq1_0_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out);
 FM_DECLARE_LOWBIT_DOTN(avx2)
 FM_DECLARE_LOWBIT_DOTN(avx512)
+#define FM_DECLARE_IQ_LOWBIT_DOTN(isa) \
+    void fm_dotn_iq3_xxs_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_iq3_s_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_iq1_s_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out); \
+    void fm_dotn_iq1_m_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out);
+FM_DECLARE_IQ_LOWBIT_DOTN(avx2)
+FM_DECLARE_IQ_LOWBIT_DOTN(avx512)
 // nr (1..FM_DOTR_MAX) consecutive rows, row_bytes apart, . na (1..FM_DOTN_MAX) activation rows:
 // out[i * FM_DOTR_MAX + r]. Where an ISA has one for a row layout, the driver takes rows this
 // many at a time: they share each activation's loads and block sums. Two, as the streams of

@@ -1,0 +1,166 @@
+/* AVX-512 dot products of the 3- and 1-bit i-quants (IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) with up to
+ * FM_DOTN_MAX 8-bit activation rows, and with one (the instances for one row): the arithmetic of
+ * the AVX2 kernels (iq_lowbit_batch_avx2.c) on two sub-blocks (64 values) per 512-bit register. The signs
+ * of both negate the activations as one 64-bit mask (one masked subtraction), and `vpdpwssd`
+ * scales and adds each product in one instruction. Built with the AVX-512 F/BW/VL/VNNI flags. */
+#include "iq_simd256.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define LOAD512(p) _mm512_loadu_si512((const void *)(p))
+
+// pshufb patterns over 8 int16 scales broadcast to the 4 lanes: PAIR[k], int16 lane 2k in lanes
+// 0 and 1 (sub-block 2k's values) and 2k+1 in lanes 2 and 3; QUAD[h], lanes 4h..4h+3 one per lane
+static const uint8_t PAIR[4][64] __attribute__((aligned(64))) = {
+#define H(k) 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, \
+             2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1, 2 * (k), 2 * (k) + 1
+    { H(0), H(0), H(1), H(1) }, { H(2), H(2), H(3), H(3) }, { H(4), H(4), H(5), H(5) }, { H(6), H(6), H(7), H(7) } };
+static const uint8_t QUAD[2][64] __attribute__((aligned(64))) = { { H(0), H(1), H(2), H(3) }, { H(4), H(5), H(6), H(7) } };
+#undef H
+
+INLINE __m512i pick512(__m128i scales8, const uint8_t *pattern) {
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(scales8), _mm512_load_si512((const void *)pattern));
+}
+
+// two 256-bit gathers as one register: sub-block 2k in the low half
+INLINE __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+#define ACT(i, b) (((const block_a8_256 *)acts[i]) + (b))
+
+// acc[i] += (u . the 64 activations k of row i, negated under mask m) . scale
+#define PAIR_DOT(u, m, scale, k)                                                             \
+    _Pragma("GCC unroll 4")                                                                 \
+    for (int i = 0; i < na; i++) {                                                          \
+        const __m512i a = LOAD512(ACT(i, b)->qs + 64 * (k));                                \
+        const __m512i p = _mm512_maddubs_epi16(u, _mm512_mask_sub_epi8(a, m, _mm512_setzero_si512(), a)); \
+        acc[i] = _mm512_dpwssd_epi32(acc[i], p, scale);                                     \
+    }
+#define PAIR_DOT_UNSIGNED(u, scale, k)                                                       \
+    _Pragma("GCC unroll 4")                                                                 \
+    for (int i = 0; i < na; i++)                                                            \
+        acc[i] = _mm512_dpwssd_epi32(acc[i], _mm512_maddubs_epi16(u, LOAD512(ACT(i, b)->qs + 64 * (k))), scale);
+
+#define FINISH_BLOCK(dw, pow2)                                                              \
+    _Pragma("GCC unroll 4")                                                                 \
+    for (int i = 0; i < na; i++)                                                            \
+        s[i] += fm_iq_block_scale(dw, ACT(i, b)->d, pow2) * (float)_mm512_reduce_add_epi32(acc[i]);
+
+#define ZERO_ACC()                                                                           \
+    __m512i acc[FM_DOTN_MAX];                                                               \
+    _Pragma("GCC unroll 4")                                                                 \
+    for (int i = 0; i < na; i++) acc[i] = _mm512_setzero_si512();
+
+INLINE uint64_t load64(const void *p) {
+    uint64_t v;
+    __builtin_memcpy(&v, p, 8);
+    return v;
+}
+
+INLINE void iq3_xxs_n(int n, const block_iq3_xxs *x, const void *const *acts, const int na, float *out) {
+    float s[FM_DOTN_MAX] = { 0 };
+    for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
+        const __m256i aux = _mm256_loadu_si256((const __m256i *)x[b].scales_signs);
+        uint64_t words[4];   // the sign words of sub-blocks 2k, 2k+1 as one mask each
+        _mm256_storeu_si256((__m256i *)words, iq3xxs_sign_words(aux));
+        const __m256i ls32 = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(aux, 28), 1), _mm256_set1_epi32(1));
+        const __m128i sc = _mm_packs_epi32(_mm256_castsi256_si128(ls32), _mm256_extracti128_si256(ls32, 1));
+        ZERO_ACC()
+        _Pragma("GCC unroll 4")
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *q = x[b].qs + 16 * k;
+            const __m512i u = join(IQ_GATHER8(fm_iq3xxs_grid, q), IQ_GATHER8(fm_iq3xxs_grid, q + 8));
+            PAIR_DOT(u, _cvtu64_mask64(words[k]), pick512(sc, PAIR[k]), k)
+        }
+        FINISH_BLOCK(_cvtsh_ss(x[b].d), FM_IQ3XXS_POW2)
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) out[i] = s[i];
+}
+
+INLINE void iq3_s_n(int n, const block_iq3_s *x, const void *const *acts, const int na, float *out) {
+    float s[FM_DOTN_MAX] = { 0 };
+    for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
+        uint32_t packed;
+        __builtin_memcpy(&packed, x[b].scales, 4);
+        const __m128i v = _mm_cvtsi32_si128((int)packed), m4 = _mm_set1_epi8(0xF);
+        const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+        const __m128i sc = _mm_cvtepu8_epi16(_mm_or_si128(_mm_add_epi8(nib, nib), _mm_set1_epi8(1)));
+        uint16_t idx[64];
+        iq3s_indices(x + b, idx);
+        IQ_INDICES_IN_MEMORY(idx);
+        ZERO_ACC()
+        _Pragma("GCC unroll 4")
+        for (int k = 0; k < 4; k++) {
+            const __m512i u = join(IQ_GATHER8(fm_iq3s_grid, idx + 16 * k), IQ_GATHER8(fm_iq3s_grid, idx + 16 * k + 8));
+            PAIR_DOT(u, _cvtu64_mask64(load64(x[b].signs + 8 * k)), pick512(sc, PAIR[k]), k)
+        }
+        FINISH_BLOCK(_cvtsh_ss(x[b].d), FM_IQ3S_POW2)
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) out[i] = s[i];
+}
+
+INLINE void iq1_s_n(int n, const block_iq1_s *x, const void *const *acts, const int na, float *out) {
+    float s[FM_DOTN_MAX] = { 0 };
+    for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
+        const __m128i qh = _mm_loadu_si128((const __m128i *)x[b].qh);
+        const __m128i ls = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1),
+                                        _mm_set1_epi16(1));
+        uint16_t idx[32];
+        iq1s_indices(x + b, idx);
+        IQ_INDICES_IN_MEMORY(idx);
+        __m512i acc[FM_DOTN_MAX];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {   // minus 16 ls . (the sums of each 32 activations), iq_lowbit.h
+            const __m128i c = _mm_madd_epi16(ls, _mm_load_si128((const __m128i *)ACT(i, b)->sums32));
+            acc[i] = _mm512_zextsi128_si512(_mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(c, 4)));
+        }
+        _Pragma("GCC unroll 4")
+        for (int k = 0; k < 4; k++) {
+            const __m512i u = join(IQ_GATHER4(fm_iq1_grid8, idx + 8 * k), IQ_GATHER4(fm_iq1_grid8, idx + 8 * k + 4));
+            PAIR_DOT_UNSIGNED(u, pick512(ls, PAIR[k]), k)
+        }
+        FINISH_BLOCK(_cvtsh_ss(x[b].d), FM_IQ1_POW2)
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) out[i] = s[i];
+}
+
+INLINE void iq1_m_n(int n, const block_iq1_m *x, const void *const *acts, const int na, float *out) {
+    float s[FM_DOTN_MAX] = { 0 };
+    for (int b = 0; b < n / QK_K; b++) {
+        fm_prefetch_ahead(x + b, sizeof *x);
+        __m128i lo8, hi8;
+        iq1m_scales(x + b, &lo8, &hi8);
+        const __m256i ls16 = _mm256_set_m128i(hi8, lo8);
+        uint16_t idx[32];
+        iq1m_indices(x + b, idx);
+        IQ_INDICES_IN_MEMORY(idx);
+        __m512i acc[FM_DOTN_MAX];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < na; i++) {   // minus 16 ls . (the sums of each 16 activations), iq_lowbit.h
+            const __m256i c = _mm256_madd_epi16(ls16, _mm256_loadu_si256((const __m256i *)ACT(i, b)->bsums));
+            acc[i] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 4)));
+        }
+        _Pragma("GCC unroll 4")
+        for (int k = 0; k < 4; k++) {   // values 64k..: the scales 4k..4k+3, one per 128-bit lane
+            const __m512i u = join(IQ_GATHER4(fm_iq1_grid8, idx + 8 * k), IQ_GATHER4(fm_iq1_grid8, idx + 8 * k + 4));
+            PAIR_DOT_UNSIGNED(u, pick512(k < 2 ? lo8 : hi8, QUAD[k % 2]), k)
+        }
+        FINISH_BLOCK(_cvtsh_ss(fm_iq1m_d(x + b)), FM_IQ1_POW2)
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < na; i++) out[i] = s[i];
+}
+
+FM_DEFINE_DOTN(fm_dotn_iq3_xxs_a8_avx512, iq3_xxs_n, block_iq3_xxs)
+FM_DEFINE_DOTN(fm_dotn_iq3_s_a8_avx512, iq3_s_n, block_iq3_s)
+FM_DEFINE_DOTN(fm_dotn_iq1_s_a8_avx512, iq1_s_n, block_iq1_s)
+FM_DEFINE_DOTN(fm_dotn_iq1_m_a8_avx512, iq1_m_n, block_iq1_m)
+
+float fm_dot_iq3_xxs_a8_avx512(int n, const void *w, const void *a) { float out; iq3_xxs_n(n, w, &a, 1, &out); return out; }
+float fm_dot_iq3_s_a8_avx512(int n, const void *w, const void *a) { float out; iq3_s_n(n, w, &a, 1, &out); return out; }
+float fm_dot_iq1_s_a8_avx512(int n, const void *w, const void *a) { float out; iq1_s_n(n, w, &a, 1, &out); return out; }
+float fm_dot_iq1_m_a8_avx512(int n, const void *w, const void *a) { float out; iq1_m_n(n, w, &a, 1, &out); return out; }
