@@ -77,6 +77,7 @@ MIXED = {
     "lower_bit": {"Q2_K", "Q3_K", "IQ4_XS", "TQ2_0", "TQ1_0"},
     "iq2_mix": {"IQ2_XXS", "IQ2_XS", "IQ2_S"},
     "q32_mix": {"Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4"},
+    "iq_lowbit_mix": {"IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"},
 }
 
 
