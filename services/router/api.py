@@ -150,7 +150,8 @@ class API:
             job = await self.parse(request, build)
         except ClientDisconnect:
             return None
-        await self.gen.admit()
+        if not await self._admitted(request):
+            return None
         deltas = self.gen.run(job, arrived)
         first: list[Delta] = []
 
@@ -167,6 +168,17 @@ class API:
             await deltas.aclose()
             return None
         return job, first[0], deltas
+
+    async def _admitted(self, request: Request) -> bool:
+        """Wait for an admission slot; False when the client left while queued, which leaves the queue."""
+        admitted = []
+
+        async def slot() -> None:
+            await self.gen.admit()
+            admitted.append(True)
+
+        await _first_of(slot(), _until_disconnect(request))
+        return bool(admitted)
 
     async def collect(self, request: Request, head: Delta, deltas: AsyncIterator[Delta]) -> tuple[str, Delta] | None:
         """The whole text and the final Delta; None when the client left first."""

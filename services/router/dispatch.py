@@ -34,6 +34,7 @@ from common.protocol.worker import Cancel
 from common.worker import CancelledIds
 from common.worker_token import resolve as resolve_token
 
+from .backlog import Backlog
 from .copies import Copies, snapshot_every
 from .enrolment import Enrolment
 from .placement import Placement, state_bytes
@@ -57,7 +58,7 @@ class Track:
     prompt: tuple[int, ...]
     prefill: str
     decode: str
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: Backlog = field(default_factory=Backlog)
     generated: list[int] = field(default_factory=list)
     cached: int = 0                  # prompt tokens the prefix cache served
     marks: list = field(default_factory=list)   # the prompt's images for the snapshot keys (keys.py)
@@ -243,7 +244,9 @@ class Dispatcher:
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return
-        track.events.put_nowait(msg)
+        if track.events.offer(msg):            # more undelivered than a request may hold: a stalled client
+            self.cancel(msg.rid, "the client is not reading")
+            self.metrics.client_dropped("backlog")
 
     def _store(self, track: Track, ids: tuple[int, ...], msg: Snapshot | Finished, source: str) -> bytes | None:
         # a cache without images keeps its signature

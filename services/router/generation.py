@@ -30,6 +30,8 @@ from .schema import Job
 
 log = logging.getLogger("fermium.router")
 
+MERGE_AHEAD = 16            # Deltas of n > 1 choices merged ahead of the response
+
 
 @dataclass(frozen=True)
 class Delta:
@@ -53,18 +55,20 @@ class _Clock:
 
 
 async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
-    """The Deltas of several choices as they come; the first error ends them all."""
-    queue: asyncio.Queue = asyncio.Queue()
+    """The Deltas of several choices as they come; the first error ends them all. At most MERGE_AHEAD
+    wait here, so what a slow client has not taken stays in the choices' bounded Backlogs."""
+    queue: asyncio.Queue = asyncio.Queue(MERGE_AHEAD)
 
     async def pump(stream: AsyncIterator[Delta]) -> None:
+        end: Exception | None = None
         try:
             async for d in stream:
-                queue.put_nowait(d)
+                await queue.put(d)
         except Exception as e:
-            queue.put_nowait(e)
+            end = e
         finally:
             await stream.aclose()
-            queue.put_nowait(None)
+        await queue.put(end)                       # not reached when cancelled: nobody reads then
 
     tasks = [asyncio.ensure_future(pump(s)) for s in streams]
     try:
