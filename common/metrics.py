@@ -37,6 +37,10 @@ router
                                                         (services/router/placement.py), sending none
     fermium_state_bytes_skipped_total          counter  the bytes those states would have sent
     fermium_state_resends_total                counter  held states the worker no longer had, sent again
+    fermium_clients_dropped_total{reason}      counter  clients cut off as too slow (services/router/connections.py):
+                                                        headers | body (not in within their timeouts) |
+                                                        send (took no bytes for --send-timeout) | backlog
+                                                        (more undelivered tokens than a request may hold)
 prefill
     fermium_prefill_requests_total{outcome}    counter  outcome: ok | cancelled | error
     fermium_prefill_tokens_total               counter

@@ -134,15 +134,20 @@ def tokens(k: int) -> Tokens:
 
 
 def test_the_backlog_is_bounded_in_tokens():
-    q = Backlog(10)
-    assert not q.offer(tokens(4)) and not q.offer(tokens(6)) and q.tokens == 10
+    q, m, cancelled = Backlog(10), RouterMetrics(), []
+
+    def offer(msg) -> bool:
+        return q.offer(msg, m, lambda rid, why: cancelled.append(rid))
+
+    assert not offer(tokens(4)) and not offer(tokens(6)) and q.tokens == 10
     assert q.get_nowait().tokens == [0, 1, 2, 3] and q.tokens == 6
-    assert q.offer(tokens(5))                              # past the bound: taken for a stalled client
-    assert q.qsize() == 1 and q.tokens == 0
+    assert offer(tokens(5))                                # past the bound: taken for a stalled client
+    assert q.qsize() == 1 and q.tokens == 0 and cancelled == ["r"]
     failed = q.get_nowait()
     assert isinstance(failed, Failed) and "10 tokens behind" in failed.error
-    assert not q.offer(tokens(1)) and not q.offer(Finished("r", "decode-1", "stop", 0, 2, None, None, "f16"))
-    assert q.empty()                                       # it takes nothing more
+    assert not offer(tokens(1)) and not offer(Finished("r", "decode-1", "stop", 0, 2, None, None, "f16"))
+    assert q.empty() and cancelled == ["r"]                # it takes nothing more
+    assert m.clients_dropped.labels("backlog")._value.get() == 1
 
 
 def test_a_full_backlog_ends_the_request_at_the_workers():

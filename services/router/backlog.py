@@ -2,14 +2,16 @@
 choice, a Track's `events`), bounded in tokens.
 
 A client that reads slower than decode writes fills it. Past UNDELIVERED_TOKENS the request is taken
-for a stalled client: its queued tokens are dropped, the dispatcher tells the workers to stop, and
+for a stalled client: its queued tokens are dropped, the workers are told to stop, and
 what the response reads next is a Failed that says why; the connection itself goes at
 `--send-timeout` when the client takes nothing more (connections.py).
 """
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
+from common.metrics import RouterMetrics
 from common.protocol.router import Failed, Tokens
 
 UNDELIVERED_TOKENS = 4096       # per choice: far more than a reading client falls behind by
@@ -35,15 +37,18 @@ class Backlog(asyncio.Queue):
         self.tokens -= _tokens(item)
         return item
 
-    def offer(self, msg) -> bool:
+    def offer(self, msg, metrics: RouterMetrics, cancel: Callable[[str, str], None]) -> bool:
         """Queue `msg`; True the one time the queue would pass its bound, when its messages are dropped
-        for a Failed. After that it takes nothing more."""
+        for a Failed, cancel(rid, why) stops the workers and `metrics` counts a client dropped. After that
+        it takes nothing more."""
         if self.overflowed:
             return False
         if self.tokens + _tokens(msg) <= self.limit:
             self.put_nowait(msg)
             return False
         self.overflowed = True
+        metrics.client_dropped("backlog")
+        cancel(msg.rid, "the client is not reading")
         while not self.empty():
             self.get_nowait()
         self.put_nowait(Failed(msg.rid, "router", f"the client fell more than {self.limit} tokens behind the "
