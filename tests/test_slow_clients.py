@@ -30,6 +30,7 @@ FIRST_WITHIN_S = 15.0            # the first probe waits for the non-readers' re
                                  # buffers (about 120 KB each) and then for the send timeout
 LEFT_WITHIN_S = 2.0              # a queued request whose client left is out of the queue this fast
 QUEUED = 6
+LONG_SEND_S = 300.0              # no client is dropped within a test that uses it
 MSS = 1460                       # the non-readers' segment size, as on Ethernet: loopback's 64 KiB would
                                  # let the kernel buffer megabytes before the router's transport fills
 PROBE = {"model": "fermium", "prompt": "the cat", "max_tokens": 4, "temperature": 0}
@@ -77,13 +78,17 @@ def probe(url: str) -> float:
 
 
 def test_clients_that_stop_reading_lose_their_slots(stack):
-    dropped = metric(stack.metrics_url, 'fermium_clients_dropped_total{reason="send"}')
+    def dropped() -> float:
+        return metric(stack.metrics_url, 'fermium_clients_dropped_total{reason="send"}')
+
+    before = dropped()
     body = {"model": "fermium", "prompt": "ROMEO:", "max_tokens": 3000, "temperature": 0, "stream": True,
             "logprobs": 20}                               # about 850 bytes a token; decode outlasts the test
     readers = [raw_request(stack.port, "/v1/completions", body, MSS) for _ in range(MAX_RUNNING)]
     admitted = until(lambda: stack.health()["running"] == MAX_RUNNING, 30, "the non-readers were not admitted")
     took = [probe(stack.url) for _ in range(PROBES)]      # while every non-reader is still connected
-    gone = metric(stack.metrics_url, 'fermium_clients_dropped_total{reason="send"}') - dropped
+    until(lambda: dropped() - before == MAX_RUNNING, FIRST_WITHIN_S, "a non-reader kept its connection")
+    gone = dropped() - before
     figure(f"{PROBES} probes while {MAX_RUNNING} non-reading clients (--max-running {MAX_RUNNING}) are connected, "
            f"--send-timeout {SEND_S:g}", f"all served, in {[round(t, 2) for t in took]} s "
            f"(from {admitted:.2f} s after the non-readers connected); {gone:.0f} dropped")
@@ -96,6 +101,28 @@ def test_clients_that_stop_reading_lose_their_slots(stack):
                 pass
         c.close()
     until(lambda: stack.health()["running"] == 0, 10, "the dropped requests kept their slots")
+
+
+def test_a_finished_generation_holds_no_slot_while_its_client_does_not_read(tmp_path):
+    """Issue 42's case as seen: decode ends, the clients never read and, with a send timeout longer than
+    the test, stay connected; every probe is served at once meanwhile."""
+    extra = {"router": ["--max-running", str(MAX_RUNNING), "--send-timeout", str(LONG_SEND_S)]}
+    with Stack(str(default_model_path()), port=free_port(), runner="reference", log_dir=tmp_path, extra=extra) as s:
+        s.wait_ready(READY_TIMEOUT_S)
+        body = {"model": "fermium", "prompt": "ROMEO:", "max_tokens": 300, "temperature": 0, "stream": True,
+                "logprobs": 20}                           # about 250 KB each: more than the buffers hold
+        readers = [raw_request(s.port, "/v1/completions", body, MSS) for _ in range(MAX_RUNNING)]
+        until(lambda: s.health()["running"] == MAX_RUNNING, 30, "the non-readers were not admitted")
+        freed = until(lambda: s.health()["running"] == 0, 60, "finished generations kept their slots")
+        took = [probe(s.url) for _ in range(PROBES)]
+        figure(f"{PROBES} probes beside {MAX_RUNNING} non-reading clients whose generations ended "
+               f"(--max-running {MAX_RUNNING}, --send-timeout {LONG_SEND_S:g})",
+               f"slots free {freed:.2f} s after admission; probes in {[round(t, 2) for t in took]} s")
+        assert max(took) <= PROBE_WITHIN_S
+        for c in readers:                                  # still connected: the response waits on them
+            c.setblocking(False)
+            assert c.recv(1 << 16)
+            c.close()
 
 
 def test_a_request_whose_client_left_while_queued_leaves_the_queue(stack):

@@ -152,7 +152,8 @@ def test_slowloris_connections_are_closed_after_the_header_timeout(stack):
     ends = sorted(at - t0 for _, at in answers)
     figure(f"{SLOWLORIS} slowloris connections, --header-timeout {HEADER_S:g}",
            f"all closed by {ends[-1]:.2f} s (median {ends[len(ends) // 2]:.2f} s)")
-    for got, _ in answers:
+    assert dripped.is_set(), "the dribbling connection stayed open"
+    for got, _ in answers[1:]:                           # the dribbler may read a reset for its 408
         assert got.startswith(b"HTTP/1.1 408 "), got[:200]
     assert ends[0] >= HEADER_S * 0.9 and ends[-1] <= HEADER_S + CLOSE_MARGIN_S
     served(stack)

@@ -12,7 +12,7 @@ import asyncio
 from typing import Callable
 
 from common.metrics import RouterMetrics
-from common.protocol.router import Failed, Tokens
+from common.protocol.router import Failed, Finished, Tokens
 
 UNDELIVERED_TOKENS = 4096       # per choice: far more than a reading client falls behind by
 
@@ -27,9 +27,12 @@ class Backlog(asyncio.Queue):
     def __init__(self, limit: int = UNDELIVERED_TOKENS):
         super().__init__()
         self.limit, self.tokens, self.overflowed = limit, 0, False
+        self.ended = asyncio.Event()          # a Finished or Failed is queued: the workers are done with it
 
     def _put(self, item) -> None:
         self.tokens += _tokens(item)
+        if isinstance(item, (Finished, Failed)):
+            self.ended.set()
         super()._put(item)
 
     def _get(self):
