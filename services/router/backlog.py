@@ -2,9 +2,10 @@
 choice, a Track's `events`), bounded in tokens.
 
 A client that reads slower than decode writes fills it. Past UNDELIVERED_TOKENS the request is taken
-for a stalled client: its queued tokens are dropped, the workers are told to stop, and
-what the response reads next is a Failed that says why; the connection itself goes at
-`--send-timeout` when the client takes nothing more (connections.py).
+for a stalled client: its queued tokens are dropped, the workers are told to stop, and what the
+response reads next is a Failed that says why. With it queued (`ended`), the request's admission slot
+goes back (generation.py); the connection itself goes at `--send-timeout` when the client takes
+nothing more (connections.py).
 """
 from __future__ import annotations
 

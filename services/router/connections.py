@@ -25,12 +25,14 @@ from typing import Any, Callable
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from common.log_limit import LogLimiter
 from common.metrics import RouterMetrics
 
 from .config import RouterConfig
 from .errors import ANTHROPIC_PREFIX, APIError
 
 log = logging.getLogger("fermium.router")
+complain = LogLimiter(log, "router: slow clients cut off")     # one for all connections: a flood logs a few
 
 MAX_HEADER_BYTES = 16 << 10     # h11's bound on a request line and headers; more is a 400
 SEND_CHECKS = 4                 # looks at a waiting response per send_timeout: dropped within 1.25x of it
@@ -97,8 +99,8 @@ class DeadlineProtocol(H11Protocol):
             return
         limit = self.deadlines.header if what == "headers" else self.deadlines.body
         self.dropped(what)
-        log.warning("router: the %s of a request from %s did not arrive within %g s; closing the connection",
-                    what, "%s:%d" % self.client[:2] if self.client else "a client", limit)
+        complain("router: the %s of a request from %s did not arrive within %g s; closing the connection",
+                 what, "%s:%d" % self.client[:2] if self.client else "a client", limit)
         answer = what == "headers" or not self.cycle.response_started
         if what == "body":
             self.cycle.disconnected = True              # the handler reading the body sees a disconnect
@@ -131,8 +133,8 @@ class DeadlineProtocol(H11Protocol):
             self._send_timer = self.loop.call_later(self.deadlines.send / SEND_CHECKS, self._check_send)
             return
         self.dropped("send")
-        log.warning("router: %s took no bytes for %g s; dropping its connection (%d bytes unsent)",
-                    "%s:%d" % self.client[:2] if self.client else "a client", self.deadlines.send, unsent)
+        complain("router: %s took no bytes for %g s; dropping its connection (%d bytes unsent)",
+                 "%s:%d" % self.client[:2] if self.client else "a client", self.deadlines.send, unsent)
         sock = self.transport.get_extra_info("socket")
         if sock is not None:                            # a reset: the kernel's unsent bytes go too
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
