@@ -35,7 +35,7 @@ class RouterConfig:
     max_workers: int = setting(MAX_PER_ROLE, "Workers admitted per role; more are refused.", min=1)
     request_timeout: float = setting(600.0, "Seconds a request may wait for its next token.")
     send_timeout: float = setting(30.0, "Seconds a response may wait on a client that takes none of its bytes; "
-                                        "then the client is dropped and its slot freed.", min=0.1)
+                                        "then the client is dropped and its request ended.", min=0.1)
     header_timeout: float = setting(10.0, "Seconds a request's headers may take to arrive; then 408 and the "
                                           "connection closes.", min=0.1)
     body_timeout: float = setting(60.0, "Seconds a request body may take to arrive in full after its headers; "
