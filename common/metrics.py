@@ -37,6 +37,10 @@ router
                                                         (services/router/placement.py), sending none
     fermium_state_bytes_skipped_total          counter  the bytes those states would have sent
     fermium_state_resends_total                counter  held states the worker no longer had, sent again
+    fermium_clients_dropped_total{reason}      counter  clients cut off as too slow (services/router/connections.py):
+                                                        headers | body (not in within their timeouts) |
+                                                        send (took no bytes for --send-timeout) | backlog
+                                                        (more undelivered tokens than a request may hold)
 prefill
     fermium_prefill_requests_total{outcome}    counter  outcome: ok | cancelled | error
     fermium_prefill_tokens_total               counter
@@ -87,6 +91,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # seconds: from one grammar's mask over a big vocabulary to a big batch's on a busy host
 MASK_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 PROTOCOL_ERROR_REASONS = ("decode", "too_large", "recv", "handler", "invalid", "unexpected", "unauthorized")
+# what a client the router cut off was late with: its headers, its body, taking its response, or
+# taking its tokens (more undelivered than a request may buffer)
+CLIENT_DROP_REASONS = ("headers", "body", "send", "backlog")
 BACKEND_STAT_KEYS = ("h2d_bytes", "copy_seconds", "compute_seconds", "peak_device_bytes",
                      "vram_budget_bytes")  # the dashboard's series
 
@@ -177,7 +184,14 @@ class RouterMetrics(_Metrics):
                                                     "Prefills that ran on a state their worker held")
         self.state_bytes_skipped = self.counter("fermium_state_bytes_skipped", "State bytes not sent: held")
         self.state_resends = self.counter("fermium_state_resends", "Held states sent again: the worker had none")
+        self.clients_dropped = self.counter("fermium_clients_dropped", "Requests or connections ended because "
+                                            "the client was too slow, by what it was late with", ("reason",),
+                                            CLIENT_DROP_REASONS)
         self._load_gauges()
+
+    def client_dropped(self, reason: str) -> None:
+        """Count one client cut off (reason: one of CLIENT_DROP_REASONS)."""
+        self.clients_dropped.labels(reason).inc()
 
 
 class PrefillMetrics(_Metrics):

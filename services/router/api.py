@@ -37,6 +37,7 @@ from common.grammar import Vocab
 
 from .anthropic_api import MessagesAPI
 from .config import RouterConfig
+from .disconnects import admitted, first_of, until_disconnect
 from .errors import RETRY_AFTER_S, APIError, CatchAll, failure, http_exception
 from .exposure import health_response
 from .generation import Delta, Generation
@@ -55,11 +56,6 @@ COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
 
 def _sse(obj: dict | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()
-
-
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 class API:
@@ -150,7 +146,8 @@ class API:
             job = await self.parse(request, build)
         except ClientDisconnect:
             return None
-        await self.gen.admit()
+        if not await admitted(request, self.gen.admit):
+            return None
         deltas = self.gen.run(job, arrived)
         first: list[Delta] = []
 
@@ -158,7 +155,7 @@ class API:
             first.append(await deltas.__anext__())
 
         try:
-            await _first_of(head(), _until_disconnect(request))
+            await first_of(head(), until_disconnect(request))
         except APIError:
             raise
         except Exception as e:
@@ -193,7 +190,7 @@ class API:
 
         take(head)
         try:
-            await _first_of(rest(), _until_disconnect(request))     # also closes a run that ended at once
+            await first_of(rest(), until_disconnect(request))     # also closes a run that ended at once
         except Exception as e:
             raise failure(e) from None
         if any(f is None for f in finals):
@@ -286,15 +283,3 @@ class _Inflight:
             await self.app(scope, receive, send)
         finally:
             self.api.live -= 1
-
-
-async def _first_of(*coros) -> None:
-    """Run until the first finishes; cancel the others; re-raise its error."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    for t in done:
-        t.result()
-

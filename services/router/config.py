@@ -34,6 +34,14 @@ class RouterConfig:
     worker_token: str | None = worker_token_setting()
     max_workers: int = setting(MAX_PER_ROLE, "Workers admitted per role; more are refused.", min=1)
     request_timeout: float = setting(600.0, "Seconds a request may wait for its next token.")
+    send_timeout: float = setting(30.0, "Seconds a response may wait on a client that takes none of its bytes; "
+                                        "then the client is dropped and its request ended.", min=0.1)
+    header_timeout: float = setting(10.0, "Seconds a request's headers may take to arrive; then 408 and the "
+                                          "connection closes.", min=0.1)
+    body_timeout: float = setting(60.0, "Seconds a request body may take to arrive in full after its headers; "
+                                        "then 408, the connection closes and the body read so far is freed.",
+                                  min=0.1)
+    keep_alive_timeout: float = setting(5.0, "Seconds an idle keep-alive connection stays open.", min=0.1)
     api_key: str | None = setting(None, "Require `Authorization: Bearer KEY` on /v1/*.")
     snapshot_budget: int = setting(4 << 30, "GiB of RAM for snapshots; 0 turns them off.", unit=GIB)   # bytes
     snapshot_dir: str | None = setting(None, "Disk tier for snapshots; survives restarts.", path=True)

@@ -1,18 +1,17 @@
 """The router's side of the wire: sends requests to workers, routes their replies to the
 waiting HTTP handlers, and ends the requests of a worker that dies.
 
-Workers join through enrolment.py (the worker token, the KV cache type). A worker's requests
-end when its connection drops or, when a host vanishes silently, after the heartbeat timeout.
-Tokens of a request the router no longer holds are answered once with Cancel, so a worker does
-not decode for nobody.
+Workers join through enrolment.py (the worker token, the KV cache type). A worker's requests end when its
+connection drops or, when a host vanishes silently, after the heartbeat timeout. Tokens of a request the
+router no longer holds are answered once with Cancel, so a worker does not decode for nobody.
 
 Messages arrive on the inbox's IO thread and are handed to the event loop, where everything here
 runs, so no lock is needed (registrations through a queue of their own). Each request gets a Track
-whose `events` queue receives PrefillDone, Tokens, Finished or Failed messages, in order; `n` > 1
-choices get n Tracks that share one prefill (copies.py). `PrefixCache.lookup(ids)` (prefix_cache.py)
-is the one place a prefix is looked up before prefill, and `store_state()` takes the final state
-and logits that decode returns when `wants_final_state`. Which prefill worker runs a prompt, and
-whether the request names a state that worker holds instead of carrying it, placement.py decides.
+whose `events` queue (bounded: backlog.py) receives PrefillDone, Tokens, Finished or Failed messages, in
+order; `n` > 1 choices get n Tracks that share one prefill (copies.py). `PrefixCache.lookup(ids)`
+(prefix_cache.py) is the one place a prefix is looked up before prefill, and `store_state()` takes the
+final state and logits that decode returns when `wants_final_state`. Which prefill worker runs a prompt,
+and whether the request names a state that worker holds instead of carrying it, placement.py decides.
 """
 from __future__ import annotations
 
@@ -34,6 +33,7 @@ from common.protocol.worker import Cancel
 from common.worker import CancelledIds
 from common.worker_token import resolve as resolve_token
 
+from .backlog import Backlog
 from .copies import Copies, snapshot_every
 from .enrolment import Enrolment
 from .placement import Placement, state_bytes
@@ -57,7 +57,7 @@ class Track:
     prompt: tuple[int, ...]
     prefill: str
     decode: str
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: Backlog = field(default_factory=Backlog)
     generated: list[int] = field(default_factory=list)
     cached: int = 0                  # prompt tokens the prefix cache served
     marks: list = field(default_factory=list)   # the prompt's images for the snapshot keys (keys.py)
@@ -243,7 +243,7 @@ class Dispatcher:
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return
-        track.events.put_nowait(msg)
+        track.events.offer(msg, self.metrics, self.cancel)     # past its bound: ended as a stalled client
 
     def _store(self, track: Track, ids: tuple[int, ...], msg: Snapshot | Finished, source: str) -> bytes | None:
         # a cache without images keeps its signature

@@ -6,8 +6,9 @@ each choice (`Delta.index`); the `n` choices of a request run side by side, one 
 Each carries the prompt tokens served from the prefix cache: the dispatcher's hit, then the
 prompt less what prefill reports it prefilled; when the request asks for logprobs, each carries
 those of the tokens whose text it carries (logprob_replies.py).
-Whatever goes wrong, the admission slot is given back exactly once, in run's `finally` or at a
-submit that fails.
+Whatever goes wrong, the admission slot is given back exactly once: when every choice has ended at
+the workers (Finished or Failed queued, though the client may not have read it yet), else in run's
+`finally` or at a submit that fails.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from .logprob_replies import Entry, Ledger, entries
 from .schema import Job
 
 log = logging.getLogger("fermium.router")
+
+MERGE_AHEAD = 16            # Deltas of n > 1 choices merged ahead of the response
 
 
 @dataclass(frozen=True)
@@ -53,18 +56,20 @@ class _Clock:
 
 
 async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[Delta]:
-    """The Deltas of several choices as they come; the first error ends them all."""
-    queue: asyncio.Queue = asyncio.Queue()
+    """The Deltas of several choices as they come; the first error ends them all. At most MERGE_AHEAD
+    wait here, so what a slow client has not taken stays in the choices' bounded Backlogs."""
+    queue: asyncio.Queue = asyncio.Queue(MERGE_AHEAD)
 
     async def pump(stream: AsyncIterator[Delta]) -> None:
+        end: Exception | None = None
         try:
             async for d in stream:
-                queue.put_nowait(d)
+                await queue.put(d)
         except Exception as e:
-            queue.put_nowait(e)
+            end = e
         finally:
             await stream.aclose()
-            queue.put_nowait(None)
+        await queue.put(end)                       # not reached when cancelled: nobody reads then
 
     tasks = [asyncio.ensure_future(pump(s)) for s in streams]
     try:
@@ -156,6 +161,7 @@ class Generation:
             raise server_error("the request could not be dispatched", e, "dispatch_failed") from None
         for track in tracks:
             self.active[track.rid] = track
+        freed = asyncio.ensure_future(self._free_when_ended(tracks))
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
         if job.images is not None:
             self.metrics.images.inc(len(job.images.images))
@@ -179,7 +185,15 @@ class Generation:
             self.metrics.e2e.observe(now - arrived)
             if clock.first is not None:
                 self.metrics.decode_time.observe(now - clock.first)
-            self._release(outcome)
+            early = freed.done() and not freed.cancelled()
+            freed.cancel()
+            self._release(outcome, slot=not early)
+
+    async def _free_when_ended(self, tracks: list[Track]) -> None:
+        """The slot goes back once every choice has ended at the workers: a client still to take the
+        tokens holds only their bounded Backlog, and its connection for at most --send-timeout."""
+        await asyncio.gather(*(t.events.ended.wait() for t in tracks))
+        self._free()
 
     async def _follow(self, job: Job, index: int, track: Track, clock: _Clock) -> AsyncIterator[Delta]:
         """The Deltas of one choice, from its Track's events; cancels the sequence when it stops early."""
@@ -264,8 +278,12 @@ class Generation:
             track.events.put_nowait(Failed(rid, "router", why))
         return len(self.active)
 
-    def _release(self, outcome: str) -> None:
+    def _release(self, outcome: str, slot: bool = True) -> None:
         self.metrics.requests.labels(outcome).inc()
+        if slot:
+            self._free()
+
+    def _free(self) -> None:
         self.admission.release()
         self.metrics.running.set(self.admission.running)
         self.metrics.waiting.set(self.admission.waiting)

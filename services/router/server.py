@@ -31,6 +31,7 @@ from .admission import Admission
 from .api import API
 from .auth import api_key_middleware
 from .config import RouterConfig
+from .connections import http_options
 from .dispatch import Dispatcher, PrefixCache
 from .exposure import check_api_key, metrics_route
 from .generation import Generation
@@ -176,5 +177,5 @@ def serve(cfg: RouterConfig) -> None:
     app, _, api = _build(cfg, None)
     log.info("router: serving %s on http://%s:%d", cfg.model, cfg.host, cfg.port)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
-                            timeout_graceful_shutdown=EXIT_GRACE_S)
+                            timeout_graceful_shutdown=EXIT_GRACE_S, **http_options(cfg, api.gen.metrics))
     DrainingServer(config, api, cfg.drain_timeout).run()
