@@ -1,15 +1,15 @@
 """Files that llama.cpp writes itself (opt-in: FERMIUM_LLAMA_CPP_DIR = a llama.cpp tree built by
 `tools/fetch_llama_cpp.sh DEST --build cpu`, which makes llama-quantize and llama-imatrix).
 
-A tiny random Qwen3_5MoeForCausalLM and Qwen3_5ForCausalLM go through llama.cpp's converter to F32,
-llama-imatrix computes an importance matrix on a random text, and llama-quantize writes each file
-type that users download, with the imatrix where the type is an i-quant or 2-bit, plus two mixes
-made by hand with --tensor-type as the published "dynamic" files are. Each file must hold the types
-it was made for (llama-quantize falls back to others on rows it cannot block), and on each, every
-runner's greedy tokens equal llama.cpp's (tools/llama_cpp_logits.c) and its last logits are within
-a bound per file of llama.cpp's, relative to their largest magnitude. Both engines read the same
-quantized weights; what differs is the activations: llama.cpp rounds them to 8 bits (Q8_K or Q8_0)
-for every quantized matrix, the reference keeps them in float32.
+A tiny random Qwen3_5MoeForCausalLM and Qwen3_5ForCausalLM (tests/llama_cpp_quant_helpers.py) go
+through llama.cpp's converter to F32, llama-imatrix computes an importance matrix on a random text,
+and llama-quantize writes each file type that users download, with the imatrix where the type is an
+i-quant or 2-bit, plus two mixes made by hand with --tensor-type as the published "dynamic" files
+are. Each file must hold the types it was made for (llama-quantize falls back to others on rows it
+cannot block), and on each, every runner's greedy tokens equal llama.cpp's (tools/llama_cpp_logits.c)
+and the logits of every step are within a bound per file of llama.cpp's, relative to their largest
+magnitude. Both engines read the same quantized weights; what differs is the activations: llama.cpp
+rounds them to 8 bits for every quantized matrix, the reference keeps them in float32.
 """
 from __future__ import annotations
 
