@@ -49,6 +49,11 @@ def llama_bench(dest: Path, build: str, log: Path) -> Path:
     return Path(out.stdout.split()[-1], f"build-{build}", "bin", "llama-bench")
 
 
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((x.split(":", 1)[1].strip() for x in f if x.startswith("model name")), "unknown")
+
+
 def synthetic(kind: str, layers: int, models: Path) -> Path:
     """The real-width file of `layers` layers of weight type `kind`, written once."""
     path = models / f"syn-{kind}-L{layers}.gguf"
@@ -73,8 +78,9 @@ def shares(point: vb.Point) -> tuple[float | None, float | None]:
     return statistics.median(e["median_bw_ratio"] for e in extra), statistics.median(theirs)
 
 
-def row(kind: str, side: str, gb: float | None, point: vb.Point | None, error: str | None = None) -> dict:
-    out = {"type": kind, "side": side, "file_gb": gb, "error": error}
+def row(kind: str, side: str, gb: float | None, point: vb.Point | None, error: str | None = None,
+        isa: str | None = None) -> dict:
+    out = {"type": kind, "side": f"{side} ({isa})" if isa else side, "file_gb": gb, "error": error}
     if point is not None:
         fm_share, lc_share = shares(point)
         out.update(point=asdict(point), **point.summary(), fermium_bw_share=fm_share, llama_bw_share=lc_share,
@@ -131,7 +137,7 @@ def main() -> None:
     sides = [s for s in SIDES if any(points_of[s])]
     benches = {s: llama_bench(a.llama_cpp, SIDES[s][0], a.out / f"llama-build-{SIDES[s][0]}.log") for s in sides}
     kv_flag = ["--kv-type", a.kv_type] if vb.fermium_has_kv_type() else []
-    header = [f"$ python {shlex.join(['tools/vs_llama_types.py', *sys.argv[1:]])}",
+    header = [f"$ python {shlex.join(['tools/vs_llama_types.py', *sys.argv[1:]])}", f"cpu: {cpu_model()}",
               *(f"llama-bench ({s}): {vb.llama_version(b)}" for s, b in benches.items()),
               f"threads {a.threads}, {a.layers}-layer real-width files, {a.reps} pairs per point, "
               f"{a.tokens} decode steps per run, KV {a.kv_type}" + ("" if kv_flag else " (Fermium: f32)")]
@@ -155,7 +161,7 @@ def main() -> None:
                 print(f"{kind} {side} {point.label}:\n  $ {shlex.join(point.llama_cmd)}\n"
                       f"  $ {shlex.join(point.fermium_cmd)}", flush=True)
                 vb.measure(point, ns, build)
-                rows.append(row(kind, side, gb, point))
+                rows.append(row(kind, side, gb, point, isa=build.get("fermium_isa")))
                 print(_cell(rows[-1]), flush=True)
                 (a.out / "results.json").write_text(json.dumps({"command": sys.argv, "rows": rows}, indent=2) + "\n")
     text = table(rows, header)
