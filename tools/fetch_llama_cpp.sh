@@ -10,6 +10,7 @@
 # any kind, FMA, F16C or BMI2: its SSE4.2 path, set against Fermium's --isa ssse3) or build-cuda/bin
 # (-DGGML_CUDA=ON for the GPU that is here, CMAKE_CUDA_ARCHITECTURES=native unless
 # LLAMA_CPP_CUDA_ARCH says otherwise). LLAMA_CPP_JOBS sets the parallel jobs (default: nproc).
+# DEST may also be a llama.cpp tree (e.g. the one printed before): then nothing is fetched.
 # Prints the llama.cpp directory on stdout; everything else goes to stderr.
 set -euo pipefail
 
@@ -27,6 +28,7 @@ done
     { echo "--build takes cpu, sse42 or cuda, not $BUILD" >&2; exit 2; }
 PIP="${PIP:-$ROOT/.venv/bin/pip}"
 TREE="$DEST/llama_cpp_python-$VERSION/vendor/llama.cpp"
+[[ -f "$DEST/convert_hf_to_gguf.py" ]] && TREE="$DEST"     # DEST is a llama.cpp tree already: build there
 
 if [[ ! -f "$TREE/convert_hf_to_gguf.py" ]]; then
     mkdir -p "$DEST"

@@ -116,7 +116,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--types", nargs="+", required=True, help="tools/make_synthetic_gguf.py --type values")
     p.add_argument("--llama-cpp", type=Path, default=ROOT / ".cache" / "llama-cpp",
-                   help="where tools/fetch_llama_cpp.sh fetches and builds llama.cpp (its DEST)")
+                   help="tools/fetch_llama_cpp.sh's DEST: where it fetches llama.cpp, or a llama.cpp tree")
     p.add_argument("--models", type=Path, default=Path("/tmp/fermium-models"))
     p.add_argument("--out", type=Path, default=Path("/tmp/fermium-vs-llama"))
     p.add_argument("--threads", type=int, default=2)
