@@ -61,6 +61,8 @@ FILES = {
     "IQ1_M": ("IQ1_M", IMATRIX, (), {"IQ1_M"}),
     "MXFP4_MOE": ("MXFP4_MOE", None, (), {"MXFP4"}),
     "Q4_1": ("Q4_1", None, (), {"Q4_1"}),
+    "TQ1_0": ("TQ1_0", None, (), {"TQ1_0"}),           # ternary: llama-quantize writes them for these models
+    "TQ2_0": ("TQ2_0", None, (), {"TQ2_0"}),
     "mix-4bit": ("Q4_K_M", None, MIX_4BIT, {"Q4_K", "Q5_K", "Q6_K", "Q8_0", "MXFP4", "IQ4_XS", "Q5_0", "Q5_1"}),
     "mix-2bit": ("IQ2_XXS", IMATRIX, MIX_2BIT, {"IQ2_XXS", "IQ3_S", "Q3_K", "IQ3_XXS", "IQ2_XS", "IQ2_S",
                                                   "IQ1_S", "Q4_K", "IQ4_NL", "Q2_K"}),
