@@ -69,10 +69,10 @@ FILES = {
 }
 # file -> largest |Fermium - llama.cpp| over the largest |llama.cpp logit|, at any step. llama.cpp
 # rounds the activations to Q8_K (256 values a scale) for K- and i-quant matrices, to Q8_0 (32) for
-# Q4_1, IQ4_NL and MXFP4: the second is finer (the reference was within 0.9-4.1% of llama.cpp's on
-# the MoE files of the first kind, 1.0-1.2% on those of the second)
+# Q4_1, IQ4_NL and MXFP4: the second is finer (the reference was within 1.8-5.3% of llama.cpp's on
+# the files of the first kind, 1.0-1.5% on those of the second; the native runner within 0.5-2.8%)
 Q8_0_ACTIVATIONS = {"IQ4_NL", "MXFP4_MOE", "Q4_1"}
-LOGIT_BOUND = {name: dict.fromkeys(RUNNER_NAMES, 0.025 if name in Q8_0_ACTIVATIONS else 0.06) for name in FILES}
+LOGIT_BOUND = {name: dict.fromkeys(RUNNER_NAMES, 0.025 if name in Q8_0_ACTIVATIONS else 0.08) for name in FILES}
 CASES = [(kind, name) for kind in KINDS for name in FILES if not (kind != "qwen3_5_moe_text" and name in MOE_ONLY)]
 
 
