@@ -80,7 +80,7 @@ def shares(point: vb.Point) -> tuple[float | None, float | None]:
 
 def row(kind: str, side: str, gb: float | None, point: vb.Point | None, error: str | None = None,
         isa: str | None = None) -> dict:
-    out = {"type": kind, "side": f"{side} ({isa})" if isa else side, "file_gb": gb, "error": error}
+    out = {"type": kind, "side": f"{side} ({isa})" if isa and isa != side else side, "file_gb": gb, "error": error}
     if point is not None:
         fm_share, lc_share = shares(point)
         out.update(point=asdict(point), **point.summary(), fermium_bw_share=fm_share, llama_bw_share=lc_share,
