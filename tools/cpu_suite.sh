@@ -10,7 +10,8 @@
 # llama.cpp source tree (tools/fetch_llama_cpp.sh), adds tools/vs_llama_cpp.py for each type and
 # thread count: its native build against ours at batch 1 and 4 and on a prompt of PROMPT tokens
 # (default 512), and its SSSE3-only build against --isa ssse3 (both built once under
-# $LLAMA_BUILD, default /tmp/llama-cpp-build); LLAMA_CMP picks among "decode ssse3 prompt".
+# $LLAMA_BUILD, default /tmp/llama-cpp-build); LLAMA_CMP picks among "decode ssse3 prompt". With
+# LLAMA_TYPES=1 too, tools/vs_llama_types.py runs over TYPES (its table and JSON in $OUT/vs-types).
 #   tools/cpu_suite.sh [WHEELS_DIR] [THREADS...]     (defaults: .whl, 2 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +86,10 @@ for type in ${LLAMA_CPP_DIR:+$TYPES}; do
         done
     done
 done
+if [[ ${LLAMA_CPP_DIR:-} && ${LLAMA_TYPES:-} ]]; then
+    python3 tools/vs_llama_types.py --llama-cpp "$LLAMA_CPP_DIR" --types $TYPES --layers "$LAYERS" --models "$MODELS" \
+        --out "$OUT/vs-types" --max-busy 0.3 > "$OUT/vs-types.txt" 2>&1; tee -a "$OUT/summary.txt" < "$OUT/vs-types/table.md"
+fi
 # one archive instead of many small files, for hosts that hand back only a few
 reports=$(cd "$OUT" && ls ./*.json ./*.err 2> /dev/null)
 [[ $reports ]] && tar czf "$OUT/reports.tgz" -C "$OUT" $reports && (cd "$OUT" && rm -f ./*.json ./*.err)

@@ -2,12 +2,15 @@
 # Fetch a llama.cpp source tree (with convert_hf_to_gguf.py and its gguf-py) for the opt-in
 # interop tests, from the llama-cpp-python sdist on PyPI, which vendors llama.cpp.
 #
-#   tools/fetch_llama_cpp.sh [DEST] [--build cpu|cuda]     (default DEST: .cache/llama-cpp)
+#   tools/fetch_llama_cpp.sh [DEST] [--build cpu|sse42|cuda]     (default DEST: .cache/llama-cpp)
 #   export FERMIUM_LLAMA_CPP_DIR=$(tools/fetch_llama_cpp.sh)
 #
-# --build also compiles llama-bench and llama-batched-bench into DEST's tree, under build-cpu/bin
-# (-DGGML_NATIVE=ON: this CPU's ISA) or build-cuda/bin (-DGGML_CUDA=ON for the GPU that is here,
-# CMAKE_CUDA_ARCHITECTURES=native unless LLAMA_CPP_CUDA_ARCH says otherwise).
+# --build also compiles llama-bench, llama-batched-bench, llama-quantize and llama-imatrix into
+# DEST's tree, under build-cpu/bin (-DGGML_NATIVE=ON: this CPU's ISA), build-sse42/bin (no AVX of
+# any kind, FMA, F16C or BMI2: its SSE4.2 path, set against Fermium's --isa ssse3) or build-cuda/bin
+# (-DGGML_CUDA=ON for the GPU that is here, CMAKE_CUDA_ARCHITECTURES=native unless
+# LLAMA_CPP_CUDA_ARCH says otherwise). LLAMA_CPP_JOBS sets the parallel jobs (default: nproc).
+# DEST may also be a llama.cpp tree (e.g. the one printed before): then nothing is fetched.
 # Prints the llama.cpp directory on stdout; everything else goes to stderr.
 set -euo pipefail
 
@@ -21,9 +24,11 @@ while [[ $# -gt 0 ]]; do
         *) DEST="$1"; shift ;;
     esac
 done
-[[ -z "$BUILD" || "$BUILD" == cpu || "$BUILD" == cuda ]] || { echo "--build takes cpu or cuda, not $BUILD" >&2; exit 2; }
+[[ -z "$BUILD" || "$BUILD" == cpu || "$BUILD" == sse42 || "$BUILD" == cuda ]] ||
+    { echo "--build takes cpu, sse42 or cuda, not $BUILD" >&2; exit 2; }
 PIP="${PIP:-$ROOT/.venv/bin/pip}"
 TREE="$DEST/llama_cpp_python-$VERSION/vendor/llama.cpp"
+[[ -f "$DEST/convert_hf_to_gguf.py" ]] && TREE="$DEST"     # DEST is a llama.cpp tree already: build there
 
 if [[ ! -f "$TREE/convert_hf_to_gguf.py" ]]; then
     mkdir -p "$DEST"
@@ -34,9 +39,14 @@ fi
 if [[ -n "$BUILD" ]]; then
     flags=(-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release)
     [[ "$BUILD" == cuda ]] && flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${LLAMA_CPP_CUDA_ARCH:-native}")
-    if [[ ! -x "$TREE/build-$BUILD/bin/llama-bench" ]]; then
+    [[ "$BUILD" == sse42 ]] && flags+=(-DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_AVX512=OFF
+        -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF -DGGML_SSE42=ON)
+    targets=(llama-bench llama-batched-bench llama-quantize llama-imatrix)
+    missing=0
+    for t in "${targets[@]}"; do [[ -x "$TREE/build-$BUILD/bin/$t" ]] || missing=1; done
+    if [[ "$missing" == 1 ]]; then
         cmake -S "$TREE" -B "$TREE/build-$BUILD" "${flags[@]}" >&2
-        cmake --build "$TREE/build-$BUILD" --target llama-bench llama-batched-bench -j "$(nproc)" >&2
+        cmake --build "$TREE/build-$BUILD" --target "${targets[@]}" -j "${LLAMA_CPP_JOBS:-$(nproc)}" >&2
     fi
 fi
 echo "$TREE"

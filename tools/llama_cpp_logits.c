@@ -10,7 +10,11 @@
 //   cc -O2 tools/llama_cpp_logits.c -I$LLAMA/include -I$LLAMA/ggml/include build/src/libllama.a \
 //      build/ggml/src/libggml.a build/ggml/src/libggml-cpu.a build/ggml/src/libggml-base.a \
 //      -lstdc++ -lm -lpthread -o llama_cpp_logits
-//   ./llama_cpp_logits model.gguf 5,6,7,8 8      -> "logits v0 v1 ..." then "greedy t0 t1 ..."
+// or against the shared libraries that `tools/fetch_llama_cpp.sh DEST --build cpu` builds:
+//   cc -O2 tools/llama_cpp_logits.c -I$LLAMA/include -I$LLAMA/ggml/include -L$LLAMA/build-cpu/bin \
+//      -lllama -lggml -lggml-base -Wl,-rpath,$LLAMA/build-cpu/bin -o llama_cpp_logits
+//   ./llama_cpp_logits model.gguf 5,6,7,8 8      -> "logits v0 v1 ..." then "greedy t0 t1 ...",
+//   then "step1 v0 v1 ..." to "step7 ...": the logits that chose t1 to t7 (those of t0 are "logits")
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,12 +66,22 @@ int main(int argc, char ** argv) {
     printf("logits");
     for (int i = 0; i < n_vocab; i++) printf(" %.9g", logits[i]);
     printf("\ngreedy");
+    float * steps = malloc(sizeof(float) * (size_t) n_vocab * (n_greedy > 0 ? n_greedy : 1));
+    if (!steps) { fprintf(stderr, "out of memory\n"); return 1; }
     for (int s = 0; s < n_greedy; s++) {
-        llama_token t = argmax(llama_get_logits_ith(ctx, -1), n_vocab);
+        const float * step = llama_get_logits_ith(ctx, -1);
+        memcpy(steps + (size_t) s * n_vocab, step, sizeof(float) * n_vocab);
+        llama_token t = argmax(step, n_vocab);
         printf(" %d", t);
         if (llama_decode(ctx, llama_batch_get_one(&t, 1))) { fprintf(stderr, "decode failed\n"); return 1; }
     }
     printf("\n");
+    for (int s = 1; s < n_greedy; s++) {
+        printf("step%d", s);
+        for (int i = 0; i < n_vocab; i++) printf(" %.9g", steps[(size_t) s * n_vocab + i]);
+        printf("\n");
+    }
+    free(steps);
     llama_free(ctx);
     llama_model_free(model);
     llama_backend_free();

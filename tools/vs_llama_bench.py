@@ -65,7 +65,7 @@ class Point:
     fermium_s: list[float] = field(default_factory=list)
     others_busy: list[list[float]] = field(default_factory=list)   # per pair: cores others kept busy in each run
     discarded: list[list[float]] = field(default_factory=list)     # pairs over --max-busy: tok/s and busy cores
-    fermium_extra: list[dict] = field(default_factory=list)  # per kept run: its share of bandwidth and memory
+    fermium_extra: list[dict] = field(default_factory=list)  # per kept run: fermium_extra of its report
     error: str | None = None
 
     @property
@@ -139,6 +139,17 @@ def fermium_report(cmd: list[str], timeout: float | None) -> tuple[dict, float, 
     return json.loads(stdout[stdout.index("{"):]), seconds, others
 
 
+def fermium_extra(report: dict) -> dict:
+    """Of a Fermium report, what a point keeps beside tok/s: a decode's share of the bandwidth, the
+    bandwidth it measured and the weight GB of a step (llama.cpp's share is its tok/s times those GB
+    over that bandwidth), and the memory."""
+    extra = {k: report[k] for k in ("median_bw_ratio", "memory") if k in report}
+    if report.get("rounds"):
+        extra["membw_gbs"] = statistics.median(r["membw_gbs"] for r in report["rounds"])
+        extra["gb_per_step"] = statistics.median(r["weights_gb_per_step"] for r in report["rounds"])
+    return extra
+
+
 def fermium_has_kv_type() -> bool:
     """Whether both Fermium benches take --kv-type (read from their --help)."""
     env = dict(os.environ, COLUMNS="200", TERM="dumb", NO_COLOR="1")
@@ -201,7 +212,7 @@ def measure(point: Point, a: argparse.Namespace, build: dict) -> None:
             point.fermium_tok_s.append(fm_tok_s)
             point.fermium_s.append(seconds)
             point.others_busy.append([lc_busy, fm_busy])
-            point.fermium_extra.append({k: report[k] for k in ("median_bw_ratio", "memory") if k in report})
+            point.fermium_extra.append(fermium_extra(report))
     except RunFailed as exc:
         point.error = str(exc)
         print(f"  {point.label} failed: {exc}", flush=True)
