@@ -11,26 +11,43 @@ the call started), since the call's start is already in the prompt.
 
 The grammars are checked against the router's tokenizer (its llguidance side is built once, in a
 thread at router start, `warm`); without a tokenizer, a forced call is steered but not enforced.
+A grammar's first mask is also filled and timed here, so that one too costly for decode to follow
+(--grammar-first-mask-ms), or one its engine gives up on, is a 400 naming the field, not a
+failure mid-stream.
 """
 from __future__ import annotations
 
 import json
 import logging
 import threading
+import time
 
 import llguidance as llg
 
-from common.grammar import GrammarError, Vocab, compile_response_format, engine_tokenizer, validate
+from common.grammar import (
+    GrammarError,
+    Matcher,
+    Vocab,
+    compile_response_format,
+    engine_error,
+    engine_tokenizer,
+    fill_masks,
+    validate,
+)
 from common.tool_grammar import tool_call_grammar
 
 from .errors import APIError, bad_request
 from .tools import THINK_CLOSE, ToolPlan
 
 log = logging.getLogger("fermium.router")
+GRAMMAR_FIRST_MASK_MS = 250.0      # far above a schema's first mask on a 248k vocabulary (tools/bench_grammar.py)
+_first_mask_budget = [GRAMMAR_FIRST_MASK_MS / 1000]     # seconds; 0: not timed (set by warm)
 
 
-def warm(tokenizer: Vocab) -> threading.Thread:
-    """Build the tokenizer's llguidance side off the event loop; a first grammar waits for it."""
+def warm(tokenizer: Vocab, first_mask_budget_s: float = GRAMMAR_FIRST_MASK_MS / 1000) -> threading.Thread:
+    """Build the tokenizer's llguidance side off the event loop; a first grammar waits for it.
+    `first_mask_budget_s` is the router's --grammar-first-mask-ms."""
+    _first_mask_budget[0] = first_mask_budget_s
     def build() -> None:
         try:
             engine_tokenizer(tokenizer)
@@ -47,11 +64,32 @@ def request_grammar(body: dict, plan: ToolPlan, tokenizer: Vocab | None, reasoni
         if plan.forced:
             if tokenizer is None:
                 return ""
-            return tool_call_grammar(list(plan.tools), tokenizer, name=plan.name, started=plan.forced)
-        spec = compile_response_format(body.get("response_format"), tokenizer)
-        return think_first(spec, tokenizer) if spec and reasoning else spec
+            spec, where = tool_call_grammar(list(plan.tools), tokenizer, name=plan.name, started=plan.forced), "tools"
+        else:
+            spec = compile_response_format(body.get("response_format"), tokenizer)
+            spec = think_first(spec, tokenizer) if spec and reasoning else spec
+            kind = (body.get("response_format") or {}).get("type")
+            where = "response_format.json_schema.schema" if kind == "json_schema" else "response_format"
+        if spec and tokenizer is not None and _first_mask_budget[0] > 0:
+            first_mask(spec, tokenizer, where, _first_mask_budget[0])
+        return spec
     except GrammarError as e:
         raise _bad(e) from None
+
+
+def first_mask(spec: str, tokenizer: Vocab, where: str, budget_s: float) -> float:
+    """Seconds the grammar's first mask takes; GrammarError naming `where` past `budget_s` or when
+    the engine fails on it."""
+    matcher = Matcher(spec, engine_tokenizer(tokenizer))
+    t0 = time.perf_counter()
+    fill_masks([matcher], tokenizer.vocab_size)
+    seconds = time.perf_counter() - t0
+    if matcher.m.is_error():
+        raise GrammarError(f"{where}: the grammar cannot be followed: {engine_error(matcher.m)}")
+    if seconds > budget_s:
+        raise GrammarError(f"{where}: the grammar is too costly to follow: its first mask took {seconds * 1000:.0f} "
+                           f"ms, over the {budget_s * 1000:.0f} ms allowed (--grammar-first-mask-ms)")
+    return seconds
 
 
 def think_first(spec: str, tokenizer: Vocab | None) -> str:
