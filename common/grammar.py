@@ -147,12 +147,13 @@ def validate(grammar: str, tokenizer: Vocab | None = None, where: str = "grammar
     tok = engine_tokenizer(tokenizer) if tokenizer is not None else None
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, tok, limits=QUIET)
     if is_error:
-        raise GrammarError(f"{where}: {short_error(messages[0])}")
+        raise GrammarError(f"{where}: {messages[0].split('<state>', 1)[0].strip()[:500]}")
     return grammar
 
 
 def short_error(text: str) -> str:
-    """llguidance's error without the parser state it appends: its first line, cut."""
+    """llguidance's error while following a grammar, without the parser state it appends: its
+    first line, cut (a compile error keeps its lines, which point into the grammar)."""
     first = text.strip().split("\n", 1)[0].split("<state>", 1)[0].strip()
     return (first[:300] or "the grammar engine failed")
 

@@ -76,7 +76,8 @@ def beside(url: str, tok, n: int) -> tuple[float, list[httpx.Response]]:
     for t in threads:
         t.start()
     time.sleep(0.3)                    # the costly ones are at decode first
-    seconds, _ = plain_stream(url, tok)
+    seconds, tokens = plain_stream(url, tok)
+    assert tokens == PLAIN_TOKENS
     for t in threads:
         t.join(300)
     return seconds, replies
@@ -84,10 +85,11 @@ def beside(url: str, tok, n: int) -> tuple[float, list[httpx.Response]]:
 
 def test_costly_grammars_end_alone_and_the_batch_keeps_its_pace(url, tok):
     plain_stream(url, tok)             # warm
-    alone, tokens = plain_stream(url, tok)
+    first, tokens = plain_stream(url, tok)
     assert tokens == PLAIN_TOKENS
     one, replies1 = beside(url, tok, 1)
     three, replies3 = beside(url, tok, 3)
+    alone = min(first, plain_stream(url, tok)[0])         # a loaded host: the better of two
     print(f"\nplain {PLAIN_TOKENS}-token stream: alone {alone:.2f} s, beside one costly grammar {one:.2f} s "
           f"({one / alone:.2f}x), beside three {three:.2f} s ({three / alone:.2f}x)")
     for r in replies1 + replies3:

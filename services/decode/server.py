@@ -135,6 +135,7 @@ class DecodeServer(WorkerServer):
         self.cancelled.add(rid)
         seq = self.sched.cancel(rid)
         if seq is not None:
+            self.grammars.pool.abandon(seq.ahead)
             self._finish(seq, "cancelled", retire=False)
 
     def _admit(self, req: DecodeRequest) -> None:
@@ -267,6 +268,7 @@ class DecodeServer(WorkerServer):
 
     def _drop(self, seq: Sequence, why: str, *, trace: bool = False) -> None:
         self.sched.cancel(seq.rid)
+        self.grammars.pool.abandon(seq.ahead)
         seq.ahead = None
         self._reject(seq.rid, why, trace=trace)
 

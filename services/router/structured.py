@@ -11,16 +11,16 @@ the call started), since the call's start is already in the prompt.
 
 The grammars are checked against the router's tokenizer (its llguidance side is built once, in a
 thread at router start, `warm`); without a tokenizer, a forced call is steered but not enforced.
-A grammar's first mask is also filled and timed here, so that one too costly for decode to follow
-(--grammar-first-mask-ms), or one its engine gives up on, is a 400 naming the field, not a
-failure mid-stream.
+A grammar's first mask is also filled here, in a worker thread (common.mask_job), and timed by its
+CPU, so that one too costly for decode to follow (--grammar-first-mask-ms), or one its engine
+gives up on, is a 400 naming the field, not a failure mid-stream; a mask given up on goes on at
+the lowest priority.
 """
 from __future__ import annotations
 
 import json
 import logging
 import threading
-import time
 
 import llguidance as llg
 
@@ -29,11 +29,10 @@ from common.grammar import (
     Matcher,
     Vocab,
     compile_response_format,
-    engine_error,
     engine_tokenizer,
-    fill_masks,
     validate,
 )
+from common.mask_job import MaskJob, MaskWorkers
 from common.tool_grammar import tool_call_grammar
 
 from .errors import APIError, bad_request
@@ -42,6 +41,9 @@ from .tools import THINK_CLOSE, ToolPlan
 log = logging.getLogger("fermium.router")
 GRAMMAR_FIRST_MASK_MS = 250.0      # far above a schema's first mask on a 248k vocabulary (tools/bench_grammar.py)
 _first_mask_budget = [GRAMMAR_FIRST_MASK_MS / 1000]     # seconds; 0: not timed (set by warm)
+MASK_THREADS = 4                   # first masks filled at once at normal priority
+POLL_S = 0.005
+_masks = MaskWorkers(MASK_THREADS, "router-grammar-mask")
 
 
 def warm(tokenizer: Vocab, first_mask_budget_s: float = GRAMMAR_FIRST_MASK_MS / 1000) -> threading.Thread:
@@ -80,15 +82,18 @@ def request_grammar(body: dict, plan: ToolPlan, tokenizer: Vocab | None, reasoni
 def first_mask(spec: str, tokenizer: Vocab, where: str, budget_s: float) -> float:
     """Seconds the grammar's first mask takes; GrammarError naming `where` past `budget_s` or when
     the engine fails on it."""
-    matcher = Matcher(spec, engine_tokenizer(tokenizer))
-    t0 = time.perf_counter()
-    fill_masks([matcher], tokenizer.vocab_size)
-    seconds = time.perf_counter() - t0
-    if matcher.m.is_error():
-        raise GrammarError(f"{where}: the grammar cannot be followed: {engine_error(matcher.m)}")
+    job = MaskJob(Matcher(spec, engine_tokenizer(tokenizer)), tokenizer.vocab_size)
+    _masks.submit(job)
+    while not job.done.wait(POLL_S) and job.work() <= budget_s:
+        pass
+    seconds = job.work()
     if seconds > budget_s:
-        raise GrammarError(f"{where}: the grammar is too costly to follow: its first mask took {seconds * 1000:.0f} "
-                           f"ms, over the {budget_s * 1000:.0f} ms allowed (--grammar-first-mask-ms)")
+        _masks.demote(job)
+        raise GrammarError(f"{where}: the grammar is too costly to follow: its first mask took over "
+                           f"{budget_s * 1000:.0f} ms (the router's --grammar-first-mask-ms); simplify the schema")
+    if job.error is not None:
+        why = str(job.error).removeprefix("grammar: ")
+        raise GrammarError(f"{where}: the grammar cannot be followed: {why}")
     return seconds
 
 
