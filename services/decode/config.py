@@ -16,10 +16,10 @@ class DecodeConfig(WorkerConfig):
                           aliases=("engine",))
     max_batch: int = setting(16, "Sequences per decode step.")
     capacity: int = setting(64, "Sequences held at once.")   # running + waiting
-    grammar_step_budget_ms: float = setting(GRAMMAR_STEP_BUDGET_MS, "Most milliseconds one grammar mask (the "
-                                            "tokens a response_format allows next) may take; a request whose "
+    grammar_step_budget_ms: float = setting(GRAMMAR_STEP_BUDGET_MS, "Most CPU milliseconds one grammar mask "
+                                            "(the tokens a response_format allows next) may take; a request whose "
                                             "grammar takes longer fails alone while the batch goes on.", min=1)
-    grammar_request_budget_s: float = setting(GRAMMAR_REQUEST_BUDGET_S, "Most seconds of grammar masks one "
+    grammar_request_budget_s: float = setting(GRAMMAR_REQUEST_BUDGET_S, "Most CPU seconds of grammar masks one "
                                               "request may take in all, past which it fails alone.", min=0.001)
     speculative: str = setting("none", "Speculative decoding: none, or mtp (the model's MTP block drafts tokens "
                                        "that one batched step verifies; the output is unchanged). mtp needs a "
