@@ -23,8 +23,8 @@ from common.state import state_specs
 from services.decode.config import DecodeConfig
 from services.decode.mask_ahead import Ahead, GrammarBudget, MaskPool
 from services.decode.server import DecodeServer
-from tests.test_grammar_budget import COSTLY, costly_format
 from tests.test_structured_output import DIGITS, RandomRunner
+from tools.bench_grammar_budget import COSTLY, costly_format
 
 
 @pytest.fixture(scope="module")
