@@ -69,12 +69,11 @@ def request_grammar(body: dict, plan: ToolPlan, tokenizer: Vocab | None, reasoni
             spec, where = tool_call_grammar(list(plan.tools), tokenizer, name=plan.name, started=plan.forced), "tools"
         else:
             spec = compile_response_format(body.get("response_format"), tokenizer)
-            spec = think_first(spec, tokenizer) if spec and reasoning else spec
             kind = (body.get("response_format") or {}).get("type")
             where = "response_format.json_schema.schema" if kind == "json_schema" else "response_format"
-        if spec and tokenizer is not None and _first_mask_budget[0] > 0:
+        if spec and tokenizer is not None and _first_mask_budget[0] > 0:   # the answer's, not the free reasoning's
             first_mask(spec, tokenizer, where, _first_mask_budget[0])
-        return spec
+        return think_first(spec, tokenizer) if spec and reasoning and not plan.forced else spec
     except GrammarError as e:
         raise _bad(e) from None
 
