@@ -36,6 +36,14 @@ def lower_priority(tid: int) -> None:
         pass
 
 
+def _cpu_clock() -> int | None:
+    """This thread's CPU clock, for reading from another thread; None where there is none."""
+    try:
+        return time.pthread_getcpuclockid(threading.get_ident())
+    except (AttributeError, OSError):
+        return None
+
+
 class MaskJob:
     """One mask of one matcher, filled by a worker; `seconds` is its work, the worker's CPU time."""
 
@@ -47,7 +55,7 @@ class MaskJob:
         self.lowered = False                            # its thread dropped to the lowest priority
         self.released = False                           # no longer counted among the pool's workers
         self._lock = threading.Lock()
-        self.cpu0 = 0.0
+        self.cpu0 = self.wall0 = 0.0
         self.seconds = 0.0
         self.mask: np.ndarray | None = None             # (n_vocab,) bool
         self.error: Exception | None = None
@@ -59,8 +67,8 @@ class MaskJob:
                 self.error = grammar.GrammarError("grammar: given up on")
                 self.done.set()
                 return
-            self.cpu0, self.tid = time.thread_time(), threading.get_native_id()
-            self.clock = time.pthread_getcpuclockid(threading.get_ident())
+            self.cpu0, self.wall0, self.tid = time.thread_time(), time.perf_counter(), threading.get_native_id()
+            self.clock = _cpu_clock()
         try:
             bits = grammar.fill_masks([self.matcher], self.n_vocab)[0]
             if self.matcher.m.is_error():
@@ -68,8 +76,9 @@ class MaskJob:
             self.mask = grammar.allowed(bits, self.n_vocab)
         except Exception as e:                          # handed to whoever waits
             self.error = e
-        self.seconds = time.thread_time() - self.cpu0
-        self.done.set()
+        with self._lock:                                # so that demote lowers this thread only while it works
+            self.seconds = self._spent()
+            self.done.set()
         if self.finished is not None:
             self.finished.set()
 
@@ -77,8 +86,16 @@ class MaskJob:
         """CPU seconds so far (all of them once done; 0 while queued for a worker)."""
         if self.done.is_set():
             return self.seconds
+        if not self.tid:                                # not begun
+            return 0.0
         clock = self.clock
-        return 0.0 if clock is None else time.clock_gettime(clock) - self.cpu0
+        if clock is None:                               # a platform without thread clocks: wall time
+            return time.perf_counter() - self.wall0
+        return time.clock_gettime(clock) - self.cpu0
+
+    def _spent(self) -> float:
+        """In the worker: its work so far."""
+        return time.thread_time() - self.cpu0 if self.clock is not None else time.perf_counter() - self.wall0
 
     def demote(self) -> None:
         """Given up on: not begun, it never will be; begun, its thread drops to the lowest priority."""
