@@ -4,7 +4,7 @@ llguidance releases the GIL while it fills a mask, so a mask can be filled while
 on; but a mask cannot be stopped once begun. So whoever waits for one and gives up (its budget
 passed) demotes it: its thread drops to the lowest CPU priority (SCHED_IDLE, else nice 19), so
 that it only takes a core no one else wants, and leaves the pool when the mask ends, a fresh
-thread at normal priority taking its place. A mask's work is its thread's CPU time, which a
+thread taking its place. A mask's work is its thread's CPU time, which a
 loaded host does not inflate. Decode fills every mask so (services/decode/mask_ahead.py); the
 router times a grammar's first one (services/router/structured.py).
 """
@@ -19,7 +19,8 @@ import numpy as np
 
 from . import grammar
 
-LOWEST_PRIORITY = 19                # nice of the mask workers
+LOWEST_PRIORITY = 19                # nice of a demoted mask where SCHED_IDLE is refused
+WORKER_NICE = 5                     # every mask worker yields a little to the batch loop
 
 
 def lower_priority(tid: int) -> None:
@@ -107,8 +108,9 @@ class MaskJob:
 
 
 class MaskWorkers:
-    """Up to `n` threads at normal priority that run MaskJobs in order; one whose job was demoted
-    while it ran no longer counts, and leaves when the job ends."""
+    """Up to `n` threads, a little below normal priority (nice 5, so that the batch loop comes
+    first), that run MaskJobs in order; one whose job was demoted while it ran no longer counts,
+    and leaves when the job ends."""
 
     def __init__(self, n: int, name: str):
         self.n, self.name = n, name
@@ -135,6 +137,10 @@ class MaskWorkers:
             self._live -= 1
 
     def _work(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
+        except (AttributeError, OSError):
+            pass
         while (job := self.jobs.get()) is not None:
             job.run()
             with self._lock:

@@ -41,7 +41,7 @@ from .tools import THINK_CLOSE, ToolPlan
 log = logging.getLogger("fermium.router")
 GRAMMAR_FIRST_MASK_MS = 250.0      # far above a schema's first mask on a 248k vocabulary (tools/bench_grammar.py)
 _first_mask_budget = [GRAMMAR_FIRST_MASK_MS / 1000]     # seconds; 0: not timed (set by warm)
-MASK_THREADS = 4                   # first masks filled at once at normal priority
+MASK_THREADS = 4                   # first masks filled at once, demoted ones aside
 POLL_S = 0.005
 _masks = MaskWorkers(MASK_THREADS, "router-grammar-mask")
 
