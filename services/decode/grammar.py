@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 from common import grammar
 from common.model.tokenizer import Tokenizer, TokenizerError
@@ -80,3 +82,34 @@ class Grammars:
         if self._tokenizer is None:
             raise grammar.GrammarError(f"grammar: {self._why_not}")
         return grammar.Matcher(spec, grammar.engine_tokenizer(self._tokenizer, self.n_vocab))
+
+    # ---- each step
+    def take(self, seq: Any, drop: Callable[[Any, str], None]) -> np.ndarray | None:
+        """The sequence's next mask once ready; None while it is filled, or when the grammar failed
+        (a budget passed, or the engine refused): `drop(seq, why)` then ends it alone."""
+        try:
+            return self.pool.poll(seq.ahead)
+        except grammar.GrammarError as e:
+            drop(seq, str(e))
+            return None
+
+    def turns(self, seqs: list, speculative: bool, sample: Callable[[Any, np.ndarray], None],
+              drop: Callable[[Any, str], None]) -> None:
+        """Parked sequences whose mask came `sample` their token with it (in a speculative cycle,
+        every grammar sequence takes its mask for the cycle); those past a budget are dropped."""
+        for seq in seqs:
+            if seq.ahead is None or seq.ahead.job is None or not (seq.parked or speculative):
+                continue
+            allowed = self.take(seq, drop)
+            if allowed is None:
+                continue
+            if seq.parked:
+                seq.parked = False
+                sample(seq, allowed)
+            else:
+                seq.mask = allowed
+
+    @staticmethod
+    def can_step(seq: Any, speculative: bool) -> bool:
+        """Whether the sequence joins this step: not parked, and in a cycle, with its mask."""
+        return not seq.parked and (not speculative or seq.ahead is None or seq.mask is not None)

@@ -203,16 +203,17 @@ class DecodeServer(WorkerServer):
         self._take(timeout if not len(self.sched) else 0)
         self.holders.reap()
         self.sched.admit()
+        spec = self.speculator is not None
         self.grammars.pool.mark()
-        self._grammar_turns()
-        batch = [s for s in self.sched.running if self._can_step(s)]
+        self.grammars.turns([*self.sched.running, *self.sched.waiting], spec, self._sample_one, self._drop)
+        batch = [s for s in self.sched.running if self.grammars.can_step(s, spec)]
         if not batch:
             if len(self.sched):                     # every sequence waits for its grammar's mask
                 self.grammars.pool.wait(MASK_NAP_S)
             return
         t0 = time.perf_counter()
         try:
-            if self.speculator is not None:         # a cycle: the tokens are taken between its verify and draft
+            if spec:                                # a cycle: the tokens are taken between its verify and draft
                 masks = [s.mask for s in batch]
                 for s in batch:
                     s.mask = None
@@ -239,7 +240,7 @@ class DecodeServer(WorkerServer):
             seq.logits = row
             if seq.ahead is None:
                 self._sample_one(seq, None)
-            elif (allowed := self._mask(seq)) is not None:
+            elif (allowed := self.grammars.take(seq, self._drop)) is not None:
                 self._sample_one(seq, allowed)
             elif seq.ahead is not None:                     # not failed: it samples once the mask comes
                 seq.parked = True
@@ -257,40 +258,12 @@ class DecodeServer(WorkerServer):
             self.sched.cancel(seq.rid)
             self._finish(seq, seq.policy.finish_reason, retire=False)
 
-    def _mask(self, seq: Sequence) -> np.ndarray | None:
-        """Its grammar's next mask once ready; None while it is filled, or when the grammar failed
-        (a budget passed, or the engine refused), which ends the sequence alone."""
-        try:
-            return self.grammars.pool.poll(seq.ahead)
-        except GrammarError as e:
-            self._drop(seq, str(e))
-            return None
-
     def _drop(self, seq: Sequence, why: str, *, trace: bool = False) -> None:
         self.sched.cancel(seq.rid)
         self.grammars.pool.abandon(seq.ahead)
         seq.ahead = None
         self._reject(seq.rid, why, trace=trace)
 
-    def _grammar_turns(self) -> None:
-        """Parked sequences whose mask came sample their token (a speculative cycle's sequences
-        take theirs for the cycle); those past a budget fail alone."""
-        for seq in [*self.sched.running, *self.sched.waiting]:
-            if seq.ahead is None or seq.ahead.job is None or not (seq.parked or self.speculator is not None):
-                continue
-            allowed = self._mask(seq)
-            if allowed is None:
-                continue
-            if seq.parked:
-                seq.parked = False
-                self._sample_one(seq, allowed)
-            else:
-                seq.mask = allowed
-
-    def _can_step(self, seq: Sequence) -> bool:
-        if seq.parked:
-            return False
-        return self.speculator is None or seq.ahead is None or seq.mask is not None
 
     def _emit(self, seq: Sequence, token: int, row: np.ndarray) -> bool:
         """A token that a speculative cycle took (common.speculative), from logits `row`."""
