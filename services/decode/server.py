@@ -264,7 +264,6 @@ class DecodeServer(WorkerServer):
         seq.ahead = None
         self._reject(seq.rid, why, trace=trace)
 
-
     def _emit(self, seq: Sequence, token: int, row: np.ndarray) -> bool:
         """A token that a speculative cycle took (common.speculative), from logits `row`."""
         seq.logits = row
