@@ -145,10 +145,21 @@ def validate(grammar: str, tokenizer: Vocab | None = None, where: str = "grammar
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"{where}: the grammar is {len(grammar)} characters, at most {MAX_GRAMMAR_CHARS} travel")
     tok = engine_tokenizer(tokenizer) if tokenizer is not None else None
-    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, tok)
+    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, tok, limits=QUIET)
     if is_error:
-        raise GrammarError(f"{where}: {messages[0].strip()[:500]}")
+        raise GrammarError(f"{where}: {messages[0].split('<state>', 1)[0].strip()[:500]}")
     return grammar
+
+
+def short_error(text: str) -> str:
+    """llguidance's error while following a grammar, without the parser state it appends: its
+    first line, cut (a compile error keeps its lines, which point into the grammar)."""
+    first = text.strip().split("\n", 1)[0].split("<state>", 1)[0].strip()
+    return (first[:300] or "the grammar engine failed")
+
+
+def engine_error(m: llg.LLMatcher) -> str:
+    return short_error(m.get_error() or "")
 
 
 # ---- the tokenizer side, once per vocabulary ------------------------------------------------
@@ -174,6 +185,8 @@ def _bytes(vocab: Vocab, i: int) -> bytes:
         return b""
 
 
+QUIET = llg.LLParserLimits(verbose_errors=False)     # errors without the parser state and the grammar
+
 _TOKENIZERS: dict[tuple[int, int], tuple[Vocab, llg.LLTokenizer]] = {}
 _LOCK = threading.Lock()
 
@@ -196,13 +209,13 @@ class Matcher:
     """One sequence's place in its grammar."""
 
     def __init__(self, grammar: str, tokenizer: llg.LLTokenizer):
-        self.m = llg.LLMatcher(tokenizer, grammar, log_level=0)
+        self.m = llg.LLMatcher(tokenizer, grammar, log_level=0, limits=QUIET)
         if self.m.is_error():
-            raise GrammarError(f"grammar: {self.m.get_error()[:500]}")
+            raise GrammarError(f"grammar: {engine_error(self.m)}")
 
     def consume(self, token: int) -> None:
         if not self.m.consume_token(token):
-            raise GrammarError(f"grammar: token {token} does not continue it: {self.m.get_error()[:300]}")
+            raise GrammarError(f"grammar: token {token} does not continue it: {engine_error(self.m)}")
 
     @property
     def done(self) -> bool:

@@ -61,7 +61,7 @@ decode
     fermium_decode_tokens_total                counter
     fermium_decode_step_seconds                histogram  one batched decode step
     fermium_decode_batch_size                  histogram  sequences per step
-    fermium_decode_grammar_mask_seconds        histogram  one step's allowed-token masks (common.grammar)
+    fermium_decode_grammar_mask_seconds        histogram  one sequence's allowed-token mask, its worker's CPU time
     fermium_decode_spec_draft_tokens_total     counter  tokens the MTP block drafted and a verify judged
                                                         (--speculative mtp, common/speculative.py)
     fermium_decode_spec_accepted_tokens_total  counter  drafted tokens accepted
@@ -231,7 +231,7 @@ class DecodeMetrics(_Metrics):
         self.batch_size = self.histogram("fermium_decode_batch_size", "Sequences per decode step",
                                          buckets=BATCH_BUCKETS)
         self.grammar_mask_time = self.histogram("fermium_decode_grammar_mask_seconds",
-                                                "Allowed-token masks of one decode step", buckets=MASK_BUCKETS)
+                                                "One grammar mask, CPU seconds of its worker", buckets=MASK_BUCKETS)
         self.draft_tokens = self.counter("fermium_decode_spec_draft_tokens", "Drafted tokens that a verify judged")
         self.accepted_tokens = self.counter("fermium_decode_spec_accepted_tokens", "Drafted tokens accepted")
         self.acceptance_rate = self.gauge("fermium_decode_spec_acceptance_rate",

@@ -121,6 +121,17 @@ def test_an_invalid_schema_is_a_400_naming_the_path(client, schema, path):
     assert e.value.body["param"] == path and e.value.body["message"].startswith(path)
 
 
+def test_a_costly_schema_is_a_400_naming_it(client):
+    """Its first mask runs past the router's --grammar-first-mask-ms, though thinking puts free
+    reasoning first (issue 42, case 1)."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a{500}){500}$"}},
+              "required": ["s"]}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, response_format={"type": "json_schema", "json_schema": {"name": "costly", "schema": schema}})
+    assert e.value.body["param"] == "response_format.json_schema.schema"
+    assert "--grammar-first-mask-ms" in e.value.body["message"] and "<state>" not in e.value.body["message"]
+
+
 def test_an_unknown_format_type_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, response_format={"type": "yaml"})

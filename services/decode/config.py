@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from common.config import WorkerConfig, setting
 from common.speculative import MAX_DRAFT_TOKENS, check_settings
 
+GRAMMAR_STEP_BUDGET_MS = 250.0      # far above a schema's mask on a 248k vocabulary (tools/bench_grammar.py)
+GRAMMAR_REQUEST_BUDGET_S = 60.0
+
 
 @dataclass(frozen=True)
 class DecodeConfig(WorkerConfig):
@@ -13,6 +16,11 @@ class DecodeConfig(WorkerConfig):
                           aliases=("engine",))
     max_batch: int = setting(16, "Sequences per decode step.")
     capacity: int = setting(64, "Sequences held at once.")   # running + waiting
+    grammar_step_budget_ms: float = setting(GRAMMAR_STEP_BUDGET_MS, "Most CPU milliseconds one grammar mask "
+                                            "(the tokens a response_format allows next) may take; a request whose "
+                                            "grammar takes longer fails alone while the batch goes on.", min=1)
+    grammar_request_budget_s: float = setting(GRAMMAR_REQUEST_BUDGET_S, "Most CPU seconds of grammar masks one "
+                                              "request may take in all, past which it fails alone.", min=0.001)
     speculative: str = setting("none", "Speculative decoding: none, or mtp (the model's MTP block drafts tokens "
                                        "that one batched step verifies; the output is unchanged). mtp needs a "
                                        "model with an MTP block.")

@@ -1,9 +1,10 @@
 """Decode's side of structured output: a grammar matcher per sequence, the batch's masks.
 
-A request whose SamplingParams.grammar is set gets a common.grammar.Matcher on admission. Each
-step, before sampling, the masks of every sequence with one are filled together and applied to
-its logits; the sampled token then advances the matcher, and a complete grammar ends the
-sequence with "stop". A sequence without a grammar is not touched.
+A request whose SamplingParams.grammar is set gets a common.grammar.Matcher on admission, held
+in a mask_ahead.Ahead: each mask is filled by a worker thread ahead of need, timed against the
+budgets, and applied to the sequence's logits when ready; the sampled token then advances the
+matcher, and a complete grammar ends the sequence with "stop". A sequence without a grammar is
+not touched.
 
 The tokenizer side (common.grammar.engine_tokenizer) is built once, in a thread at startup, from
 the tokenizer handed in or else the model file's vocabulary; without either, grammars are refused.
@@ -13,19 +14,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from common import grammar
 from common.model.tokenizer import Tokenizer, TokenizerError
 
+from .mask_ahead import Ahead, MaskPool
+
 log = logging.getLogger("fermium.decode")
 
 
 class Grammars:
-    def __init__(self, model: Any, n_vocab: int, metrics: Any, tokenizer: Any = None):
+    def __init__(self, model: Any, n_vocab: int, metrics: Any, tokenizer: Any = None, *, workers: int = 4,
+                 step_budget_s: float = 0.25, request_budget_s: float = 60.0):
         self.n_vocab, self.metrics = n_vocab, metrics
+        self.pool = MaskPool(n_vocab, workers, step_budget_s, request_budget_s, metrics)
         self._model, self._given = model, tokenizer
         self._tokenizer: Any = None
         self._why_not = ""
@@ -57,6 +62,15 @@ class Grammars:
         finally:
             self._built.set()
 
+    def ahead(self, spec: str) -> Ahead | None:
+        """matcher()'s, with its first mask started."""
+        m = self.matcher(spec)
+        if m is None:
+            return None
+        ahead = Ahead(m)
+        self.pool.submit(ahead)
+        return ahead
+
     def matcher(self, spec: str) -> grammar.Matcher | None:
         """A matcher for a request's grammar spec, None when it has none; a ValueError when the
         spec or this model cannot take it (the request's fault)."""
@@ -69,15 +83,33 @@ class Grammars:
             raise grammar.GrammarError(f"grammar: {self._why_not}")
         return grammar.Matcher(spec, grammar.engine_tokenizer(self._tokenizer, self.n_vocab))
 
-    def masks(self, seqs: Sequence[Any]) -> list[np.ndarray | None]:
-        """(vocab,) bool per sequence, the tokens its grammar allows; None where it has none."""
-        held = [i for i, s in enumerate(seqs) if s.matcher is not None]
-        out: list[np.ndarray | None] = [None] * len(seqs)
-        if not held:
-            return out
-        t0 = time.perf_counter()
-        bitmask = grammar.fill_masks([seqs[i].matcher for i in held], self.n_vocab)
-        for row, i in enumerate(held):
-            out[i] = grammar.allowed(bitmask[row], self.n_vocab)
-        self.metrics.grammar_mask_time.observe(time.perf_counter() - t0)
-        return out
+    # ---- each step
+    def take(self, seq: Any, drop: Callable[[Any, str], None]) -> np.ndarray | None:
+        """The sequence's next mask once ready; None while it is filled, or when the grammar failed
+        (a budget passed, or the engine refused): `drop(seq, why)` then ends it alone."""
+        try:
+            return self.pool.poll(seq.ahead)
+        except grammar.GrammarError as e:
+            drop(seq, str(e))
+            return None
+
+    def turns(self, seqs: list, speculative: bool, sample: Callable[[Any, np.ndarray], None],
+              drop: Callable[[Any, str], None]) -> None:
+        """Parked sequences whose mask came `sample` their token with it (in a speculative cycle,
+        every grammar sequence takes its mask for the cycle); those past a budget are dropped."""
+        for seq in seqs:
+            if seq.ahead is None or seq.ahead.job is None or not (seq.parked or speculative):
+                continue
+            allowed = self.take(seq, drop)
+            if allowed is None:
+                continue
+            if seq.parked:
+                seq.parked = False
+                sample(seq, allowed)
+            else:
+                seq.mask = allowed
+
+    @staticmethod
+    def can_step(seq: Any, speculative: bool) -> bool:
+        """Whether the sequence joins this step: not parked, and in a cycle, with its mask."""
+        return not seq.parked and (not speculative or seq.ahead is None or seq.mask is not None)

@@ -21,6 +21,9 @@ class Sequence:
     next_token: int = -1             # sampled, not yet fed to the runner
     logits: Any = None               # (vocab,) what next_token was sampled from
     matcher: Any = None              # common.grammar.Matcher when the request has a grammar
+    ahead: Any = None                # its mask_ahead.Ahead: the next mask, filled off the loop
+    parked: bool = False             # holds `logits` to sample once its grammar's mask is ready
+    mask: Any = None                 # (vocab,) bool, a ready mask for a speculative cycle
     draft: Any = None                # common.speculative.Drafting when it speculates (never with a grammar)
     hold_at: str = ""                # the prefill worker that keeps its final state too; "": none
 

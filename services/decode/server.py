@@ -9,7 +9,10 @@ HoldState (over common.push_links), so the next turn's prompt need not carry it.
 batch slots (--max-batch) that the router places sequences by.
 
 A request with a grammar (SamplingParams.grammar) samples only the tokens it allows, the first
-token too, and ends with "stop" when the grammar is complete (grammar.py).
+token too, and ends with "stop" when the grammar is complete (grammar.py). Its masks are filled
+in worker threads while the batch steps (mask_ahead.py); a sequence whose mask is not ready sits
+out the step holding its logits, and one whose grammar runs past --grammar-step-budget-ms or
+--grammar-request-budget-s fails alone.
 
 A request that asks for logprobs gets, in each Tokens message, the token's log-probability and
 the top_logprobs most likely tokens', the first token's too, from the logits it was sampled from
@@ -35,6 +38,7 @@ import numpy as np
 
 from common.config import ContextModel, plan_context, reserve_context
 from common.generation import GenerationPolicy
+from common.grammar import GrammarError
 from common.kv_cache import check_same_kv_type
 from common.logprobs import token_logprobs
 from common.metrics import DecodeMetrics
@@ -56,6 +60,7 @@ from .scheduler import BatchScheduler, Sequence
 log = logging.getLogger("fermium.decode")
 MAX_HOLDERS = 8            # prefill workers holding states that one decode worker sends them to
 IDLE_HOLDER_S = 120.0
+MASK_NAP_S = 0.02          # the loop's wait for a grammar mask when no sequence can step (messages still come)
 
 
 class DecodeServer(WorkerServer):
@@ -87,7 +92,9 @@ class DecodeServer(WorkerServer):
         super().__init__(cfg, ContextModel(model, self.ctx_size), DecodeMetrics(), capacity=cfg.capacity,
                          slots=cfg.max_batch)
         self.holders = PushLinks("decode", MAX_HOLDERS, IDLE_HOLDER_S)
-        self.grammars = Grammars(model, model.config.vocab_size, self.metrics, tokenizer)
+        self.grammars = Grammars(model, model.config.vocab_size, self.metrics, tokenizer, workers=cfg.max_batch,
+                                 step_budget_s=cfg.grammar_step_budget_ms / 1000,
+                                 request_budget_s=cfg.grammar_request_budget_s)
 
     def load(self) -> tuple[int, int]:
         return len(self.sched.running), len(self.sched.waiting)
@@ -128,6 +135,7 @@ class DecodeServer(WorkerServer):
         self.cancelled.add(rid)
         seq = self.sched.cancel(rid)
         if seq is not None:
+            self.grammars.pool.abandon(seq.ahead)
             self._finish(seq, "cancelled", retire=False)
 
     def _admit(self, req: DecodeRequest) -> None:
@@ -135,11 +143,14 @@ class DecodeServer(WorkerServer):
         seq = Sequence(req.rid, state, Sampler(params, prompt_len=len(req.history)), list(req.history),
                        GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state, hold_at=req.hold_at)
         seq.logits = np.asarray(req.logits)
-        seq.matcher = self.grammars.matcher(params.grammar)
-        if self.speculator is not None and seq.matcher is None:
+        seq.ahead = self.grammars.ahead(params.grammar)
+        if seq.ahead is not None:                   # its first token waits for the first mask
+            seq.matcher, seq.parked = seq.ahead.matcher, True
+            self.sched.add(seq)
+            return
+        if self.speculator is not None:
             seq.draft = self.speculator.start()
-        allowed = self.grammars.masks([seq])[0]
-        if self._accept(seq, seq.sampler.sample(seq.logits, seq.history, allowed)):
+        if self._accept(seq, seq.sampler.sample(seq.logits, seq.history, None)):
             self.sched.add(seq)
         else:
             self._finish(seq, seq.policy.finish_reason, retire=False)
@@ -158,6 +169,8 @@ class DecodeServer(WorkerServer):
         if seq.policy.finished:
             return False
         seq.next_token = token
+        if seq.ahead is not None:                   # the next mask, while the batch steps
+            self.grammars.pool.submit(seq.ahead)
         return True
 
     def _tokens(self, seq: Sequence, token: int) -> Tokens:
@@ -190,13 +203,21 @@ class DecodeServer(WorkerServer):
         self._take(timeout if not len(self.sched) else 0)
         self.holders.reap()
         self.sched.admit()
-        batch = list(self.sched.running)
+        spec = self.speculator is not None
+        self.grammars.pool.mark()
+        self.grammars.turns([*self.sched.running, *self.sched.waiting], spec, self._sample_one, self._drop)
+        batch = [s for s in self.sched.running if self.grammars.can_step(s, spec)]
         if not batch:
+            if len(self.sched):                     # every sequence waits for its grammar's mask
+                self.grammars.pool.wait(MASK_NAP_S)
             return
         t0 = time.perf_counter()
         try:
-            if self.speculator is not None:         # a cycle: the tokens are taken between its verify and draft
-                settled = self.speculator.step(batch, self._emit, self.grammars.masks(batch))
+            if spec:                                # a cycle: the tokens are taken between its verify and draft
+                masks = [s.mask for s in batch]
+                for s in batch:
+                    s.mask = None
+                settled = self.speculator.step(batch, self._emit, masks)
             else:
                 logits = self.runner.decode([s.next_token for s in batch], [s.state for s in batch])
         except Exception as e:
@@ -215,17 +236,33 @@ class DecodeServer(WorkerServer):
         self._gauges()
 
     def _sample(self, batch: list[Sequence], logits: np.ndarray) -> None:
-        masks = self.grammars.masks(batch)
-        for seq, row, allowed in zip(batch, logits, masks):
+        for seq, row in zip(batch, logits):
             seq.logits = row
-            try:
-                more = self._accept(seq, seq.sampler.sample(row, seq.history, allowed))
-            except Exception as e:                          # this sequence's sampler: it alone fails
-                self.sched.retire(seq)
-                self._reject(seq.rid, f"sampling failed: {type(e).__name__}: {e}", trace=True)
-                continue
-            if not more:
-                self._finish(seq, seq.policy.finish_reason)
+            if seq.ahead is None:
+                self._sample_one(seq, None)
+            elif (allowed := self.grammars.take(seq, self._drop)) is not None:
+                self._sample_one(seq, allowed)
+            elif seq.ahead is not None:                     # not failed: it samples once the mask comes
+                seq.parked = True
+
+    def _sample_one(self, seq: Sequence, allowed: np.ndarray | None) -> None:
+        try:
+            more = self._accept(seq, seq.sampler.sample(seq.logits, seq.history, allowed))
+        except GrammarError as e:                           # the output left its grammar
+            self._drop(seq, str(e))
+            return
+        except Exception as e:                              # this sequence's sampler: it alone fails
+            self._drop(seq, f"sampling failed: {type(e).__name__}: {e}", trace=True)
+            return
+        if not more:
+            self.sched.cancel(seq.rid)
+            self._finish(seq, seq.policy.finish_reason, retire=False)
+
+    def _drop(self, seq: Sequence, why: str, *, trace: bool = False) -> None:
+        self.sched.cancel(seq.rid)
+        self.grammars.pool.abandon(seq.ahead)
+        seq.ahead = None
+        self._reject(seq.rid, why, trace=trace)
 
     def _emit(self, seq: Sequence, token: int, row: np.ndarray) -> bool:
         """A token that a speculative cycle took (common.speculative), from logits `row`."""
@@ -249,3 +286,4 @@ class DecodeServer(WorkerServer):
     def close(self) -> None:
         super().close()
         self.holders.close()
+        self.grammars.pool.close()

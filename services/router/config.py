@@ -16,6 +16,7 @@ from common.config import (
     worker_token_setting,
 )
 
+from .structured import GRAMMAR_FIRST_MASK_MS
 from .workers import MAX_PER_ROLE
 
 
@@ -57,6 +58,9 @@ class RouterConfig:
                                                      "it only the chat template places them.")
     preserve_thinking: bool = setting(True, "Render earlier reasoning as generated, so each chat turn extends "
                                             "the last one's snapshot.")
+    grammar_first_mask_ms: float = setting(GRAMMAR_FIRST_MASK_MS, "Most CPU milliseconds a request's grammar "
+                                           "(response_format, a forced tool call) may take for its first mask, "
+                                           "timed at validation; beyond, 400. 0 turns the check off.", min=0)
     drain_timeout: float = setting(30.0, "Seconds in-flight requests get to finish after SIGTERM; new ones "
                                          "get 503 meanwhile.")
     metrics_port: int = metrics_port_setting()

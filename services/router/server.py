@@ -107,7 +107,7 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
               render=chat_renderer(template, cfg.preserve_thinking), health=health,
               max_body=cfg.max_body_bytes, tokenizer=tokenizer, vision=_vision(cfg, model, tokenizer),
               template=TemplateTokens(tokenizer, parse_special=cfg.parse_special_in_messages))
-    warm(tokenizer)
+    warm(tokenizer, cfg.grammar_first_mask_ms / 1000)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

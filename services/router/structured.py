@@ -11,6 +11,10 @@ the call started), since the call's start is already in the prompt.
 
 The grammars are checked against the router's tokenizer (its llguidance side is built once, in a
 thread at router start, `warm`); without a tokenizer, a forced call is steered but not enforced.
+A grammar's first mask is also filled here, in a worker thread (common.mask_job), and timed by its
+CPU, so that one too costly for decode to follow (--grammar-first-mask-ms), or one its engine
+gives up on, is a 400 naming the field, not a failure mid-stream; a mask given up on goes on at
+the lowest priority.
 """
 from __future__ import annotations
 
@@ -20,17 +24,32 @@ import threading
 
 import llguidance as llg
 
-from common.grammar import GrammarError, Vocab, compile_response_format, engine_tokenizer, validate
+from common.grammar import (
+    GrammarError,
+    Matcher,
+    Vocab,
+    compile_response_format,
+    engine_tokenizer,
+    validate,
+)
+from common.mask_job import MaskJob, MaskWorkers
 from common.tool_grammar import tool_call_grammar
 
 from .errors import APIError, bad_request
 from .tools import THINK_CLOSE, ToolPlan
 
 log = logging.getLogger("fermium.router")
+GRAMMAR_FIRST_MASK_MS = 250.0      # far above a schema's first mask on a 248k vocabulary (tools/bench_grammar.py)
+_first_mask_budget = [GRAMMAR_FIRST_MASK_MS / 1000]     # seconds; 0: not timed (set by warm)
+MASK_THREADS = 4                   # first masks filled at once, demoted ones aside
+POLL_S = 0.005
+_masks = MaskWorkers(MASK_THREADS, "router-grammar-mask")
 
 
-def warm(tokenizer: Vocab) -> threading.Thread:
-    """Build the tokenizer's llguidance side off the event loop; a first grammar waits for it."""
+def warm(tokenizer: Vocab, first_mask_budget_s: float = GRAMMAR_FIRST_MASK_MS / 1000) -> threading.Thread:
+    """Build the tokenizer's llguidance side off the event loop; a first grammar waits for it.
+    `first_mask_budget_s` is the router's --grammar-first-mask-ms."""
+    _first_mask_budget[0] = first_mask_budget_s
     def build() -> None:
         try:
             engine_tokenizer(tokenizer)
@@ -47,11 +66,34 @@ def request_grammar(body: dict, plan: ToolPlan, tokenizer: Vocab | None, reasoni
         if plan.forced:
             if tokenizer is None:
                 return ""
-            return tool_call_grammar(list(plan.tools), tokenizer, name=plan.name, started=plan.forced)
-        spec = compile_response_format(body.get("response_format"), tokenizer)
-        return think_first(spec, tokenizer) if spec and reasoning else spec
+            spec, where = tool_call_grammar(list(plan.tools), tokenizer, name=plan.name, started=plan.forced), "tools"
+        else:
+            spec = compile_response_format(body.get("response_format"), tokenizer)
+            kind = (body.get("response_format") or {}).get("type")
+            where = "response_format.json_schema.schema" if kind == "json_schema" else "response_format"
+        if spec and tokenizer is not None and _first_mask_budget[0] > 0:   # the answer's, not the free reasoning's
+            first_mask(spec, tokenizer, where, _first_mask_budget[0])
+        return think_first(spec, tokenizer) if spec and reasoning and not plan.forced else spec
     except GrammarError as e:
         raise _bad(e) from None
+
+
+def first_mask(spec: str, tokenizer: Vocab, where: str, budget_s: float) -> float:
+    """Seconds the grammar's first mask takes; GrammarError naming `where` past `budget_s` or when
+    the engine fails on it."""
+    job = MaskJob(Matcher(spec, engine_tokenizer(tokenizer)), tokenizer.vocab_size)
+    _masks.submit(job)
+    while not job.done.wait(POLL_S) and job.work() <= budget_s:
+        pass
+    seconds = job.work()
+    if seconds > budget_s:
+        _masks.demote(job)
+        raise GrammarError(f"{where}: the grammar is too costly to follow: its first mask took over "
+                           f"{budget_s * 1000:.0f} ms (the router's --grammar-first-mask-ms); simplify the schema")
+    if job.error is not None:
+        why = str(job.error).removeprefix("grammar: ")
+        raise GrammarError(f"{where}: the grammar cannot be followed: {why}")
+    return seconds
 
 
 def think_first(spec: str, tokenizer: Vocab | None) -> str:
