@@ -35,11 +35,13 @@ from common.model.gguf_file import GGUFModel  # noqa: E402
 from common.model.tokenizer import Tokenizer  # noqa: E402
 from common.snapshots import KV_BLOCK, SnapshotStore  # noqa: E402
 from common.snapshots.redis_tier import RedisTier  # noqa: E402
+from common.snapshots.redis_trust import derive_key  # noqa: E402
 from common.state import SequenceState  # noqa: E402
 from fermium.stack import Stack, free_port  # noqa: E402
 from tests.redis_helpers import RedisServer  # noqa: E402
 
 KV_TYPE = "f16"
+KEY = derive_key("bench")                  # the writer's and the reader's deployment secret
 
 
 def state_35b(tokens: int, rng) -> SequenceState:
@@ -59,9 +61,9 @@ def store_and_fetch(url: str, tokens: int, repeats: int) -> dict:
     put_s, fetch_s = [], []
     for i in range(repeats):
         writer = SnapshotStore(QWEN36_35B, 8 << 30, KV_BLOCK, kv_type=KV_TYPE,
-                               shared=RedisTier(url, QWEN36_35B, KV_TYPE, KV_BLOCK, f"bench{i}"))
+                               shared=RedisTier(url, QWEN36_35B, KV_TYPE, KV_BLOCK, f"bench{i}", key=KEY))
         reader = SnapshotStore(QWEN36_35B, 8 << 30, KV_BLOCK, kv_type=KV_TYPE,
-                               shared=RedisTier(url, QWEN36_35B, KV_TYPE, KV_BLOCK, f"bench{i}"))
+                               shared=RedisTier(url, QWEN36_35B, KV_TYPE, KV_BLOCK, f"bench{i}", key=KEY))
         ids = [int(t) for t in rng.integers(0, 1000, tokens)]
         state = state_35b(tokens, rng)
         logits = rng.standard_normal(QWEN36_35B.vocab_size, np.float32)

@@ -61,6 +61,7 @@ class SnapshotCache:
         self._evictions_seen = 0
         metrics.snapshot_bytes.labels("ram").set_function(lambda: store.ram_bytes)
         metrics.snapshot_bytes.labels("disk").set_function(lambda: store.disk_bytes)
+        metrics.disk_queue.set_function(lambda: store.disk_writer.pending if store.disk_writer else 0)
 
     def lookup(self, ids: Sequence[int], marks: Marks = ()) -> tuple[int, list[np.ndarray] | None,
                                                                        np.ndarray | None]:
@@ -102,8 +103,18 @@ def model_folder(disk_dir: str | Path, model_id: str, kv_type: str) -> Path:
     return Path(disk_dir) / f"{model_id}-kv-{kv_type}"
 
 
+def disk_events(metrics: RouterMetrics):
+    """The disk tier's events (common/snapshots/disk_writer.py) as metric updates."""
+    def event(name: str) -> None:
+        if name == "evicted":
+            metrics.disk_evictions.inc()
+        else:
+            metrics.disk_writes.labels(name).inc()
+    return event
+
+
 def build_snapshot_cache(cfg: ModelConfig, metrics: RouterMetrics, budget: int, disk_dir: str | None, every: int,
-                         model_id: str = "", kv_type: str = "f32") -> SnapshotCache | None:
+                         model_id: str = "", kv_type: str = "f32", disk_budget: int = 0) -> SnapshotCache | None:
     """`model_id` (GGUFModel.fingerprint) and `kv_type` name the disk tier's folder inside
     `disk_dir`, so models that share a --snapshot-dir never read each other's states, even at
     equal shapes, and a restart with another --kv-type does not see the other type's files."""
@@ -114,9 +125,11 @@ def build_snapshot_cache(cfg: ModelConfig, metrics: RouterMetrics, budget: int, 
                          f"at prompt and generation ends)")
     if disk_dir and model_id:
         disk_dir = str(model_folder(disk_dir, model_id, kv_type))
-    store = SnapshotStore(cfg, budget, block=KV_BLOCK, disk_dir=disk_dir, kv_type=kv_type)
+    store = SnapshotStore(cfg, budget, block=KV_BLOCK, disk_dir=disk_dir, kv_type=kv_type, disk_budget=disk_budget,
+                          events=disk_events(metrics))
     if store.stats.disk_rejected:
         log.error("%d corrupt snapshot files in %s were dropped", store.stats.disk_rejected, disk_dir)
     log.info("snapshots: %.1f GiB in RAM, KV in %s%s, checkpoint every %s tokens", budget / 2 ** 30, kv_type,
-             f", disk tier {disk_dir} ({len(store.snaps)} indexed)" if disk_dir else "", every or "-")
+             f", disk tier {disk_dir} ({len(store.snaps)} indexed, {disk_budget / 2 ** 30:.1f} GiB)" if disk_dir
+             else "", every or "-")
     return SnapshotCache(cfg, store, metrics, every)
