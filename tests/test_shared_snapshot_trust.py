@@ -173,3 +173,36 @@ def test_a_rediss_store_is_reached_over_tls_and_checked_against_its_ca(tmp_path)
         events = Events()
         stranger = router_store(server.url, events, timeout=0.5)   # no CA: the server's certificate is unknown
         assert stranger.prefetch(tokens) == 0 and events["fallback_lookup"] == 1
+
+
+def test_a_forged_shared_prefix_changes_no_answer_of_two_real_routers(tmp_path):
+    """A system prompt's snapshot in the store, forged as an attacker without the key can (the
+    state after other text, filed under the prompt's keys, fresh checksums, signed with another
+    key): both routers answer every question after it as a cold run does, and count it."""
+    from common.kv_cache import DEFAULT_KV_TYPE
+    from common.model.default import default_model_path
+    from common.model.gguf_file import GGUFModel
+    from common.snapshots import KV_BLOCK
+    from tests.shared_stacks import READY_TIMEOUT_S, complete, metric, stack
+    from tests.stack_helpers import DemoReference
+
+    ref = DemoReference()
+    system, other = ref.corpus[:128], ref.corpus[128:256]
+    questions = [ref.corpus[400 + 40 * i:410 + 40 * i] for i in range(3)]
+    with RedisServer(tmp_path).start() as server:
+        model_id = GGUFModel(default_model_path()).fingerprint
+        forger = SnapshotStore(ref.config, 1 << 30, KV_BLOCK, kv_type=DEFAULT_KV_TYPE, shared=rt.RedisTier(
+            server.url, ref.config, DEFAULT_KV_TYPE, KV_BLOCK, model_id, key=derive_key("not this deployment's")))
+        state = ref.reference.new_state()
+        forger.put(system, state, ref.reference.prefill(other, state))
+        assert forger.shared.flush(30)
+        extra = ["--snapshot-key", "this deployment's"]
+        with stack(tmp_path, "a", server.url, extra) as a, stack(tmp_path, "b", server.url, extra) as b:
+            a.wait_ready(READY_TIMEOUT_S)
+            b.wait_ready(READY_TIMEOUT_S)
+            for q in questions:
+                cold = ref.text(ref.cold(system + q, 8))
+                assert complete(a, system + q, 8) == cold
+                assert complete(b, system + q, 8) == cold
+            rejected = [metric(s, "router", "fermium_snapshot_store_rejected_total") for s in (a, b)]
+            assert sum(rejected) >= 1, rejected
