@@ -196,8 +196,7 @@ def test_a_forged_shared_prefix_changes_no_answer_of_two_real_routers(tmp_path):
         state = ref.reference.new_state()
         forger.put(system, state, ref.reference.prefill(other, state))
         assert forger.shared.flush(30)
-        extra = ["--snapshot-key", "this deployment's"]
-        with stack(tmp_path, "a", server.url, extra) as a, stack(tmp_path, "b", server.url, extra) as b:
+        with stack(tmp_path, "a", server.url) as a, stack(tmp_path, "b", server.url) as b:
             a.wait_ready(READY_TIMEOUT_S)
             b.wait_ready(READY_TIMEOUT_S)
             for q in questions:

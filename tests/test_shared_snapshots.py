@@ -270,7 +270,7 @@ def test_fermium_up_takes_the_store(tmp_path, demo):
                 port, metrics = free_port(), free_port()
                 argv = [sys.executable, "-m", "fermium", "up", "--model", str(default_model_path()), "--port",
                         str(port), "--runner", "reference", "--metrics-port", str(metrics),
-                        "--snapshot-store", server.url]
+                        "--snapshot-store", server.url, "--snapshot-key", "one key for both"]
                 err = open(tmp_path / f"up{i}.err", "wb")
                 ups.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True),
                             f"http://127.0.0.1:{port}", metrics))

@@ -161,3 +161,21 @@ def test_the_router_takes_the_disk_budget_and_the_store_settings():
     for option in ("--snapshot-disk-budget", "--snapshot-key", "--snapshot-store-ca", "--snapshot-store-cert"):
         assert option in opts and opts[option].help, option
     assert opts["--snapshot-disk-budget"].default == 20                # GiB
+
+
+def test_a_file_is_read_into_ram_off_the_loop_before_the_lookup(tmp_path, monkeypatch):
+    """The router's prefetch (on a thread) reads a disk-only snapshot; lookup, on the loop, reads no file."""
+    from services.router.prefix_cache import SnapshotCache
+    one = state_after([1] * 11).nbytes
+    store = SnapshotStore(CFG, int(1.5 * one), block=BLOCK, disk_dir=tmp_path)
+    put(store, [1] * 11)
+    put(store, [2] * 11)                                       # the first is now on disk alone
+    assert store.snaps[prefix_key([1] * 11, BLOCK)].recurrent is None
+    cache = SnapshotCache(CFG, store, RouterMetrics(), 0)
+    assert asyncio.run(cache.prefetch([1] * 12)) == 11
+
+    def no_reads(*args):
+        raise AssertionError("lookup read a file")
+    monkeypatch.setattr(disk, "read_checked", no_reads)
+    assert cache.lookup([1] * 12)[0] == 11
+    assert_same(store.lookup([1] * 12)[0], state_after([1] * 11))

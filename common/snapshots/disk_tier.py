@@ -4,6 +4,7 @@ thread of its own (disk_writer.py), within a byte budget.
 The store keeps `on_disk`, key -> file size, in least-recently-used order (written, or looked up),
 for the files that it wrote or found at start. A write that takes their total past the budget
 removes the least recently used files; one that is only on disk leaves the index with its file.
+`load_ahead`, run off the event loop before a request's lookup, reads a file into RAM there.
 """
 from __future__ import annotations
 
@@ -141,9 +142,27 @@ class DiskTierMethods:
         except ValueError as exc:
             raise disk.CorruptSnapshot(f"{path}: {exc}") from exc
 
+    def load_ahead(self, tokens, marks=()) -> int:
+        """Read the file of the longest stored prefix of `tokens` into RAM when only the disk holds
+        it, so that lookup, on the event loop, finds it there. Reads without the store's lock;
+        call it off the event loop. Returns the position loaded, 0 for none."""
+        with self.lock:
+            best = self._longest(tokens, marks)
+            snap = self.snaps.get(best) if best is not None else None
+            if snap is None or snap.recurrent is not None:
+                return 0
+        loaded = disk.drop_if_corrupt(lambda p: self._read_fitting(p, snap), self._path(best))
+        with self.lock:
+            if self.snaps.get(best) is not snap or snap.recurrent is not None:
+                return 0                                  # another thread got there first, or it left
+            return snap.pos if self._install(best, snap, loaded) else 0
+
     def _load_from_disk(self, key: bytes) -> bool:
         snap = self.snaps[key]
-        loaded = disk.drop_if_corrupt(lambda p: self._read_fitting(p, snap), self._path(key))
+        return self._install(key, snap, disk.drop_if_corrupt(lambda p: self._read_fitting(p, snap), self._path(key)))
+
+    def _install(self, key: bytes, snap, loaded) -> bool:
+        """Under the lock: the arrays read from a snapshot's file into RAM; a corrupt file (None) is forgotten."""
         if loaded is None:
             self.stats.disk_rejected += 1
             self._disk_gone(key)

@@ -6,6 +6,7 @@ from decode (at the end of a generation); a request starts from the longest stor
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -62,6 +63,18 @@ class SnapshotCache:
         metrics.snapshot_bytes.labels("ram").set_function(lambda: store.ram_bytes)
         metrics.snapshot_bytes.labels("disk").set_function(lambda: store.disk_bytes)
         metrics.disk_queue.set_function(lambda: store.disk_writer.pending if store.disk_writer else 0)
+
+    async def prefetch(self, ids: Sequence[int], marks: Marks = ()) -> int:
+        """Read the disk tier's file of the longest stored prefix of `ids` into RAM on a thread
+        (disk_tier.load_ahead), so that lookup, on the event loop, does not read the disk. Never raises
+        but for cancellation."""
+        if self.store.disk_dir is None:
+            return 0
+        try:
+            return await asyncio.to_thread(self.store.load_ahead, list(ids), marks)
+        except Exception:
+            log.exception("reading a snapshot from disk failed; lookup serves from RAM")
+            return 0
 
     def lookup(self, ids: Sequence[int], marks: Marks = ()) -> tuple[int, list[np.ndarray] | None,
                                                                        np.ndarray | None]:
