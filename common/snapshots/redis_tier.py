@@ -7,9 +7,8 @@ Keys, under the namespace `fermium:<model fingerprint>-kv-<kv type>:` (the disk 
     <head>:<nonce>:<i>      the blob's chunks, CHUNK bytes each
     tailbits:<base hex>     bitmap of the tail lengths stored under a block key: the index lookup walks
 
-Nothing read from the store is trusted but what a router of this deployment signed: heads and
-blobs carry keyed MACs, and the index is read in bounded pieces (redis_trust.py). An entry whose
-MAC fails is deleted and counted ("rejected").
+Only what this deployment signed is used: keyed MACs on heads and blobs, an index read in bounded
+pieces (redis_trust.py); an entry whose MAC fails is deleted and counted ("rejected").
 
 A blob's bytes are the disk tier's layout (disk.pack: magic, version, header checksum, payload
 checksum), so every byte read is checked as a file is. A snapshot's blob holds the recurrent
