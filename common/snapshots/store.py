@@ -108,9 +108,13 @@ class SnapshotStore(SharedTierMethods, DiskTierMethods):
         return kv + sum(s.ram_bytes for s in self.snaps.values())
 
     # ---- put
-    def put(self, tokens: Sequence[int], state: SequenceState, logits: np.ndarray, marks: Marks = ()) -> bytes:
+    def put(self, tokens: Sequence[int], state: SequenceState, logits: np.ndarray, marks: Marks = (),
+            owned: bool = False) -> bytes:
         """Store the state after `tokens` (state.pos == len(tokens)), whose images start where
-        `marks` say (keys.py). Returns the snapshot key."""
+        `marks` say (keys.py). Returns the snapshot key. `owned`: the caller hands over the
+        recurrent arrays and the logits, each a whole array that nothing writes to again (a
+        message's): kept as they are, with no copy on the caller's thread."""
+        keep = (lambda a: a) if owned else (lambda a: a.copy())
         if state.pos != len(tokens):
             raise ValueError(f"state is at {state.pos}, tokens are {len(tokens)}")
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this snapshot store")
@@ -130,8 +134,8 @@ class SnapshotStore(SharedTierMethods, DiskTierMethods):
                                             [v[i * B:(i + 1) * B].copy() for v in state.v])
                 self.refs[bkey] = self.refs.get(bkey, 0) + 1
             n_lin = len(state.conv)
-            snap = Snapshot(state.pos, base, blocks, [a.copy() for a in state.arrays()[:2 * n_lin]],
-                            np.asarray(logits, np.float32).copy(),
+            snap = Snapshot(state.pos, base, blocks, [keep(a) for a in state.arrays()[:2 * n_lin]],
+                            keep(np.asarray(logits, np.float32)),
                             [k[len(blocks) * B:].copy() for k in state.k],
                             [v[len(blocks) * B:].copy() for v in state.v], int(state.rope_delta))
             self._index(key, snap)

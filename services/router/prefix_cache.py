@@ -97,11 +97,12 @@ class SnapshotCache:
     def store_state(self, ids: Sequence[int], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
                     source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None:
         """Keep the state after ids[:pos] (its images at `marks`), its KV in `kv_type` (the store's
-        own, else refused); `logits` are those of token pos-1. Returns its snapshot key, None if refused."""
+        own, else refused); `logits` are those of token pos-1. The arrays are handed over (a message's,
+        each whole): the store keeps them uncopied. Returns its snapshot key, None if refused."""
         try:
             check_same_kv_type(kv_type, self.store.kv_type, f"the state from {source}", "the router")
             state = SequenceState.from_arrays(pos, list(arrays), self.cfg, self.store.kv_type, rope_delta)
-            key = self.store.put(list(ids[:pos]), state, logits, marks)
+            key = self.store.put(list(ids[:pos]), state, logits, marks, owned=True)   # a message's arrays
         except (ValueError, OSError) as exc:
             log.error("snapshot at position %d not stored: %s", pos, exc)
             return None
