@@ -6,9 +6,7 @@ Keys, under the namespace `fermium:<model fingerprint>-kv-<kv type>:` (the disk 
     blk:<block key hex>     head of a KV block, the same
     <head>:<nonce>:<i>      the blob's chunks, CHUNK bytes each
     tailbits:<base hex>     bitmap of the tail lengths stored under a block key: the index lookup walks
-
-Only what this deployment signed is used: keyed MACs on heads and blobs, an index read in bounded
-pieces (redis_trust.py); an entry whose MAC fails is deleted and counted ("rejected").
+Only what this deployment signed is used, and the index is read in bounded pieces (redis_trust.py).
 
 A blob's bytes are the disk tier's layout (disk.pack: magic, version, header checksum, payload
 checksum), so every byte read is checked as a file is. A snapshot's blob holds the recurrent
@@ -19,10 +17,8 @@ Blobs go in CHUNK-sized SETs in one pipeline, so the server answers other client
 the head is set last (NX), so a reader sees a blob whole or not at all, and the nonce keeps two
 writers of one key apart.
 
-The byte budget is the server's: `maxmemory` with `maxmemory-policy allkeys-lru`. Several routers
-write at once, and an index of our own would need their sizes and references kept in step across
-hosts; the server counts every byte it holds, and a key it evicts only shortens a hit (a missing
-chunk or block is a miss of that snapshot, and lookup tries the next shorter one).
+The byte budget is the server's (`maxmemory`, `allkeys-lru`): it counts every byte of every
+router's writes, and a key it evicts only shortens a hit (lookup tries the next shorter one).
 
 Failure: every call has a timeout; a connection error marks the store down for a backoff
 during which calls skip it at once, and the first call that succeeds after it counts a
@@ -47,7 +43,7 @@ from ..state import STATE_DTYPE, state_specs
 from . import disk
 from .keys import ROOT, Marks, chain, marks_in, tail_key
 from .redis_link import PROBE_S, TIMEOUT_S, Link, StoreDown, pipelined
-from .redis_trust import Signer, index_bytes, tails_in
+from .redis_trust import SignedReads, Signer, index_bytes, tails_in
 
 log = logging.getLogger("fermium.snapshots")
 
@@ -77,7 +73,7 @@ def namespace(model_id: str, kv_type: str) -> str:
     return f"fermium:{model_id}-kv-{kv_type}:"
 
 
-class RedisTier:
+class RedisTier(SignedReads):
     """The shared tier of one model and KV type. `put` queues a record for the writer thread;
     `fetch` (blocking: call it off the event loop) returns the longest stored snapshot past a
     position. `events(name)` is told of each of EVENTS. `key` signs and checks every entry
@@ -273,29 +269,6 @@ class RedisTier:
             self.link.call(lambda c: c.delete(self._blk(bkey)))
             return None
         return arrays[:n_full], arrays[n_full:]
-
-    def _get_chunks(self, head_key: str, head: bytes) -> bytes | None:
-        try:
-            nonce, n, size, blob_mac = self.signer.open_head(head_key, head)
-            if not (0 < size <= self.max_blob and n == -(-size // CHUNK)):
-                raise ValueError(f"it asks for {size} bytes in {n} chunks")
-            names = [f"{head_key}:{nonce}:{i}" for i in range(n)]
-        except ValueError as exc:
-            return self._reject(head_key, f"head: {exc}")
-        chunks = self.link.call(lambda c: pipelined(c, [("get", name) for name in names]))
-        if any(not isinstance(c, bytes) for c in chunks):
-            return None                               # a chunk evicted: the blob is gone
-        data = b"".join(chunks)
-        if len(data) != size or not self.signer.check(head_key, data, blob_mac):
-            return self._reject(head_key, "the blob's MAC does not check out")
-        return data
-
-    def _reject(self, head_key: str, why: str) -> None:
-        """Drop an entry that no router of this deployment wrote (or that was damaged): counted."""
-        log.error("dropping %s of the snapshot store, which is not this deployment's: %s (forged, damaged, or "
-                  "written under another --snapshot-key)", head_key, why)
-        self.events("rejected")
-        self.link.call(lambda c: c.delete(head_key))
 
     def _fits_snapshot(self, name, header: dict, pos: int, blocks: list[bytes]) -> None:
         meta = header["meta"]

@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 
 import msgpack
+
+from .redis_link import pipelined
+
+log = logging.getLogger("fermium.snapshots")
 
 MAC_BYTES = 32
 PERSON = b"fermium-snapshot"                 # BLAKE2b's personalisation: keys made here serve this alone
@@ -62,6 +67,33 @@ class Signer:
 
     def check(self, name: str, data: bytes, blob_mac: bytes) -> bool:
         return hmac.compare_digest(self.mac(name, b"blob", data), blob_mac)
+
+
+class SignedReads:
+    """Mixed into RedisTier, whose link, signer, max_blob and events these use."""
+
+    def _get_chunks(self, head_key: str, head: bytes) -> bytes | None:
+        """The blob of a head, both checked; None when a chunk is gone (evicted) or they do not check out."""
+        try:
+            nonce, n, size, blob_mac = self.signer.open_head(head_key, head)
+            if not (0 < size <= self.max_blob and 0 < n <= size):
+                raise ValueError(f"it asks for {size} bytes in {n} chunks")
+            names = [f"{head_key}:{nonce}:{i}" for i in range(n)]
+        except ValueError as exc:
+            return self._reject(head_key, f"head: {exc}")
+        chunks = self.link.call(lambda c: pipelined(c, [("get", name) for name in names]))
+        if any(not isinstance(c, bytes) for c in chunks):
+            return None                               # a chunk evicted: the blob is gone
+        data = b"".join(chunks)
+        if len(data) != size or not self.signer.check(head_key, data, blob_mac):
+            return self._reject(head_key, "the blob's MAC does not check out")
+        return data
+
+    def _reject(self, head_key: str, why: str) -> None:
+        """Drop and count an entry that no router of this deployment wrote (forged, damaged, another key's)."""
+        log.error("dropping %s of the snapshot store: %s (forged, damaged or another --snapshot-key's)", head_key, why)
+        self.events("rejected")
+        self.link.call(lambda c: c.delete(head_key))
 
 
 def index_bytes(block: int) -> int:
