@@ -29,6 +29,12 @@ router
     fermium_snapshot_store_reconnects_total    counter  the shared store came back after being down
     fermium_snapshot_store_up                  gauge    1 while the shared store answers
     fermium_snapshot_store_queue               gauge    snapshots waiting for the shared store's writer, or in it
+    fermium_snapshot_store_rejected_total      counter  shared store entries refused: their MAC failed (forged,
+                                                        or written under another --snapshot-key)
+    fermium_snapshot_disk_writes_total{outcome} counter outcome: written | failed (e.g. disk full) | dropped
+                                                        (the disk writer's queue was full)
+    fermium_snapshot_disk_evictions_total      counter  snapshot files removed for --snapshot-disk-budget
+    fermium_snapshot_disk_queue                gauge    snapshots waiting for the disk writer, or in it
     fermium_tool_call_parse_failures_total     counter  malformed spots in chat output, returned as content
     fermium_images_total                       counter  images in admitted requests (image_url parts)
     fermium_image_tokens_total                 counter  the image tokens they became
@@ -174,6 +180,13 @@ class RouterMetrics(_Metrics):
         self.store_up = self.gauge("fermium_snapshot_store_up", "1 while the shared store answers")
         self.store_queue = self.gauge("fermium_snapshot_store_queue", "Snapshots waiting for the shared store's "
                                       "writer, or in it")
+        self.store_rejected = self.counter("fermium_snapshot_store_rejected", "Shared store entries whose MAC "
+                                           "failed, dropped")
+        self.disk_writes = self.counter("fermium_snapshot_disk_writes", "Snapshot files by outcome", ("outcome",),
+                                        ("written", "failed", "dropped"))
+        self.disk_evictions = self.counter("fermium_snapshot_disk_evictions", "Snapshot files removed for the "
+                                           "disk budget")
+        self.disk_queue = self.gauge("fermium_snapshot_disk_queue", "Snapshots waiting for the disk writer, or in it")
         self.tool_call_parse_failures = self.counter("fermium_tool_call_parse_failures",
                                                      "Malformed tool calls or reasoning tags in chat output")
         self.images = self.counter("fermium_images", "Images in admitted requests")

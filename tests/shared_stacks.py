@@ -18,6 +18,7 @@ from fermium.stack import Stack, free_port
 READY_TIMEOUT_S = 120
 EVERY = 64                       # checkpoint interval: the prefill chunk
 WAIT_S = 120
+KEY = "one deployment's snapshot key"   # the routers of one store share it, or they refuse each other's entries
 
 
 def stack(tmp: Path, name: str, store: str, extra: list[str] = ()) -> Stack:
@@ -25,7 +26,8 @@ def stack(tmp: Path, name: str, store: str, extra: list[str] = ()) -> Stack:
     logs = tmp / name
     logs.mkdir(exist_ok=True)
     s = Stack(str(default_model_path()), port=free_port(), runner="reference", metrics_ports=ports, log_dir=logs,
-              extra={"router": ["--snapshot-every", str(EVERY), "--snapshot-store", store, *extra]})
+              extra={"router": ["--snapshot-every", str(EVERY), "--snapshot-store", store, "--snapshot-key", KEY,
+                                *extra]})
     s.metrics_ports = ports
     return s
 

@@ -142,6 +142,7 @@ def state_after(tokens, kv_type: str) -> SequenceState:
 
 def put(store, tokens, kv_type):
     store.put(tokens, state_after(tokens, kv_type), np.full(CFG.vocab_size, len(tokens), np.float32))
+    assert store.flush(10)                       # the disk writer's thread
 
 
 def assert_same(a: SequenceState, b: SequenceState):
@@ -189,6 +190,7 @@ def test_a_restart_with_another_kv_type_sees_none_of_the_other_files(tmp_path, c
     assert cache.store.disk_dir == model_folder(tmp_path, "abc123", "f32") == tmp_path / "abc123-kv-f32"
     f32 = state_after(tokens[:12], "f32")
     cache.store_state(tokens, 12, f32.arrays(), np.zeros(CFG.vocab_size, np.float32), "prefill", "f32")
+    assert cache.store.flush(10)
     assert len(list(cache.store.disk_dir.glob("*.snap"))) == 1
     other = build_snapshot_cache(CFG, RouterMetrics(), 1 << 20, str(tmp_path), 0, "abc123", "f16")
     assert other.store.disk_dir == tmp_path / "abc123-kv-f16"

@@ -15,12 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.snapshots import SnapshotStore
 from common.snapshots import redis_tier as rt
 from common.snapshots.keys import ROOT, tail_key
+from common.snapshots.redis_trust import derive_key
 from common.state import SequenceState
 from tests.redis_helpers import RedisServer, needs_redis
 from tests.test_snapshot_store import BLOCK, CFG, assert_same, put, state_after
 from tests.up_helpers import wait_healthy
 
 pytestmark = needs_redis
+KEY = derive_key("the deployment's secret")
 
 
 class Events:
@@ -42,7 +44,7 @@ def server(tmp_path):
 
 
 def router_store(url: str, events=None, **kw) -> SnapshotStore:
-    tier = rt.RedisTier(url, CFG, "f32", BLOCK, "test-model", events or Events(), **kw)
+    tier = rt.RedisTier(url, CFG, "f32", BLOCK, "test-model", events or Events(), key=KEY, **kw)
     return SnapshotStore(CFG, budget_bytes=1 << 30, block=BLOCK, shared=tier)
 
 
@@ -179,7 +181,7 @@ def test_a_slow_store_times_out(tmp_path):
 
 def test_a_pos_zero_record_round_trips(server):
     """The bench's shape: a state with no KV at all, fetched from beyond=-1."""
-    tier = rt.RedisTier(server.url, CFG, "f32", BLOCK, "test-model")
+    tier = rt.RedisTier(server.url, CFG, "f32", BLOCK, "test-model", key=KEY)
     s = SequenceState.empty(CFG)
     s.ssm = [np.random.default_rng(1).standard_normal(a.shape).astype(np.float32) for a in s.ssm]
     key = tail_key(ROOT, [])
@@ -268,7 +270,7 @@ def test_fermium_up_takes_the_store(tmp_path, demo):
                 port, metrics = free_port(), free_port()
                 argv = [sys.executable, "-m", "fermium", "up", "--model", str(default_model_path()), "--port",
                         str(port), "--runner", "reference", "--metrics-port", str(metrics),
-                        "--snapshot-store", server.url]
+                        "--snapshot-store", server.url, "--snapshot-key", "one key for both"]
                 err = open(tmp_path / f"up{i}.err", "wb")
                 ups.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True),
                             f"http://127.0.0.1:{port}", metrics))

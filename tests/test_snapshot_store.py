@@ -38,7 +38,9 @@ def state_after(tokens) -> SequenceState:
 
 
 def put(store, tokens):
+    """Put, and wait for its disk write (a thread's): the tests then read the files."""
     store.put(tokens, state_after(tokens), np.full(CFG.vocab_size, len(tokens), np.float32))
+    assert store.flush(10)
 
 
 def assert_same(a: SequenceState, b: SequenceState):

@@ -373,7 +373,9 @@ def test_the_disk_tier_keeps_the_rope_delta_and_the_image_keys(vl, tmp_path):
     state.rope_delta = -8
     logits = np.zeros(cfg.vocab_size, np.float32)
     mine, theirs = [(10, b"a" * 16)], [(10, b"b" * 16)]
-    SnapshotStore(cfg, 1 << 30, block=16, disk_dir=tmp_path).put(tokens, state, logits, mine)
+    first = SnapshotStore(cfg, 1 << 30, block=16, disk_dir=tmp_path)
+    first.put(tokens, state, logits, mine)
+    assert first.flush(10)                                                     # the disk writer's thread
     again = SnapshotStore(cfg, 1 << 30, block=16, disk_dir=tmp_path)          # from the files alone
     found, _ = again.lookup(tokens + [7], mine)
     assert found.pos == len(tokens) and found.rope_delta == -8

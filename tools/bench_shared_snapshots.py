@@ -4,7 +4,9 @@
    ModelConfig; `--tokens 0`: the recurrent state and logits alone, 63 MiB), through the store
    paths the router runs: SnapshotStore.put until the writer has sent it, and
    SnapshotStore.prefetch on a second store, which fetches, checks and indexes it in RAM.
-2. TTFT on the demo model with two stacks (router, prefill, decode each) on that store: a cold
+2. The same snapshot to the disk tier (--snapshot-dir): how long put() holds the router's event
+   loop, and when the writer thread has the file on disk.
+3. TTFT on the demo model with two stacks (router, prefill, decode each) on that store: a cold
    prefill on router A, then the next turn (the prompt plus a few new tokens) on router B, whose
    snapshot comes from the store; and the same next turn on router A, from its RAM.
 
@@ -35,11 +37,13 @@ from common.model.gguf_file import GGUFModel  # noqa: E402
 from common.model.tokenizer import Tokenizer  # noqa: E402
 from common.snapshots import KV_BLOCK, SnapshotStore  # noqa: E402
 from common.snapshots.redis_tier import RedisTier  # noqa: E402
+from common.snapshots.redis_trust import derive_key  # noqa: E402
 from common.state import SequenceState  # noqa: E402
 from fermium.stack import Stack, free_port  # noqa: E402
 from tests.redis_helpers import RedisServer  # noqa: E402
 
 KV_TYPE = "f16"
+KEY = derive_key("bench")                  # the writer's and the reader's deployment secret
 
 
 def state_35b(tokens: int, rng) -> SequenceState:
@@ -59,9 +63,9 @@ def store_and_fetch(url: str, tokens: int, repeats: int) -> dict:
     put_s, fetch_s = [], []
     for i in range(repeats):
         writer = SnapshotStore(QWEN36_35B, 8 << 30, KV_BLOCK, kv_type=KV_TYPE,
-                               shared=RedisTier(url, QWEN36_35B, KV_TYPE, KV_BLOCK, f"bench{i}"))
+                               shared=RedisTier(url, QWEN36_35B, KV_TYPE, KV_BLOCK, f"bench{i}", key=KEY))
         reader = SnapshotStore(QWEN36_35B, 8 << 30, KV_BLOCK, kv_type=KV_TYPE,
-                               shared=RedisTier(url, QWEN36_35B, KV_TYPE, KV_BLOCK, f"bench{i}"))
+                               shared=RedisTier(url, QWEN36_35B, KV_TYPE, KV_BLOCK, f"bench{i}", key=KEY))
         ids = [int(t) for t in rng.integers(0, 1000, tokens)]
         state = state_35b(tokens, rng)
         logits = rng.standard_normal(QWEN36_35B.vocab_size, np.float32)
@@ -83,6 +87,25 @@ def store_and_fetch(url: str, tokens: int, repeats: int) -> dict:
             "fetch_GiB_per_s": round(nbytes / 2 ** 30 / statistics.median(fetch_s), 2)}
 
 
+def disk_put(tmp: Path, tokens: int, repeats: int) -> dict:
+    """The disk tier: how long put() holds its caller (the router's event loop), and when the
+    writer thread has the file on disk."""
+    rng = np.random.default_rng(1)
+    store = SnapshotStore(QWEN36_35B, 8 << 30, KV_BLOCK, kv_type=KV_TYPE, disk_dir=tmp / f"disk{tokens}")
+    put_s, written_s = [], []
+    for i in range(repeats):
+        ids = [int(t) for t in rng.integers(0, 1000, tokens)] + [i]
+        state, logits = state_35b(len(ids), rng), rng.standard_normal(QWEN36_35B.vocab_size, np.float32)
+        t0 = time.perf_counter()
+        store.put(ids, state, logits)
+        put_s.append(time.perf_counter() - t0)
+        assert store.flush(120)
+        written_s.append(time.perf_counter() - t0)
+    return {"tokens": tokens, "file_MiB": round(store.disk_bytes / repeats / 2 ** 20, 1),
+            "put_returns_s_median": round(statistics.median(put_s), 4),
+            "file_written_s_median": round(statistics.median(written_s), 4)}
+
+
 def queue_empty(metrics_port: int) -> bool:
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
     return "fermium_snapshot_store_queue 0.0" in text
@@ -94,7 +117,7 @@ def warm_turns(url: str, model: Path, runner: str, prompt_tokens: int, repeats: 
     ids = Tokenizer.from_gguf(GGUFModel(model)).encode(text[:400000])
     ports = [free_port(), free_port()]
     stacks = [Stack(str(model), port=free_port(), runner=runner, log_dir=tmp, metrics_ports={"router": p},
-                    extra={"router": ["--snapshot-store", url]}) for p in ports]
+                    extra={"router": ["--snapshot-store", url, "--snapshot-key", "bench"]}) for p in ports]
     cold, remote, local = [], [], []
     with stacks[0] as a, stacks[1] as b, httpx.Client() as client:
         a.wait_ready(120)
@@ -127,6 +150,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, RedisServer(Path(tmp), maxmemory="4gb").start() as redis:
         result = {"command": " ".join(["python", *sys.argv]),
                   "snapshot_35b": [store_and_fetch(redis.url, t, args.repeats) for t in args.tokens],
+                  "disk_35b": [disk_put(Path(tmp), t, args.repeats) for t in args.tokens],
                   "ttft_demo": warm_turns(redis.url, args.model, args.runner, args.prompt_tokens, args.repeats,
                                           Path(tmp))}
     print(json.dumps(result, indent=2))

@@ -38,7 +38,7 @@ class StoreDown(Exception):
 class Link:
     """The client, with the down/backoff state; thread-safe (redis-py's pool gives each thread a connection)."""
 
-    def __init__(self, url: str, timeout: float, events: Callable[[str], None]):
+    def __init__(self, url: str, timeout: float, events: Callable[[str], None], ssl: dict):
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
@@ -46,7 +46,7 @@ class Link:
         self.response_error = redis.ResponseError
         self.client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                            retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-                                           health_check_interval=0, socket_read_size=READ_SIZE)
+                                           health_check_interval=0, socket_read_size=READ_SIZE, **ssl)
         self.url, self.events = redacted(url), events       # the URL as logs show it
         self.lock = threading.Lock()
         self.down_since: float | None = None
@@ -110,9 +110,10 @@ class Link:
             self.events("down")
 
 
-def pipelined(client, commands: list[tuple]) -> list:
-    """The commands in one round trip, without MULTI: the server serves other clients between them."""
+def pipelined(client, commands: list[tuple], raise_on_error: bool = True) -> list:
+    """The commands in one round trip, without MULTI: the server serves other clients between them.
+    raise_on_error False: a command's error (e.g. a key of another type) is its result instead."""
     pipe = client.pipeline(transaction=False)
     for name, *args in commands:
         getattr(pipe, name)(*args)
-    return pipe.execute()
+    return pipe.execute(raise_on_error=raise_on_error)

@@ -2,10 +2,11 @@
 
 Keys, under the namespace `fermium:<model fingerprint>-kv-<kv type>:` (the disk tier's folder name):
 
-    snap:<key hex>          head of a snapshot: msgpack [nonce, chunks, size]
+    snap:<key hex>          head of a snapshot: msgpack [nonce, chunks, size, blob MAC, head MAC]
     blk:<block key hex>     head of a KV block, the same
     <head>:<nonce>:<i>      the blob's chunks, CHUNK bytes each
-    tails:<base hex>        set of the tail lengths stored under a block key: the index lookup walks
+    tailbits:<base hex>     bitmap of the tail lengths stored under a block key: the index lookup walks
+Only what this deployment signed is used, and the index is read in bounded pieces (redis_trust.py).
 
 A blob's bytes are the disk tier's layout (disk.pack: magic, version, header checksum, payload
 checksum), so every byte read is checked as a file is. A snapshot's blob holds the recurrent
@@ -16,10 +17,8 @@ Blobs go in CHUNK-sized SETs in one pipeline, so the server answers other client
 the head is set last (NX), so a reader sees a blob whole or not at all, and the nonce keeps two
 writers of one key apart.
 
-The byte budget is the server's: `maxmemory` with `maxmemory-policy allkeys-lru`. Several routers
-write at once, and an index of our own would need their sizes and references kept in step across
-hosts; the server counts every byte it holds, and a key it evicts only shortens a hit (a missing
-chunk or block is a miss of that snapshot, and lookup tries the next shorter one).
+The byte budget is the server's (`maxmemory`, `allkeys-lru`): it counts every byte of every
+router's writes, and a key it evicts only shortens a hit (lookup tries the next shorter one).
 
 Failure: every call has a timeout; a connection error marks the store down for a backoff
 during which calls skip it at once, and the first call that succeeds after it counts a
@@ -36,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Callable, Sequence
 
-import msgpack
 import numpy as np
 
 from ..kv_cache import kv_dtype, kv_shape
@@ -45,13 +43,14 @@ from ..state import STATE_DTYPE, state_specs
 from . import disk
 from .keys import ROOT, Marks, chain, marks_in, tail_key
 from .redis_link import PROBE_S, TIMEOUT_S, Link, StoreDown, pipelined
+from .redis_trust import SignedReads, Signer, index_bytes, tails_in
 
 log = logging.getLogger("fermium.snapshots")
 
 CHUNK = 4 << 20                 # bytes per SET
 QUEUE_LIMIT = 64                # snapshots waiting for the writer; more are dropped (counted)
 MAX_CANDIDATES = 64             # snapshot heads asked for in one lookup, longest first
-EVENTS = ("hit", "write", "fallback_lookup", "fallback_store", "reconnect", "up", "down")
+EVENTS = ("hit", "write", "fallback_lookup", "fallback_store", "reconnect", "up", "down", "rejected")
 
 
 @dataclass
@@ -74,19 +73,22 @@ def namespace(model_id: str, kv_type: str) -> str:
     return f"fermium:{model_id}-kv-{kv_type}:"
 
 
-class RedisTier:
+class RedisTier(SignedReads):
     """The shared tier of one model and KV type. `put` queues a record for the writer thread;
     `fetch` (blocking: call it off the event loop) returns the longest stored snapshot past a
-    position. `events(name)` is told of each of EVENTS."""
+    position. `events(name)` is told of each of EVENTS. `key` signs and checks every entry
+    (redis_trust.derive_key); `ssl` holds redis-py's ssl_* options of a rediss:// URL."""
 
     def __init__(self, url: str, cfg: ModelConfig, kv_type: str, block: int, model_id: str = "",
-                 events: Callable[[str], None] = lambda name: None, timeout: float = TIMEOUT_S):
+                 events: Callable[[str], None] = lambda name: None, timeout: float = TIMEOUT_S, *,
+                 key: bytes, ssl: dict | None = None):
         self.cfg, self.kv_type, self.block, self.events = cfg, kv_type, block, events
+        self.signer = Signer(key)
         self.ns = namespace(model_id or "model", kv_type)
         # the largest blob: a state of one block (more than a snapshot or a KV block holds), logits, header
         self.max_blob = (sum(int(np.prod(s)) * d.itemsize for _, d, s in state_specs(block, cfg, kv_type))
                          + cfg.vocab_size * 4 + disk.MAX_HEADER + disk.PREFIX.size)
-        self.link = Link(url, timeout, events)
+        self.link = Link(url, timeout, events, ssl or {})
         self.queue: queue.Queue[Record | None] = queue.Queue(QUEUE_LIMIT)
         self.idle = threading.Condition()
         self.pending = 0                          # records queued or being written
@@ -102,7 +104,7 @@ class RedisTier:
         return f"{self.ns}blk:{key.hex()}"
 
     def _tails(self, base: bytes) -> str:
-        return f"{self.ns}tails:{base.hex()}"
+        return f"{self.ns}tailbits:{base.hex()}"
 
     # ---- writes
     def put(self, record: Record) -> None:
@@ -165,7 +167,7 @@ class RedisTier:
                                                meta)):
             return False
         tail = r.pos - len(r.blocks) * self.block
-        self.link.call(lambda c: c.sadd(self._tails(r.base), tail))
+        self.link.call(lambda c: c.setbit(self._tails(r.base), tail, 1))
         return True
 
     def _put_blob(self, head: str, prefix: bytes, views: list[memoryview]) -> bool:
@@ -174,7 +176,8 @@ class RedisTier:
         names = [f"{head}:{nonce}:{i}" for i in range(max(1, -(-len(data) // CHUNK)))]
         self.link.call(lambda c: pipelined(c, [("set", n, data[i * CHUNK:(i + 1) * CHUNK])
                                                 for i, n in enumerate(names)]))
-        if self.link.call(lambda c: c.set(head, msgpack.packb([nonce, len(names), len(data)]), nx=True)):
+        signed = self.signer.head(head, nonce, len(names), len(data), self.signer.mac(head, b"blob", data))
+        if self.link.call(lambda c: c.set(head, signed, nx=True)):
             return True
         self.link.call(lambda c: c.delete(*names))    # another writer's copy came first
         return False
@@ -203,14 +206,14 @@ class RedisTier:
         B = self.block
         bases = [ROOT, *chain(tokens, B, marks)]
         first = max(0, beyond) // B
-        tails = self.link.call(lambda c: pipelined(c, [("smembers", self._tails(b)) for b in bases[first:]]))
-        candidates = []
-        for j, found in enumerate(tails, first):
-            for t in sorted({int(t) for t in found if t.isdigit()}):
+        tails = self.link.call(lambda c: pipelined(c, [("getrange", self._tails(b), 0, index_bytes(B) - 1)
+                                                        for b in bases[first:]], raise_on_error=False))
+        candidates = []                           # longest first; keys hashed for these alone
+        for j in range(len(bases) - 1, first - 1, -1):
+            for t in tails_in(tails[j - first], B):
                 pos = j * B + t
-                if beyond < pos <= len(tokens) and t < B:
+                if beyond < pos <= len(tokens) and len(candidates) < MAX_CANDIDATES:
                     candidates.append((pos, j, tail_key(bases[j], tokens[j * B:pos], marks_in(marks, j * B, pos))))
-        candidates = sorted(candidates, reverse=True)[:MAX_CANDIDATES]
         if not candidates:
             return None
         heads = self.link.call(lambda c: pipelined(c, [("get", self._snap(k)) for _, _, k in candidates]))
@@ -266,23 +269,6 @@ class RedisTier:
             self.link.call(lambda c: c.delete(self._blk(bkey)))
             return None
         return arrays[:n_full], arrays[n_full:]
-
-    def _get_chunks(self, head_key: str, head: bytes) -> bytes | None:
-        try:
-            nonce, n, size = msgpack.unpackb(head)
-            if not (isinstance(nonce, str) and type(n) is int and type(size) is int
-                    and 0 < size <= self.max_blob and n == -(-size // CHUNK)):
-                raise ValueError(f"head {head!r:.80}")
-            names = [f"{head_key}:{nonce}:{i}" for i in range(n)]
-        except (ValueError, TypeError, msgpack.UnpackException):
-            log.error("dropping %s: unreadable head", head_key)
-            self.link.call(lambda c: c.delete(head_key))
-            return None
-        chunks = self.link.call(lambda c: pipelined(c, [("get", name) for name in names]))
-        if any(c is None for c in chunks):
-            return None                               # a chunk evicted: the blob is gone
-        data = b"".join(chunks)
-        return data if len(data) == size else None
 
     def _fits_snapshot(self, name, header: dict, pos: int, blocks: list[bytes]) -> None:
         meta = header["meta"]

@@ -12,20 +12,24 @@ class SharedTierMethods:
 
     def prefetch(self, tokens: Sequence[int], marks: Marks = ()) -> int:
         """Bring the shared tier's snapshot of the longest prefix of `tokens` into RAM, when it is
-        longer than what the local tiers hold, so that lookup finds it there. Blocks on the
-        store: call it off the event loop. Returns the position brought in, 0 for none."""
+        longer than what the local tiers hold, else the disk tier's (disk_tier.load_ahead), so
+        that lookup finds it there. Blocks on the store and the disk: call it off the event loop.
+        Returns the position brought in from the shared tier, 0 for none."""
         if self.shared is None:
-            return 0
+            return self.load_ahead(tokens, marks) if self.disk_dir else 0
         with self.lock:
             best = self._longest(tokens, marks)
             local = self.snaps[best].pos if best is not None else -1
-        if local >= len(tokens):
-            return 0                              # the local tiers hold the whole prompt
-        found = self.shared.fetch(tokens, marks, local, lambda bkey: bkey in self.kv_blocks)
-        if found is None:
-            return 0
-        with self.lock:
-            return found.pos if self._adopt(found) else 0
+        found = None
+        if local < len(tokens):                   # else the local tiers hold the whole prompt
+            found = self.shared.fetch(tokens, marks, local, lambda bkey: bkey in self.kv_blocks)
+        if found is not None:
+            with self.lock:
+                if self._adopt(found):
+                    return found.pos
+        if self.disk_dir:
+            self.load_ahead(tokens, marks)        # the local disk's is the longest: into RAM too
+        return 0
 
     def _adopt(self, r: Record) -> bool:
         """Index a snapshot from the shared tier in RAM; False when a block it counted on left RAM meanwhile."""

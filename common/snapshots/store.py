@@ -11,8 +11,9 @@ Lookup walks the query's chain: at each known block it tries the tail lengths st
 block, so a hit can end at any position, not only at block boundaries. A prompt with images keys
 each image's content too (`marks`, keys.py), and its snapshots keep the state's rope_delta.
 
-RAM is the first tier; the local disk and the shared store are both behind it. A put goes to
-RAM, to disk, and onto the shared tier's write queue (its own thread). `prefetch`, run off the
+RAM is the first tier; the local disk (disk_tier.py) and the shared store are both behind it. A
+put goes to RAM, and onto the write queues of the disk tier and of the shared tier (a thread
+each), so the caller (the router's event loop) never waits for either. `prefetch`, run off the
 event loop before a request's lookup, brings a longer prefix from the shared tier into RAM.
 """
 from __future__ import annotations
@@ -22,14 +23,16 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..kv_cache import check_kv_type, check_same_kv_type
 from ..model.config import ModelConfig
-from ..state import STATE_DTYPE, SequenceState, state_specs
+from ..state import SequenceState
 from . import disk
+from .disk_tier import DiskTierMethods
+from .disk_writer import DiskWriter
 from .keys import ROOT, Marks, chain, marks_in, tail_key
 from .redis_tier import Record, RedisTier
 from .shared import SharedTierMethods
@@ -55,10 +58,6 @@ class Snapshot:
         return sum(a.nbytes for a in [*self.recurrent, self.logits, *self.tail_k, *self.tail_v])
 
 
-def _spell(specs: list, i: int) -> str:
-    return f"{specs[i][0].str}{list(specs[i][1])}" if i < len(specs) else "missing"
-
-
 @dataclass
 class StoreStats:
     lookups: int = 0
@@ -72,12 +71,15 @@ class StoreStats:
 KV_BLOCK = 64   # tokens per shared KV block, the unit of the key chain (keys.py)
 
 
-class SnapshotStore(SharedTierMethods):
-    """Thread-safe. `budget_bytes` bounds RAM (snapshots plus KV blocks); least recently used goes first.
-    It holds states with KV in `kv_type` only: a file of another type is corrupt to it."""
+class SnapshotStore(SharedTierMethods, DiskTierMethods):
+    """Thread-safe. `budget_bytes` bounds RAM (snapshots plus KV blocks), `disk_budget` the disk
+    tier's files (0: no bound); least recently used goes first. It holds states with KV in
+    `kv_type` only: a file of another type is corrupt to it. `events(name)` is told of each
+    disk_writer.DISK_EVENTS."""
 
     def __init__(self, cfg: ModelConfig, budget_bytes: int, block: int = KV_BLOCK, disk_dir: str | Path | None = None,
-                 kv_type: str = "f32", shared: RedisTier | None = None):
+                 kv_type: str = "f32", shared: RedisTier | None = None, disk_budget: int = 0,
+                 events: Callable[[str], None] = lambda name: None):
         self.cfg, self.budget, self.block = cfg, budget_bytes, block
         self.kv_type = check_kv_type(kv_type, cfg.head_dim)
         self.snaps: OrderedDict[bytes, Snapshot] = OrderedDict()       # key -> snapshot, LRU order
@@ -89,10 +91,15 @@ class SnapshotStore(SharedTierMethods):
         self.lock = threading.RLock()
         self.shared = shared                                           # the tier other routers see too
         self.disk_dir = Path(disk_dir) if disk_dir else None
+        self.disk_budget, self.events = disk_budget, events
+        self.on_disk: OrderedDict[bytes, int] = OrderedDict()            # key -> file size, LRU order
+        self.disk_total = 0
+        self.disk_writer: DiskWriter | None = None
         if self.disk_dir:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
             disk.clean_orphans(self.disk_dir)
             self._index_disk()
+            self.disk_writer = DiskWriter(self._disk_written, events)
 
     # ---- sizes
     @property
@@ -100,20 +107,14 @@ class SnapshotStore(SharedTierMethods):
         kv = sum(a.nbytes for ks, vs in self.kv_blocks.values() for a in (*ks, *vs))
         return kv + sum(s.ram_bytes for s in self.snaps.values())
 
-    @property
-    def disk_bytes(self) -> int:
-        total = 0
-        for p in self.disk_dir.glob("*.snap") if self.disk_dir else ():
-            try:
-                total += p.stat().st_size
-            except OSError:
-                pass                              # removed meanwhile
-        return total
-
     # ---- put
-    def put(self, tokens: Sequence[int], state: SequenceState, logits: np.ndarray, marks: Marks = ()) -> bytes:
+    def put(self, tokens: Sequence[int], state: SequenceState, logits: np.ndarray, marks: Marks = (),
+            owned: bool = False) -> bytes:
         """Store the state after `tokens` (state.pos == len(tokens)), whose images start where
-        `marks` say (keys.py). Returns the snapshot key."""
+        `marks` say (keys.py). Returns the snapshot key. `owned`: the caller hands over the
+        recurrent arrays and the logits, each a whole array that nothing writes to again (a
+        message's): kept as they are, with no copy on the caller's thread."""
+        keep = (lambda a: a) if owned else (lambda a: a.copy())
         if state.pos != len(tokens):
             raise ValueError(f"state is at {state.pos}, tokens are {len(tokens)}")
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this snapshot store")
@@ -133,18 +134,13 @@ class SnapshotStore(SharedTierMethods):
                                             [v[i * B:(i + 1) * B].copy() for v in state.v])
                 self.refs[bkey] = self.refs.get(bkey, 0) + 1
             n_lin = len(state.conv)
-            snap = Snapshot(state.pos, base, blocks, [a.copy() for a in state.arrays()[:2 * n_lin]],
-                            np.asarray(logits, np.float32).copy(),
+            snap = Snapshot(state.pos, base, blocks, [keep(a) for a in state.arrays()[:2 * n_lin]],
+                            keep(np.asarray(logits, np.float32)),
                             [k[len(blocks) * B:].copy() for k in state.k],
                             [v[len(blocks) * B:].copy() for v in state.v], int(state.rope_delta))
             self._index(key, snap)
-            if self.disk_dir:
-                try:
-                    disk.write_atomic(self._path(key), snap.pos, key, [*state.arrays(), snap.logits],
-                                      {"base": base.hex(), "blocks": [b.hex() for b in blocks],
-                                       "rope_delta": snap.rope_delta})
-                except OSError as exc:            # the RAM tier still holds it
-                    log.error("snapshot at position %d not written to disk: %s", snap.pos, exc)
+            if self.disk_writer:                  # queued: the writer thread writes it
+                self._queue_write(key, snap, blocks)
             if self.shared:                       # queued: the writer thread sends it
                 self.shared.put(Record(key, snap.pos, base, blocks, snap.recurrent, snap.logits, snap.tail_k,
                                        snap.tail_v, snap.rope_delta, {b: self.kv_blocks[b] for b in blocks}))
@@ -194,6 +190,7 @@ class SnapshotStore(SharedTierMethods):
         if snap.recurrent is None and not self._load_from_disk(key):
             return None
         self.snaps.move_to_end(key)
+        self._touch(key)
         n_lin = len(snap.recurrent) // 2
         ks = [np.concatenate([*(self.kv_blocks[b][0][i] for b in snap.blocks), snap.tail_k[i]])
               for i in range(len(snap.tail_k))]
@@ -218,7 +215,7 @@ class SnapshotStore(SharedTierMethods):
             self.refs[bkey] -= 1
             if self.refs[bkey] == 0:
                 del self.refs[bkey], self.kv_blocks[bkey]
-        if self.disk_dir and self._path(key).exists():
+        if key in self.on_disk:
             snap.recurrent = snap.logits = None                     # keep the index entry: it is on disk
             snap.tail_k, snap.tail_v = [], []
         else:
@@ -227,74 +224,3 @@ class SnapshotStore(SharedTierMethods):
     def _forget(self, key: bytes) -> None:
         snap = self.snaps.pop(key)
         self.tails[snap.base].discard(snap.pos - len(snap.blocks) * self.block)
-
-    # ---- disk tier
-    def _path(self, key: bytes) -> Path:
-        return self.disk_dir / f"{key.hex()}.snap"
-
-    def _fits(self, path: Path, header: dict) -> dict:
-        """The header of a file that this model and block size can use, else CorruptSnapshot."""
-        pos, base, blocks = header["pos"], header["meta"]["base"], header["meta"]["blocks"]
-        if base != (blocks[-1] if blocks else ROOT.hex()) or not 0 <= pos - len(blocks) * self.block < self.block:
-            raise disk.CorruptSnapshot(f"{path}: position {pos}, base and {len(blocks)} blocks disagree")
-        specs = [*state_specs(pos, self.cfg, self.kv_type), ("logits", np.dtype(STATE_DTYPE), (self.cfg.vocab_size,))]
-        names = [name for name, _, _ in specs]
-        got, want = header["specs"], [(d, s) for _, d, s in specs]
-        if got != want:
-            i = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
-            raise disk.CorruptSnapshot(f"{path}: {names[i] if i < len(names) else f'array {i}'} is "
-                                       f"{_spell(got, i)}, this model's is {_spell(want, i)}")
-        return header
-
-    def _index_disk(self) -> None:
-        def mtime(p: Path) -> float:
-            try:
-                return p.stat().st_mtime
-            except OSError:
-                return 0.0
-
-        for path in sorted(self.disk_dir.glob("*.snap"), key=mtime):
-            header = disk.drop_if_corrupt(lambda p: self._fits(p, disk.read_header(p)), path)
-            if header is None:
-                self.stats.disk_rejected += 1
-                continue
-            meta = header["meta"]
-            snap = Snapshot(header["pos"], bytes.fromhex(meta["base"]),
-                            [bytes.fromhex(b) for b in meta["blocks"]], None, None,
-                            rope_delta=meta.get("rope_delta", 0))
-            self._index(bytes.fromhex(header["key"]), snap)
-
-    def _read_fitting(self, path: Path, snap: Snapshot) -> tuple[SequenceState, np.ndarray]:
-        header, arrays = disk.read_checked(path)
-        self._fits(path, header)
-        meta = header["meta"]
-        if ((header["pos"], meta["base"], meta["blocks"], meta.get("rope_delta", 0))
-                != (snap.pos, snap.base.hex(), [b.hex() for b in snap.blocks], snap.rope_delta)):
-            raise disk.CorruptSnapshot(f"{path}: not the snapshot that was indexed under its name")
-        try:
-            return (SequenceState.from_arrays(snap.pos, arrays[:-1], self.cfg, self.kv_type, snap.rope_delta),
-                    arrays[-1])
-        except ValueError as exc:
-            raise disk.CorruptSnapshot(f"{path}: {exc}") from exc
-
-    def _load_from_disk(self, key: bytes) -> bool:
-        snap = self.snaps[key]
-        loaded = disk.drop_if_corrupt(lambda p: self._read_fitting(p, snap), self._path(key))
-        if loaded is None:
-            self.stats.disk_rejected += 1
-            self._forget(key)
-            return False
-        state, logits = loaded
-        B = self.block
-        for i, bkey in enumerate(snap.blocks):
-            if bkey not in self.kv_blocks:
-                self.kv_blocks[bkey] = ([k[i * B:(i + 1) * B].copy() for k in state.k],
-                                        [v[i * B:(i + 1) * B].copy() for v in state.v])
-            self.refs[bkey] = self.refs.get(bkey, 0) + 1
-        n = len(snap.blocks) * B
-        snap.recurrent = [a.copy() for a in [*state.conv, *state.ssm]]
-        snap.logits = logits.copy()
-        snap.tail_k, snap.tail_v = [k[n:].copy() for k in state.k], [v[n:].copy() for v in state.v]
-        self.snaps.move_to_end(key)
-        self._evict()
-        return self.snaps.get(key) is snap and snap.recurrent is not None

@@ -46,8 +46,17 @@ class RouterConfig:
     api_key: str | None = setting(None, "Require `Authorization: Bearer KEY` on /v1/*.")
     snapshot_budget: int = setting(4 << 30, "GiB of RAM for snapshots; 0 turns them off.", unit=GIB)   # bytes
     snapshot_dir: str | None = setting(None, "Disk tier for snapshots; survives restarts.", path=True)
+    snapshot_disk_budget: int = setting(20 << 30, "GiB of disk for --snapshot-dir's files; the least recently "
+                                                  "used go first; 0: no bound.", unit=GIB)   # bytes
     snapshot_store: str | None = setting(None, "Shared snapshot tier, redis://HOST:PORT/DB (Redis or Valkey): the "
                                                "routers that name one store see each other's snapshots.")
+    snapshot_store_ca: str | None = setting(None, "CA file that a rediss:// --snapshot-store's certificate must "
+                                                  "chain to.", path=True)
+    snapshot_store_cert: str | None = setting(None, "Client certificate and its key (one PEM file) for a rediss:// "
+                                                    "--snapshot-store that asks for one.", path=True)
+    snapshot_key: str | None = setting(None, "Secret that signs the shared tier's entries (a keyed MAC), the same on "
+                                             "every router of one store; entries that fail it are dropped. "
+                                             "Default: derived from the worker token.")
     snapshot_every: int = setting(1024, "Prefill checkpoint interval, a multiple of 64; 0: only at prompt "
                                         "and generation ends.")
     mmproj: str | None = mmproj_setting()      # image parts are sized and expanded to image tokens here

@@ -143,7 +143,7 @@ class Generation:
             raise APIError(503, self.closing, type="service_unavailable", code="shutting_down",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
-            prefetch = getattr(self.dispatcher.cache, "prefetch", None)   # a shared tier's, off the loop
+            prefetch = getattr(self.dispatcher.cache, "prefetch", None)   # the disk and shared tiers, off the loop
             if prefetch is not None:
                 await prefetch(job.prompt_ids, job.images.marks() if job.images else ())
             tracks = ([self.dispatcher.submit(job, self.stop_ids)] if job.n == 1

@@ -6,6 +6,7 @@ from decode (at the end of a generation); a request starts from the longest stor
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -61,6 +62,19 @@ class SnapshotCache:
         self._evictions_seen = 0
         metrics.snapshot_bytes.labels("ram").set_function(lambda: store.ram_bytes)
         metrics.snapshot_bytes.labels("disk").set_function(lambda: store.disk_bytes)
+        metrics.disk_queue.set_function(lambda: store.disk_writer.pending if store.disk_writer else 0)
+
+    async def prefetch(self, ids: Sequence[int], marks: Marks = ()) -> int:
+        """Read the disk tier's file of the longest stored prefix of `ids` into RAM on a thread
+        (disk_tier.load_ahead), so that lookup, on the event loop, does not read the disk. Never raises
+        but for cancellation."""
+        if self.store.disk_dir is None:
+            return 0
+        try:
+            return await asyncio.to_thread(self.store.load_ahead, list(ids), marks)
+        except Exception:
+            log.exception("reading a snapshot from disk failed; lookup serves from RAM")
+            return 0
 
     def lookup(self, ids: Sequence[int], marks: Marks = ()) -> tuple[int, list[np.ndarray] | None,
                                                                        np.ndarray | None]:
@@ -83,11 +97,12 @@ class SnapshotCache:
     def store_state(self, ids: Sequence[int], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
                     source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None:
         """Keep the state after ids[:pos] (its images at `marks`), its KV in `kv_type` (the store's
-        own, else refused); `logits` are those of token pos-1. Returns its snapshot key, None if refused."""
+        own, else refused); `logits` are those of token pos-1. The arrays are handed over (a message's,
+        each whole): the store keeps them uncopied. Returns its snapshot key, None if refused."""
         try:
             check_same_kv_type(kv_type, self.store.kv_type, f"the state from {source}", "the router")
             state = SequenceState.from_arrays(pos, list(arrays), self.cfg, self.store.kv_type, rope_delta)
-            key = self.store.put(list(ids[:pos]), state, logits, marks)
+            key = self.store.put(list(ids[:pos]), state, logits, marks, owned=True)   # a message's arrays
         except (ValueError, OSError) as exc:
             log.error("snapshot at position %d not stored: %s", pos, exc)
             return None
@@ -102,8 +117,18 @@ def model_folder(disk_dir: str | Path, model_id: str, kv_type: str) -> Path:
     return Path(disk_dir) / f"{model_id}-kv-{kv_type}"
 
 
+def disk_events(metrics: RouterMetrics):
+    """The disk tier's events (common/snapshots/disk_writer.py) as metric updates."""
+    def event(name: str) -> None:
+        if name == "evicted":
+            metrics.disk_evictions.inc()
+        else:
+            metrics.disk_writes.labels(name).inc()
+    return event
+
+
 def build_snapshot_cache(cfg: ModelConfig, metrics: RouterMetrics, budget: int, disk_dir: str | None, every: int,
-                         model_id: str = "", kv_type: str = "f32") -> SnapshotCache | None:
+                         model_id: str = "", kv_type: str = "f32", disk_budget: int = 0) -> SnapshotCache | None:
     """`model_id` (GGUFModel.fingerprint) and `kv_type` name the disk tier's folder inside
     `disk_dir`, so models that share a --snapshot-dir never read each other's states, even at
     equal shapes, and a restart with another --kv-type does not see the other type's files."""
@@ -114,9 +139,11 @@ def build_snapshot_cache(cfg: ModelConfig, metrics: RouterMetrics, budget: int, 
                          f"at prompt and generation ends)")
     if disk_dir and model_id:
         disk_dir = str(model_folder(disk_dir, model_id, kv_type))
-    store = SnapshotStore(cfg, budget, block=KV_BLOCK, disk_dir=disk_dir, kv_type=kv_type)
+    store = SnapshotStore(cfg, budget, block=KV_BLOCK, disk_dir=disk_dir, kv_type=kv_type, disk_budget=disk_budget,
+                          events=disk_events(metrics))
     if store.stats.disk_rejected:
         log.error("%d corrupt snapshot files in %s were dropped", store.stats.disk_rejected, disk_dir)
     log.info("snapshots: %.1f GiB in RAM, KV in %s%s, checkpoint every %s tokens", budget / 2 ** 30, kv_type,
-             f", disk tier {disk_dir} ({len(store.snaps)} indexed)" if disk_dir else "", every or "-")
+             f", disk tier {disk_dir} ({len(store.snaps)} indexed, {disk_budget / 2 ** 30:.1f} GiB)" if disk_dir
+             else "", every or "-")
     return SnapshotCache(cfg, store, metrics, every)

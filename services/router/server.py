@@ -36,7 +36,7 @@ from .dispatch import Dispatcher, PrefixCache
 from .exposure import check_api_key, metrics_route
 from .generation import Generation
 from .prefix_cache import build_snapshot_cache
-from .shared_store import shared_cache
+from .shared_store import shared_cache, store_key
 from .structured import warm
 from .vision import VisionInput
 from .workers import ROLES
@@ -74,9 +74,11 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     metrics = RouterMetrics()
     if cache is None:
         cache = build_snapshot_cache(model.config, metrics, cfg.snapshot_budget, cfg.snapshot_dir,
-                                     cfg.snapshot_every, model.fingerprint, kv_type)
+                                     cfg.snapshot_every, model.fingerprint, kv_type, cfg.snapshot_disk_budget)
         if cache is not None and cfg.snapshot_store:
-            cache = shared_cache(cache, cfg.snapshot_store, model.fingerprint, metrics)
+            cache = shared_cache(cache, cfg.snapshot_store, model.fingerprint, metrics,
+                                 store_key(cfg.snapshot_key, cfg.worker_token), cfg.snapshot_store_ca,
+                                 cfg.snapshot_store_cert)
         elif cfg.snapshot_store:
             log.warning("--snapshot-store is not used: --snapshot-budget 0 turns snapshots off")
     dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache,
