@@ -41,10 +41,6 @@ IQ_INLINE __m128i iq3xxs_scales(__m256i aux) {
 // activation row
 #define IQ_KERNELS(type, isa)                                                               \
     FM_DEFINE_DOTN(fm_dotn_##type##_a8_##isa, type##_n, block_##type)                       \
-    float fm_dot_##type##_a8_##isa(int n, const void *w, const void *a) {                   \
-        float out;                                                                          \
-        type##_n(n, w, &a, 1, &out);                                                        \
-        return out;                                                                         \
-    }
+    FM_DEFINE_DOT1(fm_dot_##type##_a8_##isa, type##_n, block_##type)
 
 #endif

@@ -15,11 +15,7 @@
 #define FM_NAME(kind, type, isa) FM_NAME_(kind, type, isa)   // isa expanded first
 #define LOWBIT_KERNELS(type, body, block_t) \
     FM_DEFINE_DOTN(FM_NAME(dotn, type, LOWBIT_ISA), body, block_t) \
-    float FM_NAME(dot, type, LOWBIT_ISA)(int n, const void *w, const void *a) { \
-        float out; \
-        body(n, (const block_t *)w, &a, 1, &out); \
-        return out; \
-    }
+    FM_DEFINE_DOT1(FM_NAME(dot, type, LOWBIT_ISA), body, block_t)
 
 // si += scale . p: int16 products p (pairs summed to int32 lanes), int16 scales
 #ifdef LOWBIT_VNNI
