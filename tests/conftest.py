@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random transformers checkpoints and their GGUF conversions."""
+"""Shared fixtures: tiny random transformers checkpoints and their GGUF conversions; the demo model
+and its tokenizer."""
 from __future__ import annotations
 
 import subprocess
@@ -6,6 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from common.model.default import default_model_path
+from common.model.gguf_file import GGUFModel
+from common.model.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,3 +80,14 @@ def tiny_model(request, tmp_path_factory):
     gguf_path = root / "model-f32.gguf"
     fermium_cli("convert", root / "hf", gguf_path, "--type", "f32")
     return model, gguf_path, root / "hf"
+
+
+@pytest.fixture(scope="module")
+def model() -> GGUFModel:
+    """The demo model (common.model.default), opened once per module that asks for it."""
+    return GGUFModel(default_model_path())
+
+
+@pytest.fixture(scope="module")
+def tok(model) -> Tokenizer:
+    return Tokenizer.from_gguf(model)

@@ -18,7 +18,6 @@ import pytest
 from common.chat import ChatOutputParser
 from common.model.chat_template import default_template, render_chat, template_from_gguf
 from common.model.default import default_model_path
-from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
 from common.reference.generate import generate
 from common.reference.model import ReferenceModel
@@ -58,11 +57,6 @@ GOLDEN_CALL = ("lookup_line", {"words": "will I be"})
 MTP_TOKENS = 512
 MTP_AGREEMENT_MEASURED = 0.589
 MTP_AGREEMENT_BOUND = MTP_AGREEMENT_MEASURED * 0.95
-
-
-@pytest.fixture(scope="module")
-def model() -> GGUFModel:
-    return GGUFModel(default_model_path())
 
 
 @pytest.fixture(scope="module")

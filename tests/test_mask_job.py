@@ -15,8 +15,6 @@ import pytest
 from common import grammar
 from common.mask_job import MaskJob, MaskWorkers
 from common.model.default import default_model_path
-from common.model.gguf_file import GGUFModel
-from common.model.tokenizer import Tokenizer
 from common.protocol.decode import DecodeRequest
 from common.sampling import SamplingParams
 from common.state import state_specs
@@ -25,16 +23,6 @@ from services.decode.mask_ahead import Ahead, GrammarBudget, MaskPool
 from services.decode.server import DecodeServer
 from tests.test_structured_output import DIGITS, RandomRunner
 from tools.bench_grammar_budget import COSTLY, costly_format
-
-
-@pytest.fixture(scope="module")
-def model():
-    return GGUFModel(default_model_path())
-
-
-@pytest.fixture(scope="module")
-def tok(model):
-    return Tokenizer.from_gguf(model)
 
 
 def matcher(tok, response_format) -> grammar.Matcher:

@@ -12,7 +12,6 @@ import pytest
 
 from common.grammar import compile_response_format
 from common.model.default import default_model_path
-from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
 from common.protocol.decode import DecodeRequest
 from common.sampling import SamplingParams
@@ -52,16 +51,6 @@ class RandomRunner:
             out[i] = np.random.default_rng([state.pos, token]).normal(size=self.vocab) * 3
             state.pos += 1
         return out
-
-
-@pytest.fixture(scope="module")
-def model():
-    return GGUFModel(default_model_path())
-
-
-@pytest.fixture(scope="module")
-def tok(model):
-    return Tokenizer.from_gguf(model)
 
 
 def run(model, requests: dict[str, SamplingParams], max_tokens: int = 400, steps: int = 600, tokenizer=None,

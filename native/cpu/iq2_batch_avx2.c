@@ -69,11 +69,7 @@ INLINE void iq2_n(int n, const uint8_t *x, size_t block_bytes, iq2_prep_fn prep,
     INLINE void name##_n(int n, const uint8_t *x, const void *const *acts, const int na, float *out) { \
         iq2_n(n, x, sizeof(block_t), prep, index, grid, acts, na, out);                                  \
     }                                                                                              \
-    float fm_dot_##name##_a8_avx2(int n, const void *w, const void *a) {                          \
-        float out;                                                                                 \
-        name##_n(n, w, &a, 1, &out);                                                               \
-        return out;                                                                                \
-    }                                                                                              \
+    FM_DEFINE_DOT1(fm_dot_##name##_a8_avx2, name##_n, uint8_t)                                     \
     FM_DEFINE_DOTN(fm_dotn_##name##_a8_avx2, name##_n, uint8_t)
 
 IQ2_KERNELS(iq2_xxs, block_iq2_xxs, iq2_xxs_prep, iq2_xxs_index, fm_iq2xxs_grid)

@@ -48,18 +48,13 @@ IQ_INLINE __m256i sign_operand(__m256i word) {
         acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(p, scale));                     \
     }
 
-// 8 int32 -> the 8 int16 scales in both 128-bit lanes, for pick (simd256.h)
-IQ_INLINE __m256i iq_scales16(__m256i ls32) {
-    return _mm256_broadcastsi128_si256(_mm_packs_epi32(_mm256_castsi256_si128(ls32), _mm256_extracti128_si256(ls32, 1)));
-}
-
 IQ_INLINE void iq3_xxs_n(int n, const block_iq3_xxs *x, const void *const *acts, const int na, float *out) {
     float s[FM_DOTN_MAX] = { 0 };
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         const __m256i aux = IQ_LOAD(x[b].scales_signs);
         const __m256i words = iq3xxs_sign_words(aux);
-        const __m256i sc = iq_scales16(_mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(aux, 28), 1), _mm256_set1_epi32(1)));
+        const __m256i sc = _mm256_broadcastsi128_si256(iq3xxs_scales(aux));
         __m256i acc[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) acc[i] = _mm256_setzero_si256();
@@ -80,11 +75,7 @@ IQ_INLINE void iq3_s_n(int n, const block_iq3_s *x, const void *const *acts, con
     float s[FM_DOTN_MAX] = { 0 };
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        uint32_t packed;   // 8 nibbles: the scales of sub-blocks 0..7, as bytes 2s + 1
-        __builtin_memcpy(&packed, x[b].scales, 4);
-        const __m128i v = _mm_cvtsi32_si128((int)packed), m4 = _mm_set1_epi8(0xF);
-        const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
-        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_or_si128(_mm_add_epi8(nib, nib), _mm_set1_epi8(1))));
+        const __m256i sc = _mm256_broadcastsi128_si256(iq3s_scales(x + b));
         __m256i acc[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
         for (int i = 0; i < na; i++) acc[i] = _mm256_setzero_si256();
@@ -114,9 +105,7 @@ IQ_INLINE void iq1_s_n(int n, const block_iq1_s *x, const void *const *acts, con
     float s[FM_DOTN_MAX] = { 0 };
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        const __m128i qh = _mm_loadu_si128((const __m128i *)x[b].qh);
-        const __m128i ls = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1),
-                                        _mm_set1_epi16(1));
+        const __m128i ls = iq1s_scales(x + b);
         const __m256i sc = _mm256_broadcastsi128_si256(ls);
         __m256i acc[FM_DOTN_MAX];
         _Pragma("GCC unroll 4")
@@ -168,12 +157,7 @@ IQ_INLINE void iq1_m_n(int n, const block_iq1_m *x, const void *const *acts, con
     for (int i = 0; i < na; i++) out[i] = s[i];
 }
 
-FM_DEFINE_DOTN(fm_dotn_iq3_xxs_a8_avx2, iq3_xxs_n, block_iq3_xxs)
-FM_DEFINE_DOTN(fm_dotn_iq3_s_a8_avx2, iq3_s_n, block_iq3_s)
-FM_DEFINE_DOTN(fm_dotn_iq1_s_a8_avx2, iq1_s_n, block_iq1_s)
-FM_DEFINE_DOTN(fm_dotn_iq1_m_a8_avx2, iq1_m_n, block_iq1_m)
-
-float fm_dot_iq3_xxs_a8_avx2(int n, const void *w, const void *a) { float out; iq3_xxs_n(n, w, &a, 1, &out); return out; }
-float fm_dot_iq3_s_a8_avx2(int n, const void *w, const void *a) { float out; iq3_s_n(n, w, &a, 1, &out); return out; }
-float fm_dot_iq1_s_a8_avx2(int n, const void *w, const void *a) { float out; iq1_s_n(n, w, &a, 1, &out); return out; }
-float fm_dot_iq1_m_a8_avx2(int n, const void *w, const void *a) { float out; iq1_m_n(n, w, &a, 1, &out); return out; }
+IQ_KERNELS(iq3_xxs, avx2)
+IQ_KERNELS(iq3_s, avx2)
+IQ_KERNELS(iq1_s, avx2)
+IQ_KERNELS(iq1_m, avx2)

@@ -62,8 +62,7 @@ INLINE void iq3_xxs_n(int n, const block_iq3_xxs *x, const void *const *acts, co
         const __m256i aux = _mm256_loadu_si256((const __m256i *)x[b].scales_signs);
         uint64_t words[4];   // the sign words of sub-blocks 2k, 2k+1 as one mask each
         _mm256_storeu_si256((__m256i *)words, iq3xxs_sign_words(aux));
-        const __m256i ls32 = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(aux, 28), 1), _mm256_set1_epi32(1));
-        const __m128i sc = _mm_packs_epi32(_mm256_castsi256_si128(ls32), _mm256_extracti128_si256(ls32, 1));
+        const __m128i sc = iq3xxs_scales(aux);
         ZERO_ACC()
         _Pragma("GCC unroll 4")
         for (int k = 0; k < 4; k++) {
@@ -81,11 +80,7 @@ INLINE void iq3_s_n(int n, const block_iq3_s *x, const void *const *acts, const 
     float s[FM_DOTN_MAX] = { 0 };
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        uint32_t packed;
-        __builtin_memcpy(&packed, x[b].scales, 4);
-        const __m128i v = _mm_cvtsi32_si128((int)packed), m4 = _mm_set1_epi8(0xF);
-        const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
-        const __m128i sc = _mm_cvtepu8_epi16(_mm_or_si128(_mm_add_epi8(nib, nib), _mm_set1_epi8(1)));
+        const __m128i sc = iq3s_scales(x + b);
         uint16_t idx[64];
         iq3s_indices(x + b, idx);
         IQ_INDICES_IN_MEMORY(idx);
@@ -105,9 +100,7 @@ INLINE void iq1_s_n(int n, const block_iq1_s *x, const void *const *acts, const 
     float s[FM_DOTN_MAX] = { 0 };
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        const __m128i qh = _mm_loadu_si128((const __m128i *)x[b].qh);
-        const __m128i ls = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1),
-                                        _mm_set1_epi16(1));
+        const __m128i ls = iq1s_scales(x + b);
         uint16_t idx[32];
         iq1s_indices(x + b, idx);
         IQ_INDICES_IN_MEMORY(idx);
@@ -155,12 +148,7 @@ INLINE void iq1_m_n(int n, const block_iq1_m *x, const void *const *acts, const 
     for (int i = 0; i < na; i++) out[i] = s[i];
 }
 
-FM_DEFINE_DOTN(fm_dotn_iq3_xxs_a8_avx512, iq3_xxs_n, block_iq3_xxs)
-FM_DEFINE_DOTN(fm_dotn_iq3_s_a8_avx512, iq3_s_n, block_iq3_s)
-FM_DEFINE_DOTN(fm_dotn_iq1_s_a8_avx512, iq1_s_n, block_iq1_s)
-FM_DEFINE_DOTN(fm_dotn_iq1_m_a8_avx512, iq1_m_n, block_iq1_m)
-
-float fm_dot_iq3_xxs_a8_avx512(int n, const void *w, const void *a) { float out; iq3_xxs_n(n, w, &a, 1, &out); return out; }
-float fm_dot_iq3_s_a8_avx512(int n, const void *w, const void *a) { float out; iq3_s_n(n, w, &a, 1, &out); return out; }
-float fm_dot_iq1_s_a8_avx512(int n, const void *w, const void *a) { float out; iq1_s_n(n, w, &a, 1, &out); return out; }
-float fm_dot_iq1_m_a8_avx512(int n, const void *w, const void *a) { float out; iq1_m_n(n, w, &a, 1, &out); return out; }
+IQ_KERNELS(iq3_xxs, avx512)
+IQ_KERNELS(iq3_s, avx512)
+IQ_KERNELS(iq1_s, avx512)
+IQ_KERNELS(iq1_m, avx512)

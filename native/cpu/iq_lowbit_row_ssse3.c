@@ -100,11 +100,7 @@ float fm_dot_iq3_s_a8_ssse3(int n, const void *w, const void *a) {
     float s = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        uint32_t packed;
-        __builtin_memcpy(&packed, x[b].scales, 4);
-        const __m128i v = _mm_cvtsi32_si128((int)packed), m4 = _mm_set1_epi8(0xF);
-        const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
-        const __m128i sc = _mm_unpacklo_epi8(_mm_or_si128(_mm_add_epi8(nib, nib), _mm_set1_epi8(1)), _mm_setzero_si128());
+        const __m128i sc = iq3s_scales(x + b);
         __m128i acc = _mm_setzero_si128();
         uint16_t idx[64];
         iq3s_indices(x + b, idx);
@@ -136,9 +132,7 @@ float fm_dot_iq1_s_a8_ssse3(int n, const void *w, const void *a) {
     float s = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
-        const __m128i qh = _mm_loadu_si128((const __m128i *)x[b].qh);
-        const __m128i ls = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1),
-                                        _mm_set1_epi16(1));
+        const __m128i ls = iq1s_scales(x + b);
         // minus 16 ls . (the sums of each 32 activations), iq_lowbit.h
         __m128i acc = _mm_sub_epi32(_mm_setzero_si128(),
                                     _mm_slli_epi32(_mm_madd_epi16(ls, _mm_load_si128((const __m128i *)y[b].sums32)), 4));

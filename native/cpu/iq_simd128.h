@@ -1,7 +1,8 @@
-/* The grid indices of whole IQ3_S, IQ1_S and IQ1_M super-blocks (iq_lowbit.h), and IQ1_M's
- * scales, computed in 128-bit registers; the indices stored as uint16, from which the kernels load each entry's address:
- * two loads per entry, where decoding one index in general registers took five to seven
- * instructions. SSSE3 only: shared by the SSSE3, AVX2 and AVX-512 kernels. */
+/* The grid indices of whole IQ3_S, IQ1_S and IQ1_M super-blocks (iq_lowbit.h) and their
+ * sub-block scales, computed in 128-bit registers; the indices stored as uint16, from which the
+ * kernels load each entry's address: two loads per entry, where decoding one index in general
+ * registers took five to seven instructions. SSSE3 only: shared by the SSSE3, AVX2 and AVX-512
+ * kernels. */
 #ifndef FERMIUM_IQ_SIMD128_H
 #define FERMIUM_IQ_SIMD128_H
 #include <tmmintrin.h>
@@ -33,6 +34,21 @@ IQ_INLINE void iq3s_indices(const block_iq3_s *x, uint16_t idx[64]) {
         IQ_STORE128(idx + 16 * m, _mm_unpacklo_epi8(q, hb));
         IQ_STORE128(idx + 16 * m + 8, _mm_unpackhi_epi8(q, hb));
     }
+}
+
+// the 8 IQ3_S sub-block scales ls = 2 s + 1 as int16, from the block's 4 bytes of nibbles
+IQ_INLINE __m128i iq3s_scales(const block_iq3_s *x) {
+    uint32_t packed;
+    __builtin_memcpy(&packed, x->scales, 4);
+    const __m128i v = _mm_cvtsi32_si128((int)packed), m4 = _mm_set1_epi8(0xF);
+    const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    return _mm_unpacklo_epi8(_mm_or_si128(_mm_add_epi8(nib, nib), _mm_set1_epi8(1)), _mm_setzero_si128());
+}
+
+// the 8 IQ1_S sub-block scales ls = 2 s + 1 as int16: bits 12..14 of each qh word
+IQ_INLINE __m128i iq1s_scales(const block_iq1_s *x) {
+    const __m128i qh = IQ_LOAD128(x->qh);
+    return _mm_or_si128(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1), _mm_set1_epi16(1));
 }
 
 // the 32 12-bit indices of an IQ1_M block: qs with the entry's nibble of qh as the high byte

@@ -15,11 +15,7 @@
 #define FM_NAME(kind, type, isa) FM_NAME_(kind, type, isa)   // isa expanded first
 #define LOWBIT_KERNELS(type, body, block_t) \
     FM_DEFINE_DOTN(FM_NAME(dotn, type, LOWBIT_ISA), body, block_t) \
-    float FM_NAME(dot, type, LOWBIT_ISA)(int n, const void *w, const void *a) { \
-        float out; \
-        body(n, (const block_t *)w, &a, 1, &out); \
-        return out; \
-    }
+    FM_DEFINE_DOT1(FM_NAME(dot, type, LOWBIT_ISA), body, block_t)
 
 // si += scale . p: int16 products p (pairs summed to int32 lanes), int16 scales
 #ifdef LOWBIT_VNNI
@@ -38,6 +34,16 @@ INLINE void finish(float sums[][8], const int na, float *out) {
     _Pragma("GCC unroll 4")
     for (int i = 0; i < na; i++) out[i] = hsum256_ps(_mm256_load_ps(sums[i]));
 }
+
+// sums[i] += the block's int32 sums sum_i (an expression of i) times d and activation i's scale;
+// the float sums kept in memory, out of the register budget
+#define ACCUMULATE_BLOCK(sum_i)                                                             \
+    do {                                                                                    \
+        const float d = _cvtsh_ss(x[b].d);                                                  \
+        _Pragma("GCC unroll 4")                                                             \
+        for (int i = 0; i < na; i++) accumulate8(sums[i], sum_i, d * ACT(i)[b].d);          \
+        __asm__ volatile("" ::: "memory");                                                  \
+    } while (0)
 
 // ---- Q2_K and Q3_K: step j of half h is values 128h + 32j .. +31, groups 8h + 2j (low 128
 // bits) and 8h + 2j + 1 (high), so the scales of half h broadcast in both lanes, picked by
@@ -108,10 +114,7 @@ INLINE void q3_K_n(int n, const block_q3_K *x, const void *const *acts, const in
                 }
             }
         }
-        const float d = _cvtsh_ss(x[b].d);
-        _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) accumulate8(sums[i], si[i], d * ACT(i)[b].d);
-        __asm__ volatile("" ::: "memory");
+        ACCUMULATE_BLOCK(si[i]);
     }
     finish(sums, na, out);
 }
@@ -144,10 +147,7 @@ INLINE void iq4_xs_n(int n, const block_iq4_xs *x, const void *const *acts, cons
                 }
             }
         }
-        const float d = _cvtsh_ss(x[b].d);
-        _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) accumulate8(sums[i], si[i], d * ACT(i)[b].d);
-        __asm__ volatile("" ::: "memory");
+        ACCUMULATE_BLOCK(si[i]);
     }
     finish(sums, na, out);
 }
@@ -183,10 +183,7 @@ INLINE void tq2_0_n(int n, const block_tq2_0 *x, const void *const *acts, const 
                 for (int i = 0; i < na; i++) p[i] = TQ_STEP(p[i], u, ACT(i)[b].qs + 128 * h + 32 * j);
             }
         }
-        const float d = _cvtsh_ss(x[b].d);
-        _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) accumulate8(sums[i], TQ_SUM(p[i]), d * ACT(i)[b].d);
-        __asm__ volatile("" ::: "memory");
+        ACCUMULATE_BLOCK(TQ_SUM(p[i]));
     }
     finish(sums, na, out);
 }
@@ -220,10 +217,7 @@ INLINE void tq1_0_n(int n, const block_tq1_0 *x, const void *const *acts, const 
             for (int i = 0; i < na; i++) p[i] = TQ_STEP(p[i], u, ACT(i)[b].qs + 32 * s);
             if (s < 4) q = times3_256(q);
         }
-        const float d = _cvtsh_ss(x[b].d);
-        _Pragma("GCC unroll 4")
-        for (int i = 0; i < na; i++) accumulate8(sums[i], TQ_SUM(p[i]), d * ACT(i)[b].d);
-        __asm__ volatile("" ::: "memory");
+        ACCUMULATE_BLOCK(TQ_SUM(p[i]));
     }
     finish(sums, na, out);
 }

@@ -74,11 +74,7 @@ INLINE __m256i sdot(__m256i v, const int8_t *a) {
             out[i] = s;                                                                                  \
         }                                                                                                \
     }                                                                                                    \
-    float fm_dot_##T##_a8_avx2(int n, const void *w, const void *a) {                                   \
-        float out;                                                                                       \
-        T##_n(n, w, &a, 1, &out);                                                                        \
-        return out;                                                                                      \
-    }                                                                                                    \
+    FM_DEFINE_DOT1(fm_dot_##T##_a8_avx2, T##_n, block_t)                                                 \
     FM_DEFINE_DOTN(fm_dotn_##T##_a8_avx2, T##_n, block_t)
 
 Q32_KERNEL(q4_1, block_q4_1, 1.0f, 1, udot, _mm256_setzero_si256())

@@ -78,11 +78,7 @@ INLINE __m512i mxfp4_u2(const block_mxfp4 *x, __m512i book) { return _mm512_shuf
             out[i] = s;                                                                                  \
         }                                                                                                \
     }                                                                                                    \
-    float fm_dot_##T##_a8_avx512(int n, const void *w, const void *a) {                                 \
-        float out;                                                                                       \
-        T##_n(n, w, &a, 1, &out);                                                                        \
-        return out;                                                                                      \
-    }                                                                                                    \
+    FM_DEFINE_DOT1(fm_dot_##T##_a8_avx512, T##_n, block_t)                                               \
     FM_DEFINE_DOTN(fm_dotn_##T##_a8_avx512, T##_n, block_t)
 
 #define NO_BOOK _mm_setzero_si128()

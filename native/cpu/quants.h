@@ -302,6 +302,13 @@ typedef void (*fm_vec_dot_n_fn)(int n, const void *w, const void *const *acts, i
     void name(int n, const void *w, const void *const *acts, int na, float *out) {      \
         FM_SWITCH_NA(body, n, (const block_t *)w, acts)                                 \
     }
+// the one-row entry point `name` of a batched kernel: body's instance for one activation row
+#define FM_DEFINE_DOT1(name, body, block_t)                                             \
+    float name(int n, const void *w, const void *a) {                                   \
+        float out;                                                                      \
+        body(n, (const block_t *)w, &a, 1, &out);                                       \
+        return out;                                                                     \
+    }
 void fm_dotn_q4_0_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q4_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);
 void fm_dotn_q6_K_a8_avx2(int n, const void *w, const void *const *acts, int na, float *out);

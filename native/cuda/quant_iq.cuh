@@ -39,18 +39,8 @@ FM_HD void fm_signed8(uint2 g, unsigned int signs, float d, float* v, int st) {
 }
 
 // ---------------------------------------------------------------------------- code books
-// IQ4_NL: {f16 d; u8 qs[16]}, 18 bytes; Q4_0's nibbles, value d * kvalues_iq4nl[q]
-struct QT_iq4_nl {
-    struct scale { float d; };
-    struct raw { unsigned int q[4]; };
-    static const int SPAN = 32;
-    static FM_HD void load_scale(const unsigned char* row, int k, scale& sc) {
-        sc.d = fm_half_to_float(fm_ld2(row + (k >> 5) * 18));
-    }
-    static FM_HD void load(const unsigned char* row, int k, raw& r) {
-        const unsigned char* q = row + (k >> 5) * 18 + 2 + (k & 15);
-        for (int i = 0; i < 4; ++i) r.q[i] = fm_ld2(q + 2 * i);
-    }
+// IQ4_NL: Q4_0's block and nibble order ({f16 d; u8 qs[16]}, 18 bytes), value d * kvalues_iq4nl[q]
+struct QT_iq4_nl : QT_q4_0 {
     static FM_HD void decode(const raw& r, const scale& sc, int k, float* v, int st) {
         const int shift = ((k & 31) >> 4) * 4;
         for (int i = 0; i < 4; ++i) {

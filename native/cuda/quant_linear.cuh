@@ -22,16 +22,21 @@ FM_HD uint2 fm_bytes8(const unsigned int* w, unsigned int off) {
 }
 
 // ---------------------------------------------------------------------------- 32-element blocks
-// Q4_1: {f16 d, m; u8 qs[16]}, 20 bytes; nibbles as Q4_0, value d * q + m
-struct QT_q4_1 {
+// Q4_1 and Q5_1 open their BYTES-byte blocks with {f16 d, m}: scale d and min m
+template <int BYTES>
+struct QT_dm32_scale {
     struct scale { float d, m; };
-    struct raw { uint2 qs; };
     static const int SPAN = 32;
     static FM_HD void load_scale(const unsigned char* row, int k, scale& sc) {
-        const unsigned int dm = fm_ld4(row + (k >> 5) * 20);
+        const unsigned int dm = fm_ld4(row + (k >> 5) * BYTES);
         sc.d = fm_half_to_float(dm & 0xffffu);
         sc.m = fm_half_to_float(dm >> 16);
     }
+};
+
+// Q4_1: {f16 d, m; u8 qs[16]}, 20 bytes; nibbles as Q4_0, value d * q + m
+struct QT_q4_1 : QT_dm32_scale<20> {
+    struct raw { uint2 qs; };
     static FM_HD void load(const unsigned char* row, int k, raw& r) {
         const unsigned char* q = row + (k >> 5) * 20 + 4 + (k & 15);
         r.qs = make_uint2(fm_ld4(q), fm_ld4(q + 4));
@@ -68,15 +73,8 @@ struct QT_q5_0 {
 };
 
 // Q5_1: {f16 d, m; u8 qh[4]; u8 qs[16]}, 24 bytes; Q5_0's codes, value d * q + m
-struct QT_q5_1 {
-    struct scale { float d, m; };
+struct QT_q5_1 : QT_dm32_scale<24> {
     struct raw { uint2 qs; unsigned int h; };
-    static const int SPAN = 32;
-    static FM_HD void load_scale(const unsigned char* row, int k, scale& sc) {
-        const unsigned int dm = fm_ld4(row + (k >> 5) * 24);
-        sc.d = fm_half_to_float(dm & 0xffffu);
-        sc.m = fm_half_to_float(dm >> 16);
-    }
     static FM_HD void load(const unsigned char* row, int k, raw& r) {
         const unsigned char* b = row + (k >> 5) * 24;
         r.qs = fm_ld8(b + 8 + (k & 15));
