@@ -10,8 +10,8 @@ short send, header and body timeouts so that they cycle fast. Outcomes are count
 a failure. Each process's resident memory (VmRSS, with its children's) is read after --warmup requests and at
 the end; the growth in between is printed per process. The goal: under 10% after warm-up.
 
-The router's snapshot cache grows by design up to its budget, so the soak bounds it
-(--snapshot-budget-gib): small enough that the warm-up fills it.
+The router's snapshot cache and prefill's held states grow by design up to their budgets, so the
+soak bounds them (--snapshot-budget-gib, --held-budget-gib): small enough that the warm-up fills them.
 
     .venv/bin/python tools/soak.py                       # the bundled demo model
     .venv/bin/python tools/soak.py --model M.gguf --runner native --requests 5000
@@ -40,7 +40,7 @@ from common.model.default import default_model_path  # noqa: E402
 from common.model.gguf_file import GGUFModel  # noqa: E402
 from common.model.tokenizer import Tokenizer  # noqa: E402
 from fermium.stack import Stack, free_port  # noqa: E402
-from tools.soak_hostile import BODY_S, HEADER_S, HOSTILE, SEND_S, Target, failed  # noqa: E402
+from tools.soak_hostile import BODY_S, HEADER_S, HOSTILE, ROUTER_FLAGS, SEND_S, Target, failed  # noqa: E402
 
 READY_TIMEOUT_S = 120
 REQUEST_TIMEOUT_S = 120
@@ -210,6 +210,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--snapshot-budget-gib", type=float, default=0.02)
+    ap.add_argument("--held-budget-gib", type=float, default=0.02, help="prefill's --held-budget")
     ap.add_argument("--every", type=int, default=200, help="requests between RSS samples of the series")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mix", type=weights, default=dict(KINDS), help="kind=weight,... over the default weights "
@@ -219,9 +220,8 @@ def main() -> None:
     text = (Path(__file__).resolve().parents[1] / "models" / "heldout_sample.txt").read_text()
     with tempfile.TemporaryDirectory() as logs:
         stack = Stack(args.model, port=free_port(), runner=args.runner, log_dir=Path(logs),
-                      extra={"router": ["--snapshot-budget", str(args.snapshot_budget_gib), "--send-timeout",
-                                        str(SEND_S), "--header-timeout", str(HEADER_S), "--body-timeout",
-                                        str(BODY_S)]})
+                      extra={"router": ["--snapshot-budget", str(args.snapshot_budget_gib), *ROUTER_FLAGS],
+                             "prefill": ["--held-budget", str(args.held_budget_gib)]})
         with stack:
             stack.wait_ready(READY_TIMEOUT_S)
             found = re.search(r"decode runner: (\w+)", (Path(logs) / "decode.log").read_text())

@@ -22,6 +22,7 @@ from tools.bench_grammar_budget import costly_format
 
 # the router's deadlines under the soak: short, so that hostile clients cycle fast
 SEND_S, HEADER_S, BODY_S = 1.0, 1.0, 2.0
+ROUTER_FLAGS = ["--send-timeout", str(SEND_S), "--header-timeout", str(HEADER_S), "--body-timeout", str(BODY_S)]
 MARGIN_S = 10.0                  # past a deadline, for a loaded host, before a wait counts as a hang
 NON_READER_TOKENS = 1500         # with 20 top logprobs a token, far more than the socket buffers hold
 MSS = 1460                       # a non-reader's segment size, as on Ethernet (loopback's would buffer megabytes)
