@@ -2,15 +2,20 @@
 
 Starts router, prefill and decode (fermium.stack.Stack) on a model, sends --requests requests
 from --concurrency clients: completions and chat, streamed and not, some streams cancelled by
-closing the connection after a few events, some bad requests (each should get a 4xx). Each
-process's resident memory (VmRSS, with its children's) is read after --warmup requests and at
+closing the connection after a few events, some bad requests (each should get a 4xx), and the
+hostile clients of issue 42 (tools/soak_hostile.py: non-reading streams, stalled bodies, slowloris
+headers, a costly json_schema, forged control tokens, `n` > 1; --mix sets any kind's weight), under
+short send, header and body timeouts so that they cycle fast. Outcomes are counted by kind; a 5xx
+(but decode's grammar budget error, counted apart), an error event, a transport error or a hang is
+a failure. Each process's resident memory (VmRSS, with its children's) is read after --warmup requests and at
 the end; the growth in between is printed per process. The goal: under 10% after warm-up.
 
-The router's snapshot cache grows by design up to its budget, so the soak bounds it
-(--snapshot-budget-gib): small enough that the warm-up fills it.
+The router's snapshot cache and prefill's held states grow by design up to their budgets, so the
+soak bounds them (--snapshot-budget-gib, --held-budget-gib): small enough that the warm-up fills them.
 
     .venv/bin/python tools/soak.py                       # the bundled demo model
     .venv/bin/python tools/soak.py --model M.gguf --runner native --requests 5000
+    .venv/bin/python tools/soak.py --mix near-limit=1,non-reader=0
 """
 from __future__ import annotations
 
@@ -32,12 +37,16 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.model.default import default_model_path  # noqa: E402
+from common.model.gguf_file import GGUFModel  # noqa: E402
+from common.model.tokenizer import Tokenizer  # noqa: E402
 from fermium.stack import Stack, free_port  # noqa: E402
+from tools.soak_hostile import BODY_S, HEADER_S, HOSTILE, ROUTER_FLAGS, SEND_S, Target, failed  # noqa: E402
 
 READY_TIMEOUT_S = 120
 REQUEST_TIMEOUT_S = 120
 GOAL_GROWTH = 0.10
-KINDS = {"completion": 30, "completion-stream": 20, "chat": 15, "chat-stream": 15, "cancelled": 10, "bad": 10}
+KINDS = {"completion": 30, "completion-stream": 20, "chat": 15, "chat-stream": 15, "cancelled": 10, "bad": 10,
+         **{kind: weight for kind, (_, weight) in HOSTILE.items()}}
 # (route, raw body) pairs that a server must refuse with a 4xx
 BAD = [
     ("/v1/completions", b'{"model": "fermium", "prompt": "x", "temperature": -1}'),
@@ -78,8 +87,9 @@ def rss_kb(pid: int) -> int:
 class Load:
     """One request of a seeded mix at a time per thread; outcomes counted by kind and status."""
 
-    def __init__(self, url: str, words: list[str], seed: int, max_tokens: int):
+    def __init__(self, url: str, words: list[str], seed: int, max_tokens: int, target: Target, mix: dict):
         self.url, self.words, self.seed, self.max_tokens = url, words, seed, max_tokens
+        self.target, self.mix = target, {k: w for k, w in mix.items() if w > 0}
         self.outcomes: collections.Counter = collections.Counter()
         self.lock = threading.Lock()
         self.local = threading.local()
@@ -102,7 +112,7 @@ class Load:
 
     def one(self, i: int) -> None:
         rng = random.Random(self.seed * 1_000_003 + i)
-        kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+        kind = rng.choices(list(self.mix), weights=list(self.mix.values()))[0]
         try:
             status = self._send(rng, kind)
         except httpx.HTTPError as e:
@@ -112,6 +122,8 @@ class Load:
 
     def _send(self, rng: random.Random, kind: str):
         c = self.client()
+        if kind in HOSTILE:
+            return HOSTILE[kind][0](self.target, rng, c)
         if kind == "bad":
             route, raw = rng.choice(BAD)
             return c.post(route, content=raw, headers={"content-type": "application/json"}).status_code
@@ -151,6 +163,8 @@ def report(args, at_warmup: dict, at_end: dict, series: list, load: Load, elapse
     print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
     print(f"{args.requests} requests ({args.warmup} of warm-up) in {elapsed:.0f} s, "
           f"{args.concurrency} clients, runner {args.runner}, model {Path(args.model).name}")
+    print(f"router --send-timeout {SEND_S:g} --header-timeout {HEADER_S:g} --body-timeout {BODY_S:g}; mix "
+          + ", ".join(f"{k}={w:g}" for k, w in args.mix.items()))
     print("outcomes (kind, status: count):")
     for (kind, status), n in sorted(load.outcomes.items(), key=str):
         print(f"  {kind:18} {status!s:30} {n}")
@@ -164,13 +178,27 @@ def report(args, at_warmup: dict, at_end: dict, series: list, load: Load, elapse
     print("RSS MB after each batch of requests:")
     for done, rss in series:
         print(f"  {done:6}  " + "  ".join(f"{n} {kb / 1024:.1f}" for n, kb in rss.items()))
-    fivexx = sum(n for (_, s), n in load.outcomes.items() if str(s).startswith("5") or "error" in str(s))
-    print(f"5xx and transport errors: {fivexx}; growth under {GOAL_GROWTH:.0%} for every process: {ok}")
+    fivexx = sum(n for (_, s), n in load.outcomes.items() if str(s).startswith("5") and failed(s))
+    failures = sum(n for (_, s), n in load.outcomes.items() if failed(s))
+    budget = sum(n for (_, s), n in load.outcomes.items() if not failed(s) and str(s).startswith("5"))
+    print(f"5xx: {fivexx} (and {budget} grammar budget errors, expected); failures (5xx, error events, "
+          f"transport errors, hangs): {failures}; growth under {GOAL_GROWTH:.0%} for every process: {ok}")
     if args.json:
         Path(args.json).write_text(json.dumps({"warmup_kb": at_warmup, "end_kb": at_end, "series": series,
                                                "outcomes": {f"{k}|{s}": n for (k, s), n in load.outcomes.items()},
                                                "elapsed_s": elapsed, "argv": sys.argv}, indent=1))
-    return ok
+    return ok and not failures
+
+
+def weights(text: str) -> dict:
+    """--mix's kind=weight,... over the default weights."""
+    mix = dict(KINDS)
+    for item in filter(None, text.split(",")):
+        kind, _, weight = item.partition("=")
+        if kind not in KINDS:
+            raise SystemExit(f"--mix: no kind {kind!r}; the kinds: {', '.join(KINDS)}")
+        mix[kind] = float(weight)
+    return mix
 
 
 def main() -> None:
@@ -182,19 +210,25 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--snapshot-budget-gib", type=float, default=0.02)
+    ap.add_argument("--held-budget-gib", type=float, default=0.02, help="prefill's --held-budget")
     ap.add_argument("--every", type=int, default=200, help="requests between RSS samples of the series")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mix", type=weights, default=dict(KINDS), help="kind=weight,... over the default weights "
+                    f"({', '.join(f'{k}={w}' for k, w in KINDS.items())})")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     text = (Path(__file__).resolve().parents[1] / "models" / "heldout_sample.txt").read_text()
     with tempfile.TemporaryDirectory() as logs:
         stack = Stack(args.model, port=free_port(), runner=args.runner, log_dir=Path(logs),
-                      extra={"router": ["--snapshot-budget", str(args.snapshot_budget_gib)]})
+                      extra={"router": ["--snapshot-budget", str(args.snapshot_budget_gib), *ROUTER_FLAGS],
+                             "prefill": ["--held-budget", str(args.held_budget_gib)]})
         with stack:
             stack.wait_ready(READY_TIMEOUT_S)
             found = re.search(r"decode runner: (\w+)", (Path(logs) / "decode.log").read_text())
             args.runner += f" ({found.group(1)})" if found else ""
-            load = Load(stack.url, text.split() * 4, args.seed, args.max_tokens)
+            eos = tuple(sorted(Tokenizer.from_gguf(GGUFModel(args.model)).eos_ids))
+            load = Load(stack.url, text.split() * 4, args.seed, args.max_tokens, Target(stack.url, stack.port, eos),
+                        args.mix)
             t0 = time.monotonic()
             load.run(0, args.warmup, args.concurrency)
             at_warmup, series = sample(stack), []
