@@ -141,6 +141,7 @@ class DecodeServer(WorkerServer):
         allowed = self.grammars.masks([seq])[0]
         if self._accept(seq, seq.sampler.sample(seq.logits, seq.history, allowed)):
             self.sched.add(seq)
+            self.metrics.held(len(self.sched))
         else:
             self._finish(seq, seq.policy.finish_reason, retire=False)
 

@@ -124,8 +124,8 @@ def _name(path: tuple) -> str:
     return out or "body"
 
 
-def _refuse_unsupported(body: dict) -> None:
-    n = _num(body, "n", int, 1, lambda v: 1 <= v <= MAX_CHOICES, f"in [1, {MAX_CHOICES}]")
+def _refuse_unsupported(body: dict, max_n: int) -> None:
+    n = _num(body, "n", int, 1, lambda v: 1 <= v <= max_n, f"in [1, {max_n}] (the server's --max-n)")
     if body.get("best_of") not in (None, n):
         raise bad_request("only best_of equal to n is supported", "best_of")
     if body.get("suffix"):
@@ -225,11 +225,12 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
              encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
              decode: Callable[[list[int]], str] | None = None, prefill: str = "", clamp: bool = False,
              tokenizer: Vocab | None = None, vision: VisionInput | None = None,
-             template: TemplateTokens | None = None) -> Job:
+             template: TemplateTokens | None = None, max_n: int = MAX_CHOICES) -> Job:
     """`template`: a chat prompt's client text is tokenized as text (None: `encode` parses it);
     `prefill`: the start of the answer the client wrote (chat_prompt); `clamp`: a max_tokens past
     the context is cut to what is left, where the Anthropic API asks for it; `tokenizer`: what
-    grammars are built on (structured.py); `vision`: the reader of image parts (None: refused)."""
+    grammars are built on (structured.py); `vision`: the reader of image parts (None: refused);
+    `max_n`: the largest `n` (--max-n)."""
     allowed = (CHAT_FIELDS if chat else COMPLETION_FIELDS) | EXTENSION_FIELDS
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -238,7 +239,7 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     if not isinstance(model, str):
         raise bad_request("'model' is required", "model")
     check_model(model, served)
-    _refuse_unsupported(body)
+    _refuse_unsupported(body, max_n)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", "stream")

@@ -104,7 +104,8 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
     api = API(generation, served=served, context=context,
               vocab=tokenizer.vocab_size, encode=tokenizer.encode, decode=tokenizer.decode,
               render=chat_renderer(template, cfg.preserve_thinking), health=health,
-              max_body=cfg.max_body_bytes, tokenizer=tokenizer, vision=_vision(cfg, model, tokenizer),
+              max_body=cfg.max_body_bytes, max_n=cfg.max_n, tokenizer=tokenizer,
+              vision=_vision(cfg, model, tokenizer),
               template=TemplateTokens(tokenizer, parse_special=cfg.parse_special_in_messages))
     warm(tokenizer)
 
