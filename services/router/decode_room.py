@@ -30,9 +30,7 @@ class DecodeRoom:
         return min(n, sum(w.capacity for w in self._decode()))
 
     async def reserve(self, n: int) -> None:
-        if not self._decode():
-            raise self._no_workers(n)
-        if not self._waiters and self._fits(n) <= self.free():
+        if not self._decode() or not self._waiters and self._fits(n) <= self.free():   # none: submit says so
             self.reserved += n
             return
         fut = asyncio.get_running_loop().create_future()
