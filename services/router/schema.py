@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from common.grammar import Vocab
 from common.model.template_tokens import TemplateTokens
+from common.model.token_budget import PromptTooLong
 from common.sampling import SamplingParams
 
 from .copies import MAX_CHOICES
@@ -248,15 +249,20 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
         raise bad_request("'stream_options' must be an object", "stream_options")
     sampling = sampling_params(body, chat=chat, vocab=vocab)
     plan, reasoning, images = ToolPlan(), False, None
-    if chat:
-        plan = tool_plan(body)
-        reads = ImageReads(vision)
-        text, reasoning = chat_prompt(body, plan, render, prefill, reads if vision is not None else None, template)
-        prompt_ids = template.encode(text) if template is not None else encode(text)
-        if reads.read:
-            prompt_ids, images = vision.expand(prompt_ids, reads.read)
-    else:
-        prompt_ids = _prompt(body, encode, vocab)
+    try:                        # refused by its bytes, or once past the context (token_budget.py)
+        if chat:
+            plan = tool_plan(body)
+            reads = ImageReads(vision)
+            text, reasoning = chat_prompt(body, plan, render, prefill, reads if vision is not None else None, template)
+            prompt_ids = template.encode(text, context) if template is not None else encode(text)
+            if reads.read:
+                prompt_ids, images = vision.expand(prompt_ids, reads.read)
+        else:
+            prompt_ids = _prompt(body, encode, vocab)
+    except PromptTooLong as e:
+        raise bad_request(f"the prompt is more than {context} tokens (at least {e.at_least}); this model's context "
+                          f"limit is {context} tokens, and at least one must be left to generate",
+                          "messages" if chat else "prompt", code="context_length_exceeded") from None
     grammar = request_grammar(body, plan, tokenizer, reasoning)
     if grammar:
         sampling = dataclasses.replace(sampling, grammar=grammar)
