@@ -73,6 +73,8 @@ decode
     fermium_decode_spec_accepted_tokens_total  counter  drafted tokens accepted
     fermium_decode_spec_acceptance_rate        gauge    accepted over drafted since start (0 before any draft)
     fermium_decode_state_bytes_sent_total{to}  counter  final-state bytes sent: router | prefill (HoldState)
+    fermium_decode_sequences_peak              gauge    the most sequences held at once since start (never
+                                                        above --capacity: the router holds the rest)
     fermium_num_requests_running / _waiting    gauge
 every service
     fermium_protocol_errors_total{service,reason}  counter  messages rejected at the inbox or by the
@@ -251,8 +253,15 @@ class DecodeMetrics(_Metrics):
                                           "Accepted over drafted tokens since start")
         self.state_bytes = self.counter("fermium_decode_state_bytes_sent", "Final-state bytes sent", ("to",),
                                         ("router", "prefill"))
-        self._drafted = self._accepted = 0
+        self.sequences_peak = self.gauge("fermium_decode_sequences_peak", "Most sequences held at once since start")
+        self._drafted = self._accepted = self._peak = 0
         self._load_gauges()
+
+    def held(self, sequences: int) -> None:
+        """The sequences held now (running and waiting), for the peak."""
+        if sequences > self._peak:
+            self._peak = sequences
+            self.sequences_peak.set(sequences)
 
     def speculation(self, drafted: int, accepted: int) -> None:
         """Count one cycle's drafts and accepted drafts; the rate follows the counters."""

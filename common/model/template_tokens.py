@@ -49,13 +49,14 @@ class TemplateTokens:
             return {self.escape(k, keep): self.escape(v, keep) for k, v in value.items()}
         return value
 
-    def encode(self, prompt: str) -> list[int]:
-        """The rendered prompt's ids: control tokens where the template wrote them, text elsewhere."""
+    def encode(self, prompt: str, limit: int | None = None) -> list[int]:
+        """The rendered prompt's ids: control tokens where the template wrote them, text elsewhere;
+        past `limit` ids, PromptTooLong (token_budget.py)."""
         if self.parse_special:
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(prompt, limit)
         pieces = self.tokenizer.split_specials(prompt)           # text, control, text, ..., text
         pieces[0::2] = [self.unescape(p) for p in pieces[0::2]]
-        return self.tokenizer.with_bos(self.tokenizer.join(pieces))
+        return self.tokenizer.with_bos(self.tokenizer.join(pieces, self.tokenizer.room(limit)))
 
     def unescape(self, text: str) -> str:
         """Escaped text as the client wrote it."""

@@ -25,6 +25,8 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from common.errors import UserError
 
+from .token_budget import TokenBudget
+
 # `tokenizer.ggml.pre` -> the split regex applied before byte-level BPE
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -94,7 +96,8 @@ class _Specials:
 class Tokenizer:
     """encode/decode over one vocabulary; `.stream()` for incremental detokenization."""
 
-    def __init__(self, hf: _HFTokenizer, specials: _Specials, vocab_size: int | None = None):
+    def __init__(self, hf: _HFTokenizer, specials: _Specials, vocab_size: int | None = None,
+                 chunkable: bool = False):
         self._hf = hf
         self._specials = specials
         self.vocab_size = vocab_size if vocab_size is not None else hf.get_vocab_size(with_added_tokens=True)
@@ -105,6 +108,10 @@ class Tokenizer:
         self._bytes: dict[int, bytes] = {}
         self._split = _special_splitter(hf)
         hf.encode_special_tokens = True     # the library reads them as text; encode() finds them itself
+        # `chunkable`: the split regex is a PRE_TOKENIZERS one, whose safe cut points token_budget knows
+        self.budget = TokenBudget(hf.get_vocab(with_added_tokens=True),
+                                  [t.content for t in hf.get_added_tokens_decoder().values() if not t.special],
+                                  set(_BYTE_DECODER), chunkable)
 
     # ---- construction
     @classmethod
@@ -135,7 +142,7 @@ class Tokenizer:
             bos_id=_opt_id(model, "tokenizer.ggml.bos_token_id", len(tokens)),
             add_bos=bool(_get(model, "tokenizer.ggml.add_bos_token"))
             if model.has("tokenizer.ggml.add_bos_token") else False)
-        return cls(hf, specials, vocab_size=len(tokens))
+        return cls(hf, specials, vocab_size=len(tokens), chunkable=True)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Tokenizer":
@@ -156,20 +163,27 @@ class Tokenizer:
         return cls(hf, _Specials(eos_id=eos_id, bos_id=None, add_bos=False))
 
     # ---- text <-> ids
-    def encode(self, text: str) -> list[int]:
-        """`text`'s ids, each special (control) token's string in it taken as that token."""
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
+        """`text`'s ids, each special (control) token's string in it taken as that token; past
+        `limit` ids, token_budget.PromptTooLong, raised without tokenizing the rest."""
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode takes a str, got {type(text).__name__}")
-        return self.with_bos(self.join(self.split_specials(text)))
+        return self.with_bos(self.join(self.split_specials(text), self.room(limit)))
+
+    def room(self, limit: int | None) -> int | None:
+        """The ids that join() may give for a prompt of at most `limit`, BOS set aside."""
+        return None if limit is None else limit - (self._specials.add_bos and self._specials.bos_id is not None)
 
     def split_specials(self, text: str) -> list[str]:
         """[text, special, text, ..., text]: `text` cut at its special tokens' strings, leftmost and
         longest first, as the library matches them."""
         return self._split.split(text) if self._split is not None else [text]
 
-    def join(self, pieces: list[str]) -> list[int]:
-        """The ids of split_specials' pieces: each special as its id, the texts between as text."""
-        encoded = iter(self.encode_as_text([p for p in pieces[0::2] if p]))
+    def join(self, pieces: list[str], limit: int | None = None) -> list[int]:
+        """The ids of split_specials' pieces: each special as its id, the texts between as text;
+        at most `limit` of them (PromptTooLong past it)."""
+        limit = None if limit is None else limit - len(pieces) // 2
+        encoded = iter(self.encode_as_text([p for p in pieces[0::2] if p], limit))
         ids: list[int] = []
         for k, piece in enumerate(pieces):
             if k % 2:
@@ -178,9 +192,15 @@ class Tokenizer:
                 ids += next(encoded)
         return ids
 
-    def encode_as_text(self, texts: list[str]) -> list[list[int]]:
+    def encode_as_text(self, texts: list[str], limit: int | None = None) -> list[list[int]]:
         """Each text's ids with special tokens' strings read as text (transformers'
-        split_special_tokens; user-defined added tokens such as <think> still match), no BOS."""
+        split_special_tokens; user-defined added tokens such as <think> still match), no BOS; past
+        `limit` ids in all, PromptTooLong, refused by the bytes or partway (token_budget.py)."""
+        if limit is not None:
+            return self.budget.encode(self._batch, texts, limit)
+        return self._batch(texts)
+
+    def _batch(self, texts: list[str]) -> list[list[int]]:
         # encode_batch lets go of the GIL while it runs (encode does not), so other threads go on
         return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
 

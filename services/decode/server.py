@@ -152,6 +152,7 @@ class DecodeServer(WorkerServer):
             seq.draft = self.speculator.start()
         if self._accept(seq, seq.sampler.sample(seq.logits, seq.history, None)):
             self.sched.add(seq)
+            self.metrics.held(len(self.sched))
         else:
             self._finish(seq, seq.policy.finish_reason, retire=False)
 

@@ -63,11 +63,12 @@ class API:
                  encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
                  health: Callable[[], dict], max_body: int = RouterConfig.max_body_bytes,
                  decode: Callable[[list[int]], str] | None = None, tokenizer: Vocab | None = None,
-                 vision: VisionInput | None = None, template: TemplateTokens | None = None):
+                 vision: VisionInput | None = None, template: TemplateTokens | None = None,
+                 max_n: int = RouterConfig.max_n):
         self.gen, self.served, self.context, self.vocab = generation, served, context, vocab
         self.tokenizer, self.vision, self.template = tokenizer, vision, template
         self.encode, self.decode, self.render, self.health_info = encode, decode, render, health
-        self.max_body = max_body
+        self.max_body, self.max_n = max_body, max_n
         self.draining = False
         self.live = 0                   # completion requests under way, counted by _Inflight
         self._pool = ThreadPoolExecutor(VALIDATE_THREADS, thread_name_prefix="router-validate")
@@ -146,7 +147,7 @@ class API:
             job = await self.parse(request, build)
         except ClientDisconnect:
             return None
-        if not await admitted(request, self.gen.admit):
+        if not await admitted(request, lambda: self.gen.admit(job.n)):
             return None
         deltas = self.gen.run(job, arrived)
         first: list[Delta] = []
@@ -224,7 +225,7 @@ class API:
     def _job(self, raw: bytes, chat: bool) -> Job:
         return validate(parse_body(raw), chat=chat, served=self.served, context=self.context, vocab=self.vocab,
                         encode=self.encode, render=self.render, decode=self.decode, tokenizer=self.tokenizer,
-                        vision=self.vision, template=self.template)
+                        vision=self.vision, template=self.template, max_n=self.max_n)
 
     async def _stream(self, job: Job, cid: str, head: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
         outs = [ChatStream(job, cid, self.gen.metrics, i, self.gen.tokenizer) if job.chat

@@ -16,6 +16,7 @@ from common.config import (
     worker_token_setting,
 )
 
+from .copies import MAX_CHOICES
 from .structured import GRAMMAR_FIRST_MASK_MS
 from .workers import MAX_PER_ROLE
 
@@ -29,8 +30,10 @@ class RouterConfig:
     served_model_name: str = setting("fermium", "The `model` clients ask for.")   # the file stem works too
     ctx_size: int = ctx_size_setting()         # prompt + max_tokens beyond it: 400 context_length_exceeded
     kv_type: str = kv_type_setting()           # snapshots keep KV in it; workers of another type are refused
-    max_running: int = setting(64, "Requests at the workers at once.")
+    max_running: int = setting(64, "Sequences at the workers at once; a request of `n` choices takes n.")
     max_queue: int = setting(256, "Requests waiting for a slot; beyond, 429.")
+    max_n: int = setting(MAX_CHOICES, "Largest `n` (choices) a request may ask for; each choice is a sequence "
+                                      "that decode holds. More: 400.", min=1)
     heartbeat_timeout: float = setting(2.5, "Seconds before a silent worker is dead.")
     worker_token: str | None = worker_token_setting()
     max_workers: int = setting(MAX_PER_ROLE, "Workers admitted per role; more are refused.", min=1)

@@ -35,6 +35,7 @@ from common.worker_token import resolve as resolve_token
 
 from .backlog import Backlog
 from .copies import Copies, snapshot_every
+from .decode_room import DecodeRoom
 from .enrolment import Enrolment
 from .placement import Placement, state_bytes
 from .prefix_cache import NoPrefixCache, PrefixCache
@@ -73,6 +74,8 @@ class Dispatcher:
         self.token = resolve_token(token)
         self.registry = WorkerRegistry(heartbeat_timeout, self._connect, max_per_role=max_workers)
         self.placement = Placement(metrics)
+        self.room = DecodeRoom(self.registry, lambda n: NoWorkers(
+            f"no decode worker is connected; start one with `fermium decode --router {address}`"))
         self.tracks: dict[str, Track] = {}
         self.copies: dict[str, Copies] = {}     # rid of a copy 0 -> the copies waiting for its prefill
         self.inbox: PullQueue | None = None
@@ -190,6 +193,7 @@ class Dispatcher:
             w = self.registry.workers.get(wid)
             if w is not None:
                 w.inflight.discard(rid)
+        self.room.wake()
 
     # ---- replies (on the event loop)
     def _arrived(self, msg: Message) -> None:
@@ -259,6 +263,7 @@ class Dispatcher:
 
     def _hello(self, msg: Hello | Heartbeat) -> None:
         replaced = self.enrolment.admit(msg, self._loop)
+        self.room.wake()                       # a heartbeat's count, or a new worker's room
         if replaced is None:
             return
         for w in replaced:
@@ -296,5 +301,6 @@ class Dispatcher:
                 self._gauges()
 
     def _gauges(self) -> None:
+        self.room.wake()                       # a worker came or went
         for role in ROLES:
             self.metrics.workers.labels(role).set(self.registry.count(role))

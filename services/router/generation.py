@@ -118,12 +118,13 @@ class Generation:
         self._drained: set[str] = set()
         self.closing: str | None = None             # set when the drain time ran out: no new runs
 
-    async def admit(self) -> float:
-        """Wait for a slot; returns the seconds waited. Raises APIError 429 when the queue is full."""
+    async def admit(self, n: int = 1) -> float:
+        """Wait for slots for `n` sequences; returns the seconds waited. Raises APIError 429 when the
+        queue is full."""
         t0 = time.perf_counter()
         try:
             self.metrics.waiting.set(self.admission.waiting + 1)
-            await self.admission.acquire()
+            await self.admission.acquire(n)
         except QueueFull as e:
             self.metrics.requests.labels("rejected").inc()
             raise APIError(429, f"the server is at capacity ({e}); retry shortly", type="rate_limit_error",
@@ -139,25 +140,32 @@ class Generation:
         """Yields text Deltas and a final one per choice (`index`); the caller has already called admit()."""
         outcome = "cancelled"
         if self.closing:
-            self._release("error")
+            self._release("error", job.n)
             raise APIError(503, self.closing, type="service_unavailable", code="shutting_down",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
             prefetch = getattr(self.dispatcher.cache, "prefetch", None)   # the disk and shared tiers, off the loop
             if prefetch is not None:
                 await prefetch(job.prompt_ids, job.images.marks() if job.images else ())
-            tracks = ([self.dispatcher.submit(job, self.stop_ids)] if job.n == 1
-                      else self.dispatcher.submit_copies(job, self.stop_ids, job.n))
+            room = getattr(self.dispatcher, "room", None)       # decode's capacity (decode_room.py)
+            if room is not None:
+                await room.reserve(job.n)
+            try:
+                tracks = ([self.dispatcher.submit(job, self.stop_ids)] if job.n == 1
+                          else self.dispatcher.submit_copies(job, self.stop_ids, job.n))
+            finally:
+                if room is not None:
+                    room.settle(job.n)
         except NoWorkers as e:
-            self._release("error")
+            self._release("error", job.n)
             raise APIError(503, str(e), type="service_unavailable", code="no_workers",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except asyncio.CancelledError:
-            self._release("cancelled")
+            self._release("cancelled", job.n)
             raise
         except Exception as e:
             log.exception("router: dispatching a request failed")
-            self._release("error")
+            self._release("error", job.n)
             raise server_error("the request could not be dispatched", e, "dispatch_failed") from None
         for track in tracks:
             self.active[track.rid] = track
@@ -187,13 +195,13 @@ class Generation:
                 self.metrics.decode_time.observe(now - clock.first)
             early = freed.done() and not freed.cancelled()
             freed.cancel()
-            self._release(outcome, slot=not early)
+            self._release(outcome, job.n, slots=not early)
 
     async def _free_when_ended(self, tracks: list[Track]) -> None:
-        """The slot goes back once every choice has ended at the workers: a client still to take the
+        """The slots go back once every choice has ended at the workers: a client still to take the
         tokens holds only their bounded Backlog, and its connection for at most --send-timeout."""
         await asyncio.gather(*(t.events.ended.wait() for t in tracks))
-        self._free()
+        self._free(len(tracks))
 
     async def _follow(self, job: Job, index: int, track: Track, clock: _Clock) -> AsyncIterator[Delta]:
         """The Deltas of one choice, from its Track's events; cancels the sequence when it stops early."""
@@ -278,13 +286,13 @@ class Generation:
             track.events.put_nowait(Failed(rid, "router", why))
         return len(self.active)
 
-    def _release(self, outcome: str, slot: bool = True) -> None:
+    def _release(self, outcome: str, n: int, slots: bool = True) -> None:
         self.metrics.requests.labels(outcome).inc()
-        if slot:
-            self._free()
+        if slots:
+            self._free(n)
 
-    def _free(self) -> None:
-        self.admission.release()
+    def _free(self, n: int) -> None:
+        self.admission.release(n)
         self.metrics.running.set(self.admission.running)
         self.metrics.waiting.set(self.admission.waiting)
 

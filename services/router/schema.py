@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from common.grammar import Vocab
 from common.model.template_tokens import TemplateTokens
+from common.model.token_budget import PromptTooLong
 from common.sampling import SamplingParams
 
 from .copies import MAX_CHOICES
@@ -124,8 +125,8 @@ def _name(path: tuple) -> str:
     return out or "body"
 
 
-def _refuse_unsupported(body: dict) -> None:
-    n = _num(body, "n", int, 1, lambda v: 1 <= v <= MAX_CHOICES, f"in [1, {MAX_CHOICES}]")
+def _refuse_unsupported(body: dict, max_n: int) -> None:
+    n = _num(body, "n", int, 1, lambda v: 1 <= v <= max_n, f"in [1, {max_n}] (the server's --max-n)")
     if body.get("best_of") not in (None, n):
         raise bad_request("only best_of equal to n is supported", "best_of")
     if body.get("suffix"):
@@ -225,11 +226,12 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
              encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
              decode: Callable[[list[int]], str] | None = None, prefill: str = "", clamp: bool = False,
              tokenizer: Vocab | None = None, vision: VisionInput | None = None,
-             template: TemplateTokens | None = None) -> Job:
+             template: TemplateTokens | None = None, max_n: int = MAX_CHOICES) -> Job:
     """`template`: a chat prompt's client text is tokenized as text (None: `encode` parses it);
     `prefill`: the start of the answer the client wrote (chat_prompt); `clamp`: a max_tokens past
     the context is cut to what is left, where the Anthropic API asks for it; `tokenizer`: what
-    grammars are built on (structured.py); `vision`: the reader of image parts (None: refused)."""
+    grammars are built on (structured.py); `vision`: the reader of image parts (None: refused);
+    `max_n`: the largest `n` (--max-n)."""
     allowed = (CHAT_FIELDS if chat else COMPLETION_FIELDS) | EXTENSION_FIELDS
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -238,7 +240,7 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
     if not isinstance(model, str):
         raise bad_request("'model' is required", "model")
     check_model(model, served)
-    _refuse_unsupported(body)
+    _refuse_unsupported(body, max_n)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", "stream")
@@ -247,15 +249,20 @@ def validate(body: dict, *, chat: bool, served: tuple[str, ...], context: int, v
         raise bad_request("'stream_options' must be an object", "stream_options")
     sampling = sampling_params(body, chat=chat, vocab=vocab)
     plan, reasoning, images = ToolPlan(), False, None
-    if chat:
-        plan = tool_plan(body)
-        reads = ImageReads(vision)
-        text, reasoning = chat_prompt(body, plan, render, prefill, reads if vision is not None else None, template)
-        prompt_ids = template.encode(text) if template is not None else encode(text)
-        if reads.read:
-            prompt_ids, images = vision.expand(prompt_ids, reads.read)
-    else:
-        prompt_ids = _prompt(body, encode, vocab)
+    try:                        # refused by its bytes, or once past the context (token_budget.py)
+        if chat:
+            plan = tool_plan(body)
+            reads = ImageReads(vision)
+            text, reasoning = chat_prompt(body, plan, render, prefill, reads if vision is not None else None, template)
+            prompt_ids = template.encode(text, context) if template is not None else encode(text)
+            if reads.read:
+                prompt_ids, images = vision.expand(prompt_ids, reads.read)
+        else:
+            prompt_ids = _prompt(body, encode, vocab)
+    except PromptTooLong as e:
+        raise bad_request(f"the prompt is more than {context} tokens (at least {e.at_least}); this model's context "
+                          f"limit is {context} tokens, and at least one must be left to generate",
+                          "messages" if chat else "prompt", code="context_length_exceeded") from None
     grammar = request_grammar(body, plan, tokenizer, reasoning)
     if grammar:
         sampling = dataclasses.replace(sampling, grammar=grammar)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from pathlib import Path
@@ -105,9 +106,11 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
 
     served = (cfg.served_model_name, Path(cfg.model).stem)   # the file's stem is accepted too
     api = API(generation, served=served, context=context,
-              vocab=tokenizer.vocab_size, encode=tokenizer.encode, decode=tokenizer.decode,
+              vocab=tokenizer.vocab_size, encode=functools.partial(tokenizer.encode, limit=context),
+              decode=tokenizer.decode,
               render=chat_renderer(template, cfg.preserve_thinking), health=health,
-              max_body=cfg.max_body_bytes, tokenizer=tokenizer, vision=_vision(cfg, model, tokenizer),
+              max_body=cfg.max_body_bytes, max_n=cfg.max_n, tokenizer=tokenizer,
+              vision=_vision(cfg, model, tokenizer),
               template=TemplateTokens(tokenizer, parse_special=cfg.parse_special_in_messages))
     warm(tokenizer, cfg.grammar_first_mask_ms / 1000)
 

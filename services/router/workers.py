@@ -40,6 +40,11 @@ class Worker:
         return max(len(self.inflight), sum(self.reported)) / max(1, self.capacity)
 
     @property
+    def room(self) -> int:
+        """Sequences it may still be sent: its capacity less what it holds (decode_room.py)."""
+        return self.capacity - max(len(self.inflight), sum(self.reported))
+
+    @property
     def free_slots(self) -> int | None:
         """Batch slots free now, counting what was sent since the last heartbeat; None: unknown."""
         return self.slots - max(len(self.inflight), sum(self.reported)) if self.slots else None
@@ -98,9 +103,12 @@ class WorkerRegistry:
 
     def pick(self, role: str) -> Worker | None:
         """A live worker of a role: for decode, the one with the most free batch slots (ties: the
-        least loaded), by load alone while any has not reported its slots; otherwise the least
-        loaded. Prefill workers are placed by the states they hold too (placement.py)."""
+        least loaded), by load alone while any has not reported its slots, and one at its capacity
+        only when all are; otherwise the least loaded. Prefill workers are placed by the states
+        they hold too (placement.py)."""
         live = [w for w in self.workers.values() if w.role == role]
+        if role == "decode":                # a worker at its capacity only when all are
+            live = [w for w in live if w.room > 0] or live
         if role == "decode" and all(w.free_slots is not None for w in live):
             return min(live, key=lambda w: (-w.free_slots, w.load, len(w.inflight)), default=None)
         return min(live, key=lambda w: (w.load, len(w.inflight)), default=None)
