@@ -21,6 +21,13 @@ from . import grammar
 
 LOWEST_PRIORITY = 19                # nice of a demoted mask where SCHED_IDLE is refused
 WORKER_NICE = 5                     # every mask worker yields a little to the batch loop
+# masks given up on that may still run at once in one pool: each keeps its grammar's lexer (over
+# 100 MB for the costliest patterns) until it ends, so past this a new mask fails at once
+MAX_ABANDONED = 4
+
+
+class MasksBusy(grammar.GrammarError):
+    """The pool still runs MAX_ABANDONED masks given up on; a retry later may be served."""
 
 
 def lower_priority(tid: int) -> None:
@@ -64,8 +71,8 @@ class MaskJob:
 
     def run(self) -> None:
         with self._lock:
-            if self.demoted:                            # given up on before it began
-                self.error = grammar.GrammarError("grammar: given up on")
+            if self.demoted:                            # given up on before it began, or refused
+                self.error = self.error or grammar.GrammarError("grammar: given up on")
                 self.done.set()
                 return
             self.cpu0, self.wall0, self.tid = time.thread_time(), time.perf_counter(), threading.get_native_id()
@@ -117,8 +124,15 @@ class MaskWorkers:
         self.jobs: queue.SimpleQueue[MaskJob | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._live = 0
+        self.abandoned = 0                              # demoted jobs whose threads still run them
 
     def submit(self, job: MaskJob) -> None:
+        """Queue `job`; while MAX_ABANDONED given-up masks still run, it fails at once with MasksBusy."""
+        with self._lock:
+            if self.abandoned >= MAX_ABANDONED:
+                job.demoted = True
+                job.error = MasksBusy(f"grammar: {self.abandoned} costly grammars are still being given up on; "
+                                      "retry later")
         self.jobs.put(job)
         with self._lock:
             if self._live < self.n:
@@ -135,6 +149,7 @@ class MaskWorkers:
         if not job.released:
             job.released = True
             self._live -= 1
+            self.abandoned += 1
 
     def _work(self) -> None:
         try:
@@ -146,6 +161,7 @@ class MaskWorkers:
             with self._lock:
                 if job.lowered:                         # this thread stays at the lowest priority: it goes
                     self._release(job)
+                    self.abandoned -= 1
                     return
         with self._lock:
             self._live -= 1

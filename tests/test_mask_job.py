@@ -1,6 +1,7 @@
 """Grammar masks off decode's loop (issue 42, case 1), in one process: a mask filled by
 common.mask_job equals the one filled inline and its work is CPU time; a job given up on drops
-its thread to the lowest priority and the pool replaces it; decode's MaskPool fails a sequence
+its thread to the lowest priority and the pool replaces it, and past a bound of such threads a
+new mask fails at once; decode's MaskPool fails a sequence
 past either budget; and a decode batch with a costly grammar beside plain and cheap ones ends the
 costly one alone, with a short message, while the others sample exactly what they sample alone.
 Errors of the grammar engine reach no one with its parser state."""
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from common import grammar
-from common.mask_job import MaskJob, MaskWorkers
+from common.mask_job import MAX_ABANDONED, MaskJob, MasksBusy, MaskWorkers
 from common.model.default import default_model_path
 from common.protocol.decode import DecodeRequest
 from common.sampling import SamplingParams
@@ -63,6 +64,34 @@ def test_a_job_given_up_on_runs_at_the_lowest_priority_and_its_thread_leaves(tok
         gone.demote()                                   # given up on before it began: never filled
         gone.run()
         assert gone.done.is_set() and gone.mask is None
+    finally:
+        workers.close()
+
+
+def test_masks_given_up_on_are_bounded_and_a_new_one_fails_at_once_past_them(tok):
+    """Each abandoned mask keeps its grammar's memory until it ends: past MAX_ABANDONED of them
+    still running, a new mask fails at once (MasksBusy) instead of adding another; once they end,
+    masks are filled again."""
+    workers = MaskWorkers(1, "test-mask")
+    try:
+        costly = [MaskJob(matcher(tok, costly_format()), tok.vocab_size) for _ in range(MAX_ABANDONED)]
+        for job in costly:
+            workers.submit(job)
+            while not job.tid:
+                time.sleep(0.001)
+            workers.demote(job)
+        assert workers.abandoned == MAX_ABANDONED
+        refused = MaskJob(matcher(tok, digits()), tok.vocab_size)
+        workers.submit(refused)
+        assert refused.done.wait(5) and isinstance(refused.error, MasksBusy) and refused.mask is None
+        assert all(job.done.wait(120) for job in costly)
+        deadline = time.monotonic() + 10
+        while workers.abandoned and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert workers.abandoned == 0
+        served = MaskJob(matcher(tok, digits()), tok.vocab_size)
+        workers.submit(served)
+        assert served.done.wait(30) and served.error is None and served.mask.any()
     finally:
         workers.close()
 
@@ -127,3 +156,16 @@ def test_a_costly_grammar_ends_alone_and_the_batch_samples_as_without_it(model, 
     assert beside["plain"] == alone["plain"] and len(alone["plain"]) == 60
     assert beside["cheap"] == alone["cheap"]
     assert COSTLY not in failed["costly"]
+
+
+def test_the_router_answers_a_retryable_429_while_its_masks_are_busy(tok, monkeypatch):
+    from services.router import structured
+    from services.router.errors import APIError
+    from services.router.tools import ToolPlan
+    monkeypatch.setattr(structured._masks, "abandoned", MAX_ABANDONED)
+    body = {"response_format": digits()}
+    with pytest.raises(APIError) as got:
+        structured.request_grammar(body, ToolPlan(), tok, reasoning=False)
+    assert got.value.status == 429 and got.value.code == "grammar_busy" and "Retry-After" in got.value.headers
+    monkeypatch.setattr(structured._masks, "abandoned", 0)
+    assert structured.request_grammar(body, ToolPlan(), tok, reasoning=False)

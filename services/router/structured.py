@@ -32,7 +32,7 @@ from common.grammar import (
     engine_tokenizer,
     validate,
 )
-from common.mask_job import MaskJob, MaskWorkers
+from common.mask_job import MaskJob, MasksBusy, MaskWorkers
 from common.tool_grammar import tool_call_grammar
 
 from .errors import APIError, bad_request
@@ -74,6 +74,9 @@ def request_grammar(body: dict, plan: ToolPlan, tokenizer: Vocab | None, reasoni
         if spec and tokenizer is not None and _first_mask_budget[0] > 0:   # the answer's, not the free reasoning's
             first_mask(spec, tokenizer, where, _first_mask_budget[0])
         return think_first(spec, tokenizer) if spec and reasoning and not plan.forced else spec
+    except MasksBusy as e:
+        raise APIError(429, str(e).removeprefix("grammar: "), type="rate_limit_error", code="grammar_busy",
+                       headers={"Retry-After": "1"}) from None
     except GrammarError as e:
         raise _bad(e) from None
 
@@ -90,6 +93,8 @@ def first_mask(spec: str, tokenizer: Vocab, where: str, budget_s: float) -> floa
         _masks.demote(job)
         raise GrammarError(f"{where}: the grammar is too costly to follow: its first mask took over "
                            f"{budget_s * 1000:.0f} ms (the router's --grammar-first-mask-ms); simplify the schema")
+    if isinstance(job.error, MasksBusy):
+        raise job.error
     if job.error is not None:
         why = str(job.error).removeprefix("grammar: ")
         raise GrammarError(f"{where}: the grammar cannot be followed: {why}")
