@@ -115,7 +115,8 @@ UP_CHANGES = {"metrics_port": {"help": "First of three /metrics ports (router, p
 
 @command(options(RouterConfig, "model", "port", "ctx_size", "kv_type"),
          options(DecodeConfig, "runner", "max_batch", "speculative", "draft_tokens", "draft_vocab"),
-         options(PrefillConfig, "backend"), options(RouterConfig, "mmproj", "allow_image_urls", "snapshot_store"),
+         options(PrefillConfig, "backend"),
+         options(RouterConfig, "mmproj", "allow_image_urls", "snapshot_store", "stall_timeout"),
          options(RouterConfig, "metrics_port", **UP_CHANGES), "chat", "ready_timeout",
          options(RouterConfig, "drain_timeout", "log_level", **UP_CHANGES))
 def up_command(
@@ -149,6 +150,7 @@ def up_command(
         quiet["router"] += ["--allow-image-urls"]
     if settings["snapshot_store"]:
         quiet["router"] += ["--snapshot-store", settings["snapshot_store"]]
+    quiet["router"] += ["--stall-timeout", str(settings["stall_timeout"])]   # a stalled worker exits; restarted here
     for name in ("speculative", "draft_tokens", "draft_vocab"):
         quiet["decode"] += [f"--{name.replace('_', '-')}", str(settings[name])]
     path = _model(settings["model"])
