@@ -2,12 +2,14 @@
 
 A worker binds its inbox, says Hello to the router until a HelloAck comes back (the ready
 handshake), then sends a Heartbeat with its load every `heartbeat_s` from a thread of its own,
-so a long prefill never makes it look dead. Both carry its batch `slots` and `hold_budget`, which
+so a long prefill never makes it look dead; it carries the compute loop's step counter too, so
+a loop that hangs does look stalled (common.liveness). Both carry its batch `slots` and `hold_budget`, which
 the router places requests by, and the worker token (`common.worker_token`):
 a worker without the router's token is ignored, and its handshake times out. They also carry
 its KV cache type: the router refuses one of a type not its own, saying why in the HelloAck.
 Frames that do not decode are logged and, when their request id could be read, answered with
-Failed so the request ends instead of hanging.
+Failed so the request ends instead of hanging. A HelloAck that refuses the worker after it has
+registered (the router found its loop stalled) ends the process, for its supervisor to restart.
 
 `WorkerServer` is the base of the prefill and decode servers: the link, metrics, the handshake
 at `start`, the message intake and the loop until `stop`, and `run`, which is all of it under
@@ -28,6 +30,7 @@ from typing import Any, Callable, ClassVar
 
 from .config import WorkerConfig
 from .kv_cache import DEFAULT_KV_TYPE
+from .liveness import StepCounter, exit_stalled, hang_hook
 from .log_limit import LogLimiter
 from .metrics import listen_host
 from .mp import PullQueue, PushQueue
@@ -73,12 +76,15 @@ class WorkerLink:
                  capacity: int, model: str, load: Callable[[], tuple[int, int]],
                  heartbeat_s: float = HEARTBEAT_S, token: str | None = None, kv_type: str = DEFAULT_KV_TYPE,
                  limits: WireLimits | None = None, errors: Callable[[str], None] | None = None,
-                 slots: int = 0, hold_budget: int = 0):
+                 slots: int = 0, hold_budget: int = 0, progress: StepCounter | None = None,
+                 on_refused: Callable[[str], None] | None = None):
         self.role, self.capacity, self.model, self.kv_type = role, capacity, model, kv_type
         self.slots, self.hold_budget = slots, hold_budget
         self.token = resolve_token(token)
         self.worker_id = f"{role}-{uuid.uuid4().hex[:8]}"
         self._load = load
+        self.progress = progress or StepCounter()
+        self._on_refused = on_refused or (lambda reason: exit_stalled(role, reason))
         self._heartbeat_s = heartbeat_s
         self._ack: HelloAck | None = None
         self._acked = threading.Event()
@@ -92,6 +98,9 @@ class WorkerLink:
 
     def _route(self, msg: Message) -> None:
         if isinstance(msg, HelloAck):
+            if self._acked.is_set() and self._ack.accepted and not msg.accepted:
+                self._on_refused(msg.reason)
+                return
             self._ack = msg
             self._acked.set()
         else:
@@ -146,9 +155,10 @@ class WorkerLink:
     def _beat(self) -> None:
         while not self._stop.wait(self._heartbeat_s):
             running, waiting = self._load()
+            busy = running + waiting > 0 or self.pending() > 0
             self.router.put(Heartbeat(uuid.uuid4().hex, self.worker_id, self.role, self.address,
                                       self.capacity, self.model, running, waiting, self.token, self.kv_type,
-                                      self.slots, self.hold_budget))
+                                      self.slots, self.hold_budget, self.progress.steps, busy))
 
     def close(self) -> None:
         self._stop.set()
@@ -173,10 +183,13 @@ class WorkerServer(abc.ABC):
         self.cancelled = CancelledIds()
         self._complain = LogLimiter(self.log, f"{self.ROLE}: failed requests")
         self._running = True
+        self.progress = StepCounter()
+        self._hang = hang_hook(self.ROLE)          # None unless a test set common.liveness.HANG_ENV
         self.link = WorkerLink(self.ROLE, router_address=cfg.router, inbox_address=cfg.listen,
                                token=cfg.worker_token, kv_type=cfg.kv_type, advertise=cfg.advertise, capacity=capacity,
                                model=model.path.name, load=self.load, limits=limits or wire_limits(model.config),
-                               errors=metrics.protocol_error, slots=slots, hold_budget=hold_budget)
+                               errors=metrics.protocol_error, slots=slots, hold_budget=hold_budget,
+                               progress=self.progress)
 
     @abc.abstractmethod
     def load(self) -> tuple[int, int]:
@@ -206,6 +219,8 @@ class WorkerServer(abc.ABC):
                 self.cancel(msg.rid)
             elif isinstance(msg, self.REQUEST):
                 self.receive(msg)
+                if self._hang is not None:
+                    self._hang()
             else:
                 self.metrics.protocol_error("unexpected")
                 self._complain("%s got an unexpected %s (rid %.40s); ignored", self.ROLE, type(msg).__name__, msg.rid)
@@ -219,6 +234,7 @@ class WorkerServer(abc.ABC):
                 self.metrics.protocol_error("handler")
                 self._complain("%s step failed", self.ROLE, exc_info=True)
                 time.sleep(GUARD_PAUSE_S)
+            self.progress.advance()
 
     def stop(self) -> None:
         self._running = False

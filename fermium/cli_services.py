@@ -116,8 +116,8 @@ UP_CHANGES = {"metrics_port": {"help": "First of three /metrics ports (router, p
 
 @command(options(RouterConfig, "model", "port", "ctx_size", "kv_type"),
          options(DecodeConfig, "runner", "max_batch", "speculative", "draft_tokens", "draft_vocab"),
-         options(PrefillConfig, "backend"), options(RouterConfig, "mmproj", "allow_image_urls", "snapshot_store",
-                                                     "snapshot_key"),
+         options(PrefillConfig, "backend"),
+         options(RouterConfig, "mmproj", "allow_image_urls", "snapshot_store", "snapshot_key", "stall_timeout"),
          options(RouterConfig, "metrics_port", **UP_CHANGES), "chat", "ready_timeout",
          options(RouterConfig, "drain_timeout", "log_level", **UP_CHANGES))
 def up_command(
@@ -153,6 +153,7 @@ def up_command(
         quiet["router"] += ["--snapshot-store", settings["snapshot_store"]]
     if settings["snapshot_key"]:                # a secret: to the router by its environment, not its argv
         os.environ["FERMIUM_SNAPSHOT_KEY"] = settings["snapshot_key"]
+    quiet["router"] += ["--stall-timeout", str(settings["stall_timeout"])]   # a stalled worker exits; restarted here
     for name in ("speculative", "draft_tokens", "draft_vocab"):
         quiet["decode"] += [f"--{name.replace('_', '-')}", str(settings[name])]
     path = _model(settings["model"])

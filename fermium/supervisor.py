@@ -4,6 +4,8 @@ The delay before a restart starts at RESTART_FIRST_S and doubles with each death
 RESTART_MAX_S, so a child that cannot start does not spin; a child that ran for RESTART_RESET_S
 counts as healthy again and its next death waits RESTART_FIRST_S. Every death and restart is
 a line on stderr. The stack never stops because a child died: only `stopping` ends the loop.
+A worker whose compute loop stalls is restarted the same way: the router (--stall-timeout) refuses
+its heartbeats and the worker exits on that (common.liveness), so no second health check runs here.
 """
 from __future__ import annotations
 

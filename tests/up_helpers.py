@@ -47,15 +47,17 @@ def figure(name: str, value: float | str) -> None:
 class Up:
     """`python -m fermium up` in a session of its own; its children are found in /proc."""
 
-    def __init__(self, root: Path, model: Path, *, drain: float = 30.0, metrics_port: int = 0):
+    def __init__(self, root: Path, model: Path, *, drain: float = 30.0, metrics_port: int = 0,
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.stderr = root / f"up-{self.port}.err"
         argv = [sys.executable, "-m", "fermium", "up", "--model", str(model), "--port", str(self.port),
                 "--runner", "reference", "--drain-timeout", str(drain), "--log-level", "warning",
-                "--metrics-port", str(metrics_port)]
+                "--metrics-port", str(metrics_port), *extra]
         with open(self.stderr, "wb") as err:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                         env={**os.environ, **(env or {})})
         try:
             self.wait_serving(READY_TIMEOUT_S)
         except BaseException:

@@ -20,7 +20,8 @@ and with any message's fields (held exactly): 2 made `sampling` a whole Sampling
 5 added log-probabilities to Tokens and the penalties, `logit_bias` and logprobs to SamplingParams; 6 added
 `rope_delta` (common.state) to every message with a state, and `images` to PrefillRequest; 7 added placement:
 `slots` and `hold_budget` to Hello and Heartbeat, `held` and `hold` to PrefillRequest, `hold_at` to
-DecodeRequest, and the kinds HoldState and NotHeld. Peers of two versions refuse each other's every message.
+DecodeRequest, and the kinds HoldState and NotHeld; 8 added `steps` and `busy` to Heartbeat.
+Peers of two versions refuse each other's every message.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from typing import Any, ClassVar, get_type_hints
 import msgpack
 import numpy as np
 
-VERSION = 7
+VERSION = 8
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}

@@ -1,9 +1,9 @@
 """Messages the router receives, on its PULL inbox (workers PUSH to it).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 7).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 8).
 
     0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
-    0x11 Heartbeat    worker -> router: alive, with its load; also re-registers after a router restart
+    0x11 Heartbeat    worker -> router: alive, with its load and progress; also re-registers after a router restart
     0x12 PrefillDone  prefill -> router: the prompt is prefilled and shipped to decode
     0x13 Tokens       decode -> router: newly sampled token ids of one sequence, with their logprobs if asked
     0x14 Finished     decode -> router: the sequence ended; optional final state (snapshot seam)
@@ -16,7 +16,8 @@ admits no worker without it, and never connects to the address of one that lacks
 carry the worker's KV cache type, and Finished and Snapshot their state's: the router refuses a
 worker or a state of another type than its own --kv-type. Their `slots` (a decode worker's batch
 slots) and `hold_budget` (the bytes of states a prefill worker keeps) are what the router places
-requests by (services/router/placement.py); 0 is none, or unknown.
+requests by (services/router/placement.py); 0 is none, or unknown. A Heartbeat's `steps` and
+`busy` tell progress from mere life: a busy worker whose steps stay put has stalled (common.liveness).
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class Heartbeat(Message):
     kv_type: str = ""
     slots: int = 0
     hold_budget: int = 0
+    steps: int = 0       # turns of its compute loop so far (common.liveness)
+    busy: bool = False   # it holds requests or has messages waiting for its loop
 
 
 @message(0x12)

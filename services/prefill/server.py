@@ -171,6 +171,7 @@ class PrefillServer(WorkerServer):
         done = state.pos
         for cut in cuts:
             logits = self._segment(req.tokens, state, mm, done - start, cut - start)
+            self.progress.advance()        # a long prompt is progress segment by segment (common.liveness)
             done = cut
             # copies: the frames leave on the IO thread while the backend may reuse its arrays
             arrays = [a.copy() for a in state.arrays()]

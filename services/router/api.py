@@ -119,7 +119,8 @@ class API:
 
     async def health(self, request: Request) -> Response:
         info = self.health_info()
-        ok = not self.draining and info["prefill_workers"] > 0 and info["decode_workers"] > 0
+        ok = not self.draining and info["prefill_workers"] > 0 and info["decode_workers"] > 0 \
+            and not info.get("stalled")
         status = "draining" if self.draining else "ok" if ok else "degraded"
         return health_response(request, status, 200 if ok else 503, info)
 

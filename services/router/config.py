@@ -35,6 +35,11 @@ class RouterConfig:
     max_n: int = setting(MAX_CHOICES, "Largest `n` (choices) a request may ask for; each choice is a sequence "
                                       "that decode holds. More: 400.", min=1)
     heartbeat_timeout: float = setting(2.5, "Seconds before a silent worker is dead.")
+    stall_timeout: float = setting(60.0, "Seconds a worker with work may go without its compute loop advancing "
+                                         "(one decode step, or one prefill segment of --snapshot-every tokens, "
+                                         "must take less); then it is reported stalled, its requests fail with "
+                                         "a retryable 503 and it exits for its supervisor to restart it. 0 "
+                                         "turns this off.", min=0.0)
     worker_token: str | None = worker_token_setting()
     max_workers: int = setting(MAX_PER_ROLE, "Workers admitted per role; more are refused.", min=1)
     request_timeout: float = setting(600.0, "Seconds a request may wait for its next token.")

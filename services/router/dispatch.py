@@ -2,7 +2,8 @@
 waiting HTTP handlers, and ends the requests of a worker that dies.
 
 Workers join through enrolment.py (the worker token, the KV cache type). A worker's requests end when its
-connection drops or, when a host vanishes silently, after the heartbeat timeout. Tokens of a request the
+connection drops or, when a host vanishes silently, after the heartbeat timeout; those of a worker
+whose compute loop stalled end with a retryable error (liveness.py). Tokens of a request the
 router no longer holds are answered once with Cancel, so a worker does not decode for nobody.
 
 Messages arrive on the inbox's IO thread and are handed to the event loop, where everything here
@@ -31,12 +32,14 @@ from common.protocol.prefill import PrefillRequest
 from common.protocol.router import Failed, Finished, Heartbeat, Hello, NotHeld, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel
 from common.worker import CancelledIds
+from common.worker_token import matches
 from common.worker_token import resolve as resolve_token
 
 from .backlog import Backlog
 from .copies import Copies, snapshot_every
 from .decode_room import DecodeRoom
 from .enrolment import Enrolment
+from .liveness import StallFailed, StallWatch
 from .placement import Placement, state_bytes
 from .prefix_cache import NoPrefixCache, PrefixCache
 from .schema import Job
@@ -68,7 +71,7 @@ class Track:
 class Dispatcher:
     def __init__(self, address: str, *, heartbeat_timeout: float, metrics: RouterMetrics,
                  cache: PrefixCache | None = None, token: str | None = None, max_workers: int = MAX_PER_ROLE,
-                 limits: WireLimits | None = None, kv_type: str = DEFAULT_KV_TYPE):
+                 limits: WireLimits | None = None, kv_type: str = DEFAULT_KV_TYPE, stall_timeout: float = 0.0):
         self.address, self.kv_type, self.limits, self.metrics = address, kv_type, limits, metrics
         self.cache = cache or NoPrefixCache()
         self.token = resolve_token(token)
@@ -76,6 +79,7 @@ class Dispatcher:
         self.placement = Placement(metrics)
         self.room = DecodeRoom(self.registry, lambda n: NoWorkers(
             f"no decode worker is connected; start one with `fermium decode --router {address}`"))
+        self.liveness = StallWatch(stall_timeout, forget_after=heartbeat_timeout)
         self.tracks: dict[str, Track] = {}
         self.copies: dict[str, Copies] = {}     # rid of a copy 0 -> the copies waiting for its prefill
         self.inbox: PullQueue | None = None
@@ -262,10 +266,18 @@ class Dispatcher:
         w.link.put(Cancel(msg.rid, "the router holds no such request"))
 
     def _hello(self, msg: Hello | Heartbeat) -> None:
+        stuck = isinstance(msg, Heartbeat) and matches(msg.token, self.token)
+        if stuck and self.liveness.held(msg.worker_id, msg.steps):
+            if self.liveness.tell(msg.worker_id):      # it exits on this, for its supervisor to restart it
+                self.enrolment.refusal_ack(msg, "its compute loop stalled", self._loop)
+            return
         replaced = self.enrolment.admit(msg, self._loop)
         self.room.wake()                       # a heartbeat's count, or a new worker's room
+        if isinstance(msg, Heartbeat) and msg.worker_id in self.registry.workers:
+            self.liveness.beat(msg.worker_id, msg.steps, msg.busy)
         if replaced is None:
             return
+        self.liveness.replaced(msg.address)
         for w in replaced:
             self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} was restarted")
         self._gauges()
@@ -275,10 +287,10 @@ class Dispatcher:
             self.tracks[err.rid].events.put_nowait(Failed(err.rid, "", f"router rejected a reply: {err}"))
             self._fail_copies(err.rid, f"router rejected a reply: {err}")
 
-    def _fail_all(self, w: Worker, why: str) -> None:
+    def _fail_all(self, w: Worker, why: str, end: type[Failed] = Failed) -> None:
         for rid in list(w.inflight):
             if rid in self.tracks:
-                self.tracks[rid].events.put_nowait(Failed(rid, w.worker_id, why))
+                self.tracks[rid].events.put_nowait(end(rid, w.worker_id, why))
             self._fail_copies(rid, why)
 
     def _link_lost(self, link: PushQueue | None) -> None:
@@ -298,6 +310,14 @@ class Dispatcher:
                           w.role, w.worker_id, w.address, len(w.inflight))
                 self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} stopped responding "
                                   f"(no heartbeat for {self.registry.timeout:g} s)")
+                self._gauges()
+            for w in self.liveness.check(self.registry.workers):
+                why = f"its compute loop made no progress for {self.liveness.timeout:g} s while it had work"
+                self.registry.remove(w.link, why)
+                log.error("%s worker %s at %s stalled (%s); ending its %d requests, refusing its heartbeats",
+                          w.role, w.worker_id, w.address, why, len(w.inflight))
+                self._fail_all(w, f"{w.role} worker {w.worker_id} at {w.address} stalled ({why}); retry the "
+                                  "request", StallFailed)
                 self._gauges()
 
     def _gauges(self) -> None:

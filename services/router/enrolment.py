@@ -43,7 +43,7 @@ class Enrolment:
         except ValueError as e:
             self._refuse(msg, "invalid", str(e))
             if isinstance(msg, Hello):         # it has the token: tell it why, so its start fails saying so
-                self._refusal_ack(msg, str(e), loop)
+                self.refusal_ack(msg, str(e), loop)
             return None
         if isinstance(msg, Heartbeat) and self.registry.heartbeat(msg.worker_id, msg.running, msg.waiting, msg.slots,
                                                                   msg.hold_budget):
@@ -67,7 +67,7 @@ class Enrolment:
         self._refusals("refused a %s of %.40r worker %.40r at %.120r: %s", type(msg).__name__, msg.role,
                        msg.worker_id, msg.address, why)
 
-    def _refusal_ack(self, msg: Hello, why: str, loop: asyncio.AbstractEventLoop) -> None:
+    def refusal_ack(self, msg: Hello | Heartbeat, why: str, loop: asyncio.AbstractEventLoop) -> None:
         try:
             link = push_queue(msg.address, name=f"router->{msg.address} (refused)")
         except OSError:                        # an in-process address that nothing holds

@@ -70,10 +70,15 @@ class Drained(GenerationError):
     """A request the router ended because its drain time ran out."""
 
 
+class Stalled(GenerationError):
+    """A request the router ended because its worker's compute loop stalled (liveness.py): retryable."""
+
+
 def failure(e: Exception) -> APIError:
     """What a run that failed after admission answers with."""
-    if isinstance(e, Drained):
-        return APIError(503, str(e), type="service_unavailable", code="shutting_down",
+    if isinstance(e, (Drained, Stalled)):
+        return APIError(503, str(e), type="service_unavailable",
+                        code="shutting_down" if isinstance(e, Drained) else "worker_stalled",
                         headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(e, GenerationError):
         return APIError(500, str(e), type="server_error", code="worker_failed")

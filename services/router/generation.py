@@ -25,7 +25,8 @@ from common.protocol.router import Failed, Finished, PrefillDone, Tokens
 from .admission import Admission, QueueFull
 from .config import RouterConfig
 from .dispatch import Dispatcher, NoWorkers, Track
-from .errors import RETRY_AFTER_S, APIError, Drained, GenerationError, server_error
+from .errors import RETRY_AFTER_S, APIError, Drained, GenerationError, Stalled, server_error
+from .liveness import StallFailed
 from .logprob_replies import Entry, Ledger, entries
 from .schema import Job
 
@@ -222,7 +223,8 @@ class Generation:
                     continue
                 if isinstance(msg, Failed):
                     ended = True
-                    raise (Drained if track.rid in self._drained else GenerationError)(msg.error)
+                    raise (Drained if track.rid in self._drained else Stalled if isinstance(msg, StallFailed)
+                           else GenerationError)(msg.error)
                 if isinstance(msg, Finished):
                     ended = True
                     tail = policy.text(detok.finish()) + policy.flush()

@@ -84,6 +84,7 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
             log.warning("--snapshot-store is not used: --snapshot-budget 0 turns snapshots off")
     dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache,
                             token=cfg.worker_token, max_workers=cfg.max_workers, kv_type=kv_type,
+                            stall_timeout=cfg.stall_timeout,
                             limits=wire_limits(dataclasses.replace(model.config, context_length=context)))
     generation = Generation(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics,
                             cfg.request_timeout)
@@ -94,7 +95,8 @@ def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, Dis
                 "running": generation.admission.running, "waiting": generation.admission.waiting,
                 "workers": [{"id": w.worker_id, "role": w.role, "address": w.address, "inflight": len(w.inflight)}
                             for w in dispatcher.registry.workers.values()],
-                "missing": [missing(role) for role in ROLES if not dispatcher.registry.count(role)]}
+                "missing": [missing(role) for role in ROLES if not dispatcher.registry.count(role)],
+                "stalled": dispatcher.liveness.report()}
 
     def missing(role: str) -> dict:
         """A role with no live worker, and the last one of it that died (None: none ever came)."""
