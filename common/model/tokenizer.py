@@ -13,7 +13,6 @@ Not here: BPE itself (the library runs it) and the chat format (chat_template.py
 """
 from __future__ import annotations
 
-import codecs
 import json
 import re
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from common.errors import UserError
 
+from .detokenize import DetokenizeStream
 from .token_budget import TokenBudget
 
 # `tokenizer.ggml.pre` -> the split regex applied before byte-level BPE
@@ -224,7 +224,7 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._hf.id_to_token(token_id)
 
-    def stream(self, *, skip_special: bool = False) -> "DetokenizeStream":
+    def stream(self, *, skip_special: bool = False) -> DetokenizeStream:
         return DetokenizeStream(self, skip_special=skip_special)
 
     def save(self, path: str | Path) -> None:
@@ -257,25 +257,6 @@ class Tokenizer:
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.vocab_size:
                 raise ValueError(f"invalid token id {i!r}: ids are ints in [0, {self.vocab_size})")
         return ids
-
-
-class DetokenizeStream:
-    """Turns ids into text one at a time; emits only whole UTF-8 characters, each exactly once."""
-
-    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False):
-        self._tok = tokenizer
-        self._skip_special = skip_special
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, token_id: int) -> str:
-        self._tok._check_ids([token_id])
-        if self._skip_special and self._tok.is_special(token_id):
-            return ""
-        return self._utf8.decode(self._tok.token_bytes(token_id))
-
-    def finish(self) -> str:
-        """What is still held back (an unfinished character comes out as U+FFFD)."""
-        return self._utf8.decode(b"", final=True)
 
 
 def _special_splitter(hf: _HFTokenizer) -> re.Pattern | None:

@@ -15,13 +15,10 @@ version, an unknown kind, a missing or extra field (of a message or such a map),
 type or that its dataclass refuses, an unreferenced frame or a frame whose size disagrees with its dtype
 and shape raises ProtocolError, which carries the request id when the header was readable; so does any
 other undecodable input, and a message over its receiver's WireLimits. VERSION changes with the layout
-and with any message's fields (held exactly): 2 made `sampling` a whole SamplingParams; 3 added `kv_type`
-(common.kv_cache) to every message with a state, and to Hello and Heartbeat; 4 added `grammar` to SamplingParams;
-5 added log-probabilities to Tokens and the penalties, `logit_bias` and logprobs to SamplingParams; 6 added
-`rope_delta` (common.state) to every message with a state, and `images` to PrefillRequest; 7 added placement:
-`slots` and `hold_budget` to Hello and Heartbeat, `held` and `hold` to PrefillRequest, `hold_at` to
-DecodeRequest, and the kinds HoldState and NotHeld; 8 added `steps` and `busy` to Heartbeat.
-Peers of two versions refuse each other's every message.
+and with any message's fields (held exactly): 2 whole SamplingParams; 3 `kv_type` (common.kv_cache) with
+every state, Hello and Heartbeat; 4 `grammar`; 5 log-probabilities, penalties and `logit_bias`; 6 `rope_delta`
+(common.state) and PrefillRequest's `images`; 7 placement (`slots`, `hold_budget`, `held`, `hold`, `hold_at`,
+HoldState, NotHeld); 8 Heartbeat's `steps` and `busy`. Peers of two versions refuse each other's every message.
 """
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
-"""The router's side of the wire: sends requests to workers, routes their replies to the
-waiting HTTP handlers, and ends the requests of a worker that dies.
-
-Workers join through enrolment.py (the worker token, the KV cache type). A worker's requests end when its
-connection drops or, when a host vanishes silently, after the heartbeat timeout; those of a worker
-whose compute loop stalled end with a retryable error (liveness.py). Tokens of a request the
-router no longer holds are answered once with Cancel, so a worker does not decode for nobody.
-
-Messages arrive on the inbox's IO thread and are handed to the event loop, where everything here
-runs, so no lock is needed (registrations through a queue of their own). Each request gets a Track
-whose `events` queue (bounded: backlog.py) receives PrefillDone, Tokens, Finished or Failed messages, in
-order; `n` > 1 choices get n Tracks that share one prefill (copies.py). `PrefixCache.lookup(ids)`
-(prefix_cache.py) is the one place a prefix is looked up before prefill, and `store_state()` takes the
-final state and logits that decode returns when `wants_final_state`. Which prefill worker runs a prompt,
-and whether the request names a state that worker holds instead of carrying it, placement.py decides.
+"""The router's side of the wire: sends requests to workers, routes their replies to the waiting
+HTTP handlers, and ends the requests of a worker whose connection drops, whose host vanishes (no
+heartbeat) or whose compute loop stalls (liveness.py, retryable). Workers join through
+enrolment.py. Messages arrive on the inbox's IO thread and are handed to the event loop, where
+everything here runs, so no lock is needed. Each request gets a Track (track.py); n > 1 choices
+share one prefill (copies.py); prefix_cache.py looks prefixes up and placement.py places prefill.
 """
 from __future__ import annotations
 
@@ -20,7 +11,6 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from common.kv_cache import DEFAULT_KV_TYPE
 from common.metrics import RouterMetrics
@@ -35,7 +25,6 @@ from common.worker import CancelledIds
 from common.worker_token import matches
 from common.worker_token import resolve as resolve_token
 
-from .backlog import Backlog
 from .copies import Copies, snapshot_every
 from .decode_room import DecodeRoom
 from .enrolment import Enrolment
@@ -43,29 +32,13 @@ from .liveness import StallFailed, StallWatch
 from .placement import Placement, state_bytes
 from .prefix_cache import NoPrefixCache, PrefixCache
 from .schema import Job
+from .track import NoWorkers, Track
 from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry
 
 log = logging.getLogger("fermium.router")
 
 REAP_INTERVAL_S = 0.25
 ENROL_SLICE_S = 0.005          # the loop serves other work at least this often through a flood of Hellos
-
-
-class NoWorkers(Exception):
-    """No live worker of a role: the request is answered 503."""
-
-
-@dataclass
-class Track:
-    rid: str
-    prompt: tuple[int, ...]
-    prefill: str
-    decode: str
-    events: Backlog = field(default_factory=Backlog)
-    generated: list[int] = field(default_factory=list)
-    cached: int = 0                  # prompt tokens the prefix cache served
-    marks: list = field(default_factory=list)   # the prompt's images for the snapshot keys (keys.py)
-    hold: bool = False               # its prefill worker keeps its states (placement.py)
 
 
 class Dispatcher:
