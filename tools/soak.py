@@ -15,7 +15,7 @@ soak bounds them (--snapshot-budget-gib, --held-budget-gib): small enough that t
 
     .venv/bin/python tools/soak.py                       # the bundled demo model
     .venv/bin/python tools/soak.py --model M.gguf --runner native --requests 5000
-    .venv/bin/python tools/soak.py --mix near-limit=1,non-reader=0
+    .venv/bin/python tools/soak.py --mix near-limit=0,non-reader=0
 """
 from __future__ import annotations
 
