@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Callable, ClassVar
 
 from .config import WorkerConfig
@@ -45,6 +45,7 @@ from .worker_token import resolve as resolve_token
 log = logging.getLogger("fermium.worker")
 
 HEARTBEAT_S = 0.5
+BEATS_KEPT = 64            # heartbeats whose answer may still arrive: a refusal must name one
 GUARD_PAUSE_S = 0.01       # after a step failed outright: no busy loop if it keeps failing
 
 
@@ -88,6 +89,8 @@ class WorkerLink:
         self._heartbeat_s = heartbeat_s
         self._ack: HelloAck | None = None
         self._acked = threading.Event()
+        self._beats: deque[str] = deque(maxlen=BEATS_KEPT)   # rids of the last heartbeats sent
+        self._forged = LogLimiter(log, f"{role}: refusals that answer none of its heartbeats")
         self._queue: queue.Queue[Message] = queue.Queue()
         self.inbox: PullQueue[Message] = pull_queue(inbox_address, name=role, on_message=self._route,
                                                    on_error=self._rejected, limits=limits, errors=errors)
@@ -99,7 +102,12 @@ class WorkerLink:
     def _route(self, msg: Message) -> None:
         if isinstance(msg, HelloAck):
             if self._acked.is_set() and self._ack.accepted and not msg.accepted:
-                self._on_refused(msg.reason)
+                # only the router's answer to one of our own heartbeats (random rids) may stop us
+                if msg.worker_id == self.worker_id and msg.rid in self._beats:
+                    self._on_refused(msg.reason)
+                else:
+                    self._forged("%s: ignored a refusal (rid %.16s) that answers none of its heartbeats", self.role,
+                                 msg.rid)
                 return
             self._ack = msg
             self._acked.set()
@@ -156,7 +164,9 @@ class WorkerLink:
         while not self._stop.wait(self._heartbeat_s):
             running, waiting = self._load()
             busy = running + waiting > 0 or self.pending() > 0
-            self.router.put(Heartbeat(uuid.uuid4().hex, self.worker_id, self.role, self.address,
+            rid = uuid.uuid4().hex
+            self._beats.append(rid)
+            self.router.put(Heartbeat(rid, self.worker_id, self.role, self.address,
                                       self.capacity, self.model, running, waiting, self.token, self.kv_type,
                                       self.slots, self.hold_budget, self.progress.steps, busy))
 
