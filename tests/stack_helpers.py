@@ -2,10 +2,15 @@
 ChatML template (written directly with gguf, in well under a second), and a running stack."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import gguf
 import numpy as np
+
+from common.model.default import default_model_path
+from fermium.stack import Stack, free_port
 
 ARCH = "qwen35moe"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -153,3 +158,16 @@ class DemoReference:
 
     def text(self, ids: list[int]) -> str:
         return self.tok.decode([t for t in ids if t not in self.tok.eos_ids])
+
+
+@contextmanager
+def metered_demo_stack(log_dir: Path, ready_s: float, **kwargs) -> Iterator[Stack]:
+    """The demo model's stack on the reference runner, ready, each service's metrics on a free port
+    (`stack.metrics_ports`, for scrape); kwargs go to Stack (extra flags, workers)."""
+    ports = {name: free_port() for name in ("router", "prefill", "decode")}
+    with Stack(str(default_model_path()), port=free_port(), runner="reference", metrics_ports=ports, log_dir=log_dir,
+               **kwargs) as s:
+        s.wait_ready(ready_s)
+        s.metrics_ports = ports
+        yield s
+

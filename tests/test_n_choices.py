@@ -20,6 +20,7 @@ from fermium.stack import Stack, free_port
 from services.router.dispatch import Dispatcher
 from services.router.prefix_cache import NoPrefixCache
 from services.router.schema import Job
+from tests.stack_helpers import metered_demo_stack
 from tests.test_services_e2e import scrape
 
 READY_TIMEOUT_S = 60
@@ -30,11 +31,7 @@ PREFILLED = "fermium_prefill_tokens_total{}"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    ports = {name: free_port() for name in ("router", "prefill", "decode")}
-    with Stack(str(default_model_path()), port=free_port(), runner="reference", metrics_ports=ports,
-               log_dir=tmp_path_factory.mktemp("stack")) as s:
-        s.wait_ready(READY_TIMEOUT_S)
-        s.metrics_ports = ports
+    with metered_demo_stack(tmp_path_factory.mktemp("stack"), READY_TIMEOUT_S) as s:
         yield s
 
 

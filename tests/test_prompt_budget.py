@@ -17,8 +17,8 @@ from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.model.token_budget import PromptTooLong
 from common.model.tokenizer import Tokenizer
-from fermium.stack import Stack, free_port
 from services.router.config import RouterConfig
+from tests.stack_helpers import metered_demo_stack
 from tests.test_services_e2e import scrape
 
 WORDS = ["hello", "the", "Wörld", "x1", "42", " ", "\n", "\n\n", "  \n", "é", "e\u0301", "\u1100\u1161\u11a8",
@@ -76,11 +76,7 @@ def test_tokenizing_stops_once_past_the_limit(tok, monkeypatch):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    ports = {name: free_port() for name in ("router", "prefill", "decode")}
-    with Stack(str(default_model_path()), port=free_port(), runner="reference", metrics_ports=ports,
-               log_dir=tmp_path_factory.mktemp("stack")) as s:
-        s.wait_ready(READY_TIMEOUT_S)
-        s.metrics_ports = ports
+    with metered_demo_stack(tmp_path_factory.mktemp("stack"), READY_TIMEOUT_S) as s:
         yield s
 
 

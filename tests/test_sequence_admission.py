@@ -11,11 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from common.model.default import default_model_path
-from fermium.stack import Stack, free_port
 from services.router.admission import Admission
 from services.router.decode_room import DecodeRoom
 from services.router.workers import WorkerRegistry
+from tests.stack_helpers import metered_demo_stack
 from tests.test_services_e2e import scrape
 
 READY_TIMEOUT_S = 60
@@ -27,12 +26,8 @@ PEAK = "fermium_decode_sequences_peak{}"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    ports = {name: free_port() for name in ("router", "prefill", "decode")}
     extra = {"decode": ["--capacity", str(CAPACITY), "--max-batch", str(BATCH)], "router": ["--max-n", str(MAX_N)]}
-    with Stack(str(default_model_path()), port=free_port(), runner="reference", metrics_ports=ports, extra=extra,
-               log_dir=tmp_path_factory.mktemp("stack")) as s:
-        s.wait_ready(READY_TIMEOUT_S)
-        s.metrics_ports = ports
+    with metered_demo_stack(tmp_path_factory.mktemp("stack"), READY_TIMEOUT_S, extra=extra) as s:
         yield s
 
 
