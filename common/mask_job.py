@@ -133,8 +133,7 @@ class MaskWorkers:
                 job.demoted = True
                 job.error = MasksBusy(f"grammar: {self.abandoned} costly grammars are still being given up on; "
                                       "retry later")
-        self.jobs.put(job)
-        with self._lock:
+            self.jobs.put(job)
             if self._live < self.n:
                 self._live += 1
                 threading.Thread(target=self._work, name=self.name, daemon=True).start()
