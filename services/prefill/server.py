@@ -173,14 +173,18 @@ class PrefillServer(WorkerServer):
             logits = self._segment(req.tokens, state, mm, done - start, cut - start)
             self.progress.advance()        # a long prompt is progress segment by segment (common.liveness)
             done = cut
-            # copies: the frames leave on the IO thread while the backend may reuse its arrays
-            arrays = [a.copy() for a in state.arrays()]
-            self.link.send(Snapshot(req.rid, self.link.worker_id, cut, arrays, logits.astype("float32", copy=True),
-                                    state.kv_type, state.rope_delta))
-            if self._hold(req):
-                self.held.put(req.history[:cut], SequenceState.from_arrays(cut, arrays, self.model.config,
-                                                                           self.kv_type, state.rope_delta))
+            self._send_snapshot(req, cut, state, logits)
         return logits
+
+    def _send_snapshot(self, req: PrefillRequest, pos: int, state: SequenceState, logits) -> None:
+        """The state at `pos` to the router as a Snapshot (and kept, when this worker holds states)."""
+        # copies: the frames leave on the IO thread while the backend may reuse its arrays
+        arrays = [a.copy() for a in state.arrays()]
+        self.link.send(Snapshot(req.rid, self.link.worker_id, pos, arrays, logits.astype("float32", copy=True),
+                                state.kv_type, state.rope_delta))
+        if self._hold(req):
+            self.held.put(req.history[:pos], SequenceState.from_arrays(pos, arrays, self.model.config,
+                                                                       self.kv_type, state.rope_delta))
 
     def _segment(self, tokens: list[int], state: SequenceState, mm: MropeInput | None, a: int, b: int):
         """tokens[a:b] through the backend (with their rows of `mm`); the state's rope_delta follows."""
