@@ -2,12 +2,13 @@
 # Fetch a llama.cpp source tree (with convert_hf_to_gguf.py and its gguf-py) for the opt-in
 # interop tests, from the llama-cpp-python sdist on PyPI, which vendors llama.cpp.
 #
-#   tools/fetch_llama_cpp.sh [DEST] [--build cpu|sse42|cuda]     (default DEST: .cache/llama-cpp)
+#   tools/fetch_llama_cpp.sh [DEST] [--build cpu|avx2|sse42|cuda]     (default DEST: .cache/llama-cpp)
 #   export FERMIUM_LLAMA_CPP_DIR=$(tools/fetch_llama_cpp.sh)
 #
 # --build also compiles llama-bench, llama-batched-bench, llama-quantize and llama-imatrix into
-# DEST's tree, under build-cpu/bin (-DGGML_NATIVE=ON: this CPU's ISA), build-sse42/bin (no AVX of
-# any kind, FMA, F16C or BMI2: its SSE4.2 path, set against Fermium's --isa ssse3) or build-cuda/bin
+# DEST's tree, under build-cpu/bin (-DGGML_NATIVE=ON: this CPU's ISA), build-avx2/bin (AVX2, FMA,
+# F16C and BMI2 but no AVX-512: set against Fermium's --isa avx2), build-sse42/bin (no AVX of any
+# kind, FMA, F16C or BMI2: its SSE4.2 path, set against Fermium's --isa ssse3) or build-cuda/bin
 # (-DGGML_CUDA=ON for the GPU that is here, CMAKE_CUDA_ARCHITECTURES=native unless
 # LLAMA_CPP_CUDA_ARCH says otherwise). LLAMA_CPP_JOBS sets the parallel jobs (default: nproc).
 # DEST may also be a llama.cpp tree (e.g. the one printed before): then nothing is fetched.
@@ -24,8 +25,8 @@ while [[ $# -gt 0 ]]; do
         *) DEST="$1"; shift ;;
     esac
 done
-[[ -z "$BUILD" || "$BUILD" == cpu || "$BUILD" == sse42 || "$BUILD" == cuda ]] ||
-    { echo "--build takes cpu, sse42 or cuda, not $BUILD" >&2; exit 2; }
+[[ -z "$BUILD" || "$BUILD" == cpu || "$BUILD" == avx2 || "$BUILD" == sse42 || "$BUILD" == cuda ]] ||
+    { echo "--build takes cpu, avx2, sse42 or cuda, not $BUILD" >&2; exit 2; }
 PIP="${PIP:-$ROOT/.venv/bin/pip}"
 TREE="$DEST/llama_cpp_python-$VERSION/vendor/llama.cpp"
 [[ -f "$DEST/convert_hf_to_gguf.py" ]] && TREE="$DEST"     # DEST is a llama.cpp tree already: build there
@@ -39,6 +40,8 @@ fi
 if [[ -n "$BUILD" ]]; then
     flags=(-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release)
     [[ "$BUILD" == cuda ]] && flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${LLAMA_CPP_CUDA_ARCH:-native}")
+    [[ "$BUILD" == avx2 ]] && flags+=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_AVX512=OFF
+        -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_SSE42=ON)
     [[ "$BUILD" == sse42 ]] && flags+=(-DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_AVX512=OFF
         -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF -DGGML_SSE42=ON)
     targets=(llama-bench llama-batched-bench llama-quantize llama-imatrix)

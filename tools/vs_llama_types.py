@@ -2,15 +2,17 @@
 
     python tools/vs_llama_types.py --types q4_k_m q2_k iq4_xs ... [--llama-cpp DEST] [--models DIR]
                                    [--out DIR] [--threads 2] [--layers 4] [--reps 3] [--tokens 16]
-                                   [--depths 0 8192] [--prompts 4096] [--ssse3-depths 0]
-                                   [--ssse3-prompts P ...] [--kv-type f16] [--max-busy C] [--timeout S]
+                                   [--depths 0 8192] [--prompts 4096] [--avx2-depths D ...]
+                                   [--avx2-prompts P ...] [--ssse3-depths 0] [--ssse3-prompts P ...]
+                                   [--kv-type f16] [--max-busy C] [--timeout S]
 
 For each type T, the real-width file of --layers layers (tools/make_synthetic_gguf.py --type T,
 written once into --models), then tools/vs_llama_bench.py's points on it, each engine's runs
 alternated with the other's: decode after each of --depths and a prefill of each of --prompts
-against llama-bench built for this CPU, and the points of --ssse3-depths and --ssse3-prompts with
-Fermium's --isa ssse3 against llama.cpp's SSE4.2 build. Both builds are made in DEST's tree by
-tools/fetch_llama_cpp.sh (--build cpu and --build sse42; nothing is rebuilt that is there; the
+against llama-bench built for this CPU, the points of --avx2-depths and --avx2-prompts with
+Fermium's --isa avx2 against llama.cpp's AVX2 build, and those of --ssse3-depths and --ssse3-prompts
+with Fermium's --isa ssse3 against llama.cpp's SSE4.2 build. The builds are made in DEST's tree by
+tools/fetch_llama_cpp.sh (--build cpu, avx2 and sse42; nothing is rebuilt that is there; the
 logs go to OUT/llama-build-*.log). A type that cannot be written or run gives a row saying why,
 and the others go on.
 
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from tools import vs_llama_bench as vb  # noqa: E402
 
 # our side -> (tools/fetch_llama_cpp.sh --build, Fermium's --isa: None is the fastest this CPU runs)
-SIDES = {"native": ("cpu", None), "ssse3": ("sse42", "ssse3")}
+SIDES = {"native": ("cpu", None), "avx2": ("avx2", "avx2"), "ssse3": ("sse42", "ssse3")}
 
 
 def llama_bench(dest: Path, build: str, log: Path) -> Path:
@@ -125,6 +127,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=16, help="decode steps timed per run, both engines")
     p.add_argument("--depths", type=int, nargs="*", default=[0, 8192])
     p.add_argument("--prompts", type=int, nargs="*", default=[4096])
+    p.add_argument("--avx2-depths", type=int, nargs="*", default=[],
+                   help="decode depths of Fermium's --isa avx2 against llama.cpp's AVX2 build")
+    p.add_argument("--avx2-prompts", type=int, nargs="*", default=[])
     p.add_argument("--ssse3-depths", type=int, nargs="*", default=[0])
     p.add_argument("--ssse3-prompts", type=int, nargs="*", default=[])
     p.add_argument("--kv-type", default="f16", choices=["f16", "q8_0", "f32"])
@@ -133,7 +138,8 @@ def main() -> None:
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     a.models.mkdir(parents=True, exist_ok=True)
-    points_of = {"native": (a.depths, a.prompts), "ssse3": (a.ssse3_depths, a.ssse3_prompts)}
+    points_of = {"native": (a.depths, a.prompts), "avx2": (a.avx2_depths, a.avx2_prompts),
+                 "ssse3": (a.ssse3_depths, a.ssse3_prompts)}
     sides = [s for s in SIDES if any(points_of[s])]
     benches = {s: llama_bench(a.llama_cpp, SIDES[s][0], a.out / f"llama-build-{SIDES[s][0]}.log") for s in sides}
     kv_flag = ["--kv-type", a.kv_type] if vb.fermium_has_kv_type() else []
