@@ -60,7 +60,7 @@ def test_state_bytes_sent_grow_linearly_with_the_prompt(stack, capsys):
         ideal = state_size(n, cfg) + checkpoints * state_size(n, cfg, recurrent_only=True)
         whole = sum(state_size(p, cfg) for p in [*range(EVERY, n, EVERY), n])          # each from position 0
         figures.append(f"{n} tokens: {checkpoints:.0f} snapshots, snapshot {snapshot:.0f} B, final {final:.0f} B, "
-                       f"ideal {ideal} B, ratio {snapshot / ideal:.3f}; whole states would be {whole} B")
+                       f"ideal {ideal:.0f} B, ratio {snapshot / ideal:.3f}; whole states would be {whole} B")
         assert snapshot / ideal <= 1.1
     with capsys.disabled():
         print("\n" + "\n".join(figures))

@@ -141,6 +141,7 @@ class SnapshotStore(SharedTierMethods, DiskTierMethods):
             if key in self.snaps:
                 if self.snaps[key].recurrent is not None:
                     self.snaps.move_to_end(key)
+                    parts.blocks[:] = [self.kv_blocks[b] for b in blocks]
                     return key
                 self._forget(key)                 # only on disk, maybe damaged: write it anew
             for i, bkey in enumerate(blocks):
