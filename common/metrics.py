@@ -57,6 +57,8 @@ prefill
     fermium_prefill_image_tokens_total         counter  the image tokens their rows filled
     fermium_prefill_encoder_seconds            histogram  one image through the vision encoder
     fermium_prefill_state_bytes_received_total{source}  counter  state bytes received: router | decode
+    fermium_prefill_state_bytes_sent_total{kind}  counter  state bytes sent (arrays and logits): snapshot (to the
+                                                        router: recurrent state and new KV rows) | final (to decode)
     fermium_prefill_held_lookups_total{outcome}  counter  requests that named a held state: hit | miss
     fermium_prefill_held_states                gauge    states kept in RAM for later requests (--held-budget)
     fermium_prefill_held_bytes                 gauge    their bytes
@@ -225,6 +227,8 @@ class PrefillMetrics(_Metrics):
         self.encoder_time = self.histogram("fermium_prefill_encoder_seconds", "One image through the vision encoder")
         self.state_bytes = self.counter("fermium_prefill_state_bytes_received", "State bytes received",
                                         ("source",), ("router", "decode"))
+        self.state_bytes_sent = self.counter("fermium_prefill_state_bytes_sent", "State bytes sent", ("kind",),
+                                             ("snapshot", "final"))
         self.held_lookups = self.counter("fermium_prefill_held_lookups", "Requests that named a held state",
                                          ("outcome",), ("hit", "miss"))
         self.held_states = self.gauge("fermium_prefill_held_states", "States kept for later requests")

@@ -98,6 +98,11 @@ class RollbackSlots:
         return sum(a.nbytes for slot in self.conv + self.ssm for a in slot)
 
 
+def state_bytes(arrays: list | None) -> int:
+    """The bytes of a state's arrays (arrays() order, or any part of them); 0 for None."""
+    return sum(a.nbytes for a in arrays) if arrays else 0
+
+
 def state_specs(pos: int, cfg: ModelConfig, kv_type: str = "f32") -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     """(name, dtype, shape) of every array of a state at `pos` with KV in `kv_type`, in arrays() order."""
     n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
@@ -108,14 +113,16 @@ def state_specs(pos: int, cfg: ModelConfig, kv_type: str = "f32") -> list[tuple[
             + [(f"k[{i}]", kt, kv) for i in range(n_full)] + [(f"v[{i}]", kt, kv) for i in range(n_full)])
 
 
-def check_state(pos: int, arrays, cfg: ModelConfig, kv_type: str = "f32") -> None:
+def check_state(pos: int, arrays, cfg: ModelConfig, kv_type: str = "f32", since: int = 0) -> None:
     """Raise ValueError, naming the array, unless `arrays` is a state of this model at `pos` with
-    KV in `kv_type`."""
+    KV in `kv_type`; with `since`, one whose K and V hold only the rows of positions [since, pos)."""
     if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or not 0 <= pos <= cfg.context_length:
         raise ValueError(f"state position {pos!r} is outside [0, {cfg.context_length}]")
+    if isinstance(since, bool) or not isinstance(since, (int, np.integer)) or not 0 <= since <= pos:
+        raise ValueError(f"KV rows from position {since!r} do not end at {pos}")
     if not isinstance(arrays, (list, tuple)):
         raise ValueError(f"state must be a list of arrays, got {type(arrays).__name__}")
-    want = state_specs(pos, cfg, check_kv_type(kv_type, cfg.head_dim))
+    want = state_specs(pos - since, cfg, check_kv_type(kv_type, cfg.head_dim))
     if len(arrays) != len(want):
         raise ValueError(f"state needs {len(want)} arrays, got {len(arrays)}")
     for (name, dtype, shape), a in zip(want, arrays):

@@ -66,6 +66,7 @@ def state_at(cfg, pos: int) -> list[np.ndarray]:
 def samples(cfg, decode_address: str) -> list[list[bytes]]:
     """Real encoded messages of every kind, with states the model accepts."""
     logits = np.linspace(-1, 1, cfg.vocab_size, dtype=np.float32)
+    n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
     msgs = [
         make(DecodeRequest, rid="h-dec", pos=3, history=[72, 101, 108], sampling=SamplingParams(temperature=0.0),
              max_tokens=2, stop_ids=[0], return_state=True, state=state_at(cfg, 3), logits=logits),
@@ -78,7 +79,8 @@ def samples(cfg, decode_address: str) -> list[list[bytes]]:
         make(Tokens, rid="h-tok", worker_id="decode-x", tokens=[1, 2]),
         make(Finished, rid="h-fin", worker_id="decode-x", reason="stop", n_generated=1, pos=3,
              state=state_at(cfg, 3), logits=logits),
-        make(Snapshot, rid="h-snap", worker_id="prefill-x", pos=2, state=state_at(cfg, 2), logits=logits),
+        make(Snapshot, rid="h-snap", worker_id="prefill-x", pos=3, since=1, recurrent=state_at(cfg, 2)[:2 * n_lin],
+             k=state_at(cfg, 2)[2 * n_lin:][:n_full], v=state_at(cfg, 2)[2 * n_lin:][n_full:], logits=logits),
         make(PrefillDone, rid="h-done", worker_id="prefill-x", n_tokens=2, seconds=0.1),
         make(Failed, rid="h-fail", worker_id="prefill-x", error="boom"),
         make(Hello, rid="h-hello", worker_id="fake", role="decode", address=NOWHERE, capacity=1, model="m"),

@@ -167,10 +167,12 @@ def test_one_prefill_whose_end_state_goes_to_each_copy():
     d, prefills, decodes, tracks = dispatcher()
     (req,) = prefills
     assert req.rid == tracks[0].rid and req.sampling.seed == 5 and req.snapshot_every == 4 and not decodes
-    state, logits = [np.ones(2, np.float32)], np.ones(4, np.float32)
-    d._handle(Snapshot(req.rid, "p", 3, state, logits, DEFAULT_KV_TYPE))
+    recurrent, logits = [np.ones(2, np.float32)], np.ones(4, np.float32)
+    k, v = [np.ones((3, 2, 4), np.float16)], [np.zeros((3, 2, 4), np.float16)]
+    d._handle(Snapshot(req.rid, "p", 3, 0, recurrent, k, v, logits, DEFAULT_KV_TYPE))
     assert [(m.rid, m.sampling.seed, m.pos) for m in decodes] == [(t.rid, 5 + i, 3) for i, t in enumerate(tracks)][1:]
-    assert all(m.state is state and m.logits is logits for m in decodes)
+    assert all(m.state is decodes[0].state and m.logits is logits for m in decodes)     # assembled once
+    assert [a.tolist() for a in decodes[0].state] == [a.tolist() for a in [*recurrent, *k, *v]]
 
 
 @pytest.mark.parametrize("end", ["failed", "no snapshot"])

@@ -46,7 +46,7 @@ SAMPLES = [
                    False, None, 0, "f32"),
     PrefillRequest("r2", [1, 2], [9, 1, 2], 1, "tcp://127.0.0.1:2", SamplingParams(), 16, [], True, state(2), 64,
                    "f16"),
-    Snapshot("r2", "prefill-1", 2, state(2), np.ones(11, np.float32), "f16"),
+    Snapshot("r2", "prefill-1", 7, 2, state(2)[:2], state(3)[3:], state(4)[3:], np.ones(11, np.float32), "f16"),
     DecodeRequest("r3", 3, [1, 2, 3], SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0,
                                                      logit_bias={7: -100, "2": 3.5}, logprobs=True, top_logprobs=2),
                   5, [0], False, state(3), np.arange(11, dtype=np.float32), "f16"),

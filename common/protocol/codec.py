@@ -18,7 +18,8 @@ other undecodable input, and a message over its receiver's WireLimits. VERSION c
 and with any message's fields (held exactly): 2 whole SamplingParams; 3 `kv_type` (common.kv_cache) with
 every state, Hello and Heartbeat; 4 `grammar`; 5 log-probabilities, penalties and `logit_bias`; 6 `rope_delta`
 (common.state) and PrefillRequest's `images`; 7 placement (`slots`, `hold_budget`, `held`, `hold`, `hold_at`,
-HoldState, NotHeld); 8 Heartbeat's `steps` and `busy`. Peers of two versions refuse each other's every message.
+HoldState, NotHeld); 8 Heartbeat's `steps` and `busy`; 9 Snapshot's `since`, `recurrent`, `k` and `v` (the
+KV rows past the previous Snapshot only). Peers of two versions refuse each other's every message.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Any, ClassVar, get_type_hints
 import msgpack
 import numpy as np
 
-VERSION = 8
+VERSION = 9
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}

@@ -1,6 +1,6 @@
 """Messages the router receives, on its PULL inbox (workers PUSH to it).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 8).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 9).
 
     0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
     0x11 Heartbeat    worker -> router: alive, with its load and progress; also re-registers after a router restart
@@ -8,7 +8,7 @@ Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n array
     0x13 Tokens       decode -> router: newly sampled token ids of one sequence, with their logprobs if asked
     0x14 Finished     decode -> router: the sequence ended; optional final state (snapshot seam)
     0x15 Failed       any worker -> router: request `rid` failed, or a frame was rejected
-    0x16 Snapshot     prefill -> router: the state after the first `pos` prompt tokens, and its logits
+    0x16 Snapshot     prefill -> router: the state after the first `pos` prompt tokens (new KV rows only), logits
     0x17 NotHeld      prefill -> router: the state a PrefillRequest named by `held` is no longer held there
 
 Hello and Heartbeat carry the deployment's worker token (`common.worker_token`): the router
@@ -111,15 +111,22 @@ class Failed(Message):
 
 @message(0x16)
 class Snapshot(Message):
-    """State after history[:pos] (SequenceState.arrays() order) and the logits of token pos-1."""
+    """The state after history[:pos], as much of it as the router lacks: the recurrent arrays
+    (conv..., ssm...), per full layer the K and V rows of positions [since, pos) only, and the
+    logits of token pos-1. `since` is the pos of the request's previous Snapshot, or its start_pos
+    for the first: the router holds every row before it (services/router/snapshot_chains.py), so
+    a prompt's KV crosses the wire once however many checkpoints it has."""
 
     worker_id: str
     pos: int
-    state: list
+    since: int
+    recurrent: list
+    k: list
+    v: list
     logits: object
     kv_type: str
     rope_delta: int = 0
-    ARRAYS = ("state", "logits")
+    ARRAYS = ("recurrent", "k", "v", "logits")
 
 
 @message(0x17)

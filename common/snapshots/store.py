@@ -33,7 +33,8 @@ from ..state import SequenceState
 from . import disk
 from .disk_tier import DiskTierMethods
 from .disk_writer import DiskWriter
-from .keys import ROOT, Marks, chain, marks_in, tail_key
+from .keys import ROOT, Marks, chain, marks_in, prefix_key, tail_key
+from .parts import KvParts
 from .redis_tier import Record, RedisTier
 from .shared import SharedTierMethods
 
@@ -115,29 +116,42 @@ class SnapshotStore(SharedTierMethods, DiskTierMethods):
         recurrent arrays and the logits, each a whole array that nothing writes to again (a
         message's): kept as they are, with no copy on the caller's thread."""
         keep = (lambda a: a) if owned else (lambda a: a.copy())
-        if state.pos != len(tokens):
-            raise ValueError(f"state is at {state.pos}, tokens are {len(tokens)}")
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this snapshot store")
+        n_lin = len(state.conv)
+        return self.put_parts(tokens, KvParts.cut(state.pos, state.k, state.v, self.block),
+                              [keep(a) for a in state.arrays()[:2 * n_lin]], keep(np.asarray(logits, np.float32)),
+                              marks, int(state.rope_delta), owned_kv=False)
+
+    def put_parts(self, tokens: Sequence[int], parts: KvParts, recurrent: list[np.ndarray], logits: np.ndarray,
+                  marks: Marks = (), rope_delta: int = 0, owned_kv: bool = True) -> bytes:
+        """Store the state after `tokens` whose KV is `parts` (cut in this store's blocks) and whose
+        recurrent arrays and logits are handed over as they are. A block the store holds already is
+        kept, and takes the place of the parts' own in `parts` (the caller then holds no second
+        copy); one it lacks is taken, as it is when `owned_kv`, else copied. Returns the snapshot key."""
+        if parts.pos != len(tokens):
+            raise ValueError(f"state is at {parts.pos}, tokens are {len(tokens)}")
         B = self.block
         blocks = list(chain(tokens, B, marks))
+        if len(blocks) != len(parts.blocks):
+            raise ValueError(f"{len(parts.blocks)} KV blocks of {B} rows for {len(tokens)} tokens")
+        keep = (lambda a: a) if owned_kv else (lambda a: a.copy())
         base = blocks[-1] if blocks else ROOT
         key = tail_key(base, tokens[len(blocks) * B:], marks_in(marks, len(blocks) * B, len(tokens)))
         with self.lock:
             if key in self.snaps:
                 if self.snaps[key].recurrent is not None:
                     self.snaps.move_to_end(key)
+                    parts.blocks[:] = [self.kv_blocks[b] for b in blocks]
                     return key
                 self._forget(key)                 # only on disk, maybe damaged: write it anew
             for i, bkey in enumerate(blocks):
                 if bkey not in self.kv_blocks:
-                    self.kv_blocks[bkey] = ([k[i * B:(i + 1) * B].copy() for k in state.k],
-                                            [v[i * B:(i + 1) * B].copy() for v in state.v])
+                    ks, vs = parts.blocks[i]
+                    self.kv_blocks[bkey] = ([keep(k) for k in ks], [keep(v) for v in vs])
+                parts.blocks[i] = self.kv_blocks[bkey]
                 self.refs[bkey] = self.refs.get(bkey, 0) + 1
-            n_lin = len(state.conv)
-            snap = Snapshot(state.pos, base, blocks, [keep(a) for a in state.arrays()[:2 * n_lin]],
-                            keep(np.asarray(logits, np.float32)),
-                            [k[len(blocks) * B:].copy() for k in state.k],
-                            [v[len(blocks) * B:].copy() for v in state.v], int(state.rope_delta))
+            snap = Snapshot(parts.pos, base, blocks, recurrent, logits, [keep(k) for k in parts.tail_k],
+                            [keep(v) for v in parts.tail_v], int(rope_delta))
             self._index(key, snap)
             if self.disk_writer:                  # queued: the writer thread writes it
                 self._queue_write(key, snap, blocks)
@@ -146,6 +160,15 @@ class SnapshotStore(SharedTierMethods, DiskTierMethods):
                                        snap.tail_v, snap.rope_delta, {b: self.kv_blocks[b] for b in blocks}))
             self._evict()
             return key
+
+    def parts(self, tokens: Sequence[int], marks: Marks = ()) -> KvParts | None:
+        """The KV of the snapshot after exactly `tokens`, its blocks the store's own arrays (not
+        copied); None when it is not in RAM."""
+        with self.lock:
+            snap = self.snaps.get(prefix_key(tokens, self.block, marks))
+            if snap is None or snap.recurrent is None:
+                return None
+            return KvParts(snap.pos, [self.kv_blocks[b] for b in snap.blocks], list(snap.tail_k), list(snap.tail_v))
 
     def _index(self, key: bytes, snap: Snapshot) -> None:
         self.snaps[key] = snap

@@ -29,15 +29,16 @@ from common.model.gguf_file import GGUFModel
 from common.protocol.checks import check_hold, check_prefill
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import HoldState, PrefillRequest
-from common.protocol.router import NotHeld, PrefillDone, Snapshot
+from common.protocol.router import NotHeld, PrefillDone
 from common.push_links import PushLinks
 from common.reference.multimodal import MropeInput
-from common.state import SequenceState, wire_limits
+from common.state import SequenceState, state_bytes, wire_limits
 from common.worker import WorkerServer
 
 from .backends import create_backend
 from .config import PrefillConfig
 from .held import HeldStates
+from .snapshot_rows import SnapshotRows, snapshot_bytes
 from .vision import ImageRows, inside_image, request_rows, segment
 
 log = logging.getLogger("fermium.prefill")
@@ -70,6 +71,7 @@ class PrefillServer(WorkerServer):
             raise ModelConfigError(f"--mmproj {cfg.mmproj}: the tower projects to {self.vision.cfg.projection_dim}, "
                                    f"the model is {model.config.hidden_size} wide")
         self.held = HeldStates(cfg.held_budget)
+        self.rows = SnapshotRows()
         metrics.held_states.set_function(lambda: len(self.held))
         metrics.held_bytes.set_function(lambda: self.held.bytes)
         super().__init__(cfg, ContextModel(model, self.ctx_size), metrics, capacity=1, hold_budget=self.held.budget,
@@ -86,7 +88,7 @@ class PrefillServer(WorkerServer):
         if isinstance(msg, PrefillRequest):
             self.queue.append(msg)
             return
-        self.metrics.state_bytes.labels("decode").inc(sum(a.nbytes for a in msg.state))
+        self.metrics.state_bytes.labels("decode").inc(state_bytes(msg.state))
         try:
             self.held.put(msg.tokens, check_hold(msg, self.model.config, self.kv_type))
         except ValueError as e:
@@ -129,7 +131,7 @@ class PrefillServer(WorkerServer):
         """`req` with the held state it names as its start state; None, answered NotHeld, when none is held."""
         if not req.held:
             if req.start_state is not None:
-                self.metrics.state_bytes.labels("router").inc(sum(a.nbytes for a in req.start_state))
+                self.metrics.state_bytes.labels("router").inc(state_bytes(req.start_state))
             return req
         held = self.held.get(req.held, req.start_pos)
         self.metrics.held_lookups.labels("hit" if held is not None else "miss").inc()
@@ -147,6 +149,7 @@ class PrefillServer(WorkerServer):
             self.held.put(req.history[:req.start_pos], SequenceState.from_arrays(
                 req.start_pos, list(req.start_state), self.model.config, self.kv_type, req.rope_delta))
         mm = request_rows(self.vision, req.tokens, req.images, req.image_token, state.rope_pos, state.rope_delta)
+        self.rows.start(req)
         before = self.backend.stats()
         t0 = time.perf_counter()
         logits = self._prefill_with_snapshots(req, state, mm)
@@ -157,6 +160,7 @@ class PrefillServer(WorkerServer):
         out = DecodeRequest(req.rid, state.pos, req.history, req.sampling, req.max_tokens, req.stop_ids,
                             req.return_state, state.arrays(), logits.astype("float32", copy=False), state.kv_type,
                             state.rope_delta, self.link.address if self._hold(req) and req.return_state else "")
+        self.metrics.state_bytes_sent.labels("final").inc(state_bytes(out.state) + out.logits.nbytes)
         self.decoders.get(req.decode_address).put(out)
         self.link.send(PrefillDone(req.rid, self.link.worker_id, len(req.tokens), seconds))
 
@@ -177,13 +181,14 @@ class PrefillServer(WorkerServer):
         return logits
 
     def _send_snapshot(self, req: PrefillRequest, pos: int, state: SequenceState, logits) -> None:
-        """The state at `pos` to the router as a Snapshot (and kept, when this worker holds states)."""
-        # copies: the frames leave on the IO thread while the backend may reuse its arrays
-        arrays = [a.copy() for a in state.arrays()]
-        self.link.send(Snapshot(req.rid, self.link.worker_id, pos, arrays, logits.astype("float32", copy=True),
-                                state.kv_type, state.rope_delta))
-        if self._hold(req):
-            self.held.put(req.history[:pos], SequenceState.from_arrays(pos, arrays, self.model.config,
+        """The state at `pos` to the router as a Snapshot of the KV rows it lacks (snapshot_rows.py),
+        and kept whole, when this worker holds states."""
+        msg = self.rows.message(req, self.link.worker_id, pos, state, logits)
+        self.metrics.state_bytes_sent.labels("snapshot").inc(snapshot_bytes(msg))
+        self.link.send(msg)
+        if self._hold(req):                 # the message's recurrent copies are never written: shared
+            kv = [a[:pos].copy() for a in (*state.k, *state.v)]
+            self.held.put(req.history[:pos], SequenceState.from_arrays(pos, [*msg.recurrent, *kv], self.model.config,
                                                                        self.kv_type, state.rope_delta))
 
     def _segment(self, tokens: list[int], state: SequenceState, mm: MropeInput | None, a: int, b: int):

@@ -2,8 +2,9 @@
 
 Copy 0 is dispatched as any request, and its prefill is asked for a Snapshot at the prompt's
 end (past every checkpoint when the prefix cache takes none). When that Snapshot arrives, its
-state and logits go to decode once for each other copy, so the prompt is prefilled once and
-each copy decodes its own sequence from the same state. A prompt the prefix cache holds whole
+state (assembled from the KV rows the router holds: snapshot_chains.py) and logits go to decode
+once for each other copy, so the prompt is prefilled once and each copy decodes its own
+sequence from the same state. A prompt the prefix cache holds whole
 goes to decode n times at once. Copy i samples with SamplingParams.for_choice(i) (seed + i).
 When copy 0's prefill fails, or ends without the Snapshot, the waiting copies fail with it.
 """
@@ -15,6 +16,7 @@ from typing import Callable
 from common.protocol.decode import DecodeRequest
 from common.protocol.router import Failed
 from common.sampling import SamplingParams
+from common.state import state_bytes
 
 MAX_CHOICES = 16                # `n`: copies beyond this are better sent as separate requests
 
@@ -50,6 +52,19 @@ class Copies:
     def fail(self, why: str) -> None:
         for track in self.tracks:
             track.events.put_nowait(Failed(track.rid, track.prefill, why))
+
+
+class CopySends:
+    """Mixed into the Dispatcher (dispatch.py), whose registry, tracks, copies and metrics these use."""
+
+    def _send_copies(self, c: Copies, state: list | None, logits, rope_delta: int = 0) -> None:
+        sent = c.send(state, logits, self.kv_type, lambda wid: getattr(self.registry.workers.get(wid), "link", None),
+                      lambda rid: rid in self.tracks, rope_delta)
+        self.metrics.state_bytes_sent.labels("decode").inc(sent * state_bytes(state))
+
+    def _fail_copies(self, rid: str, why: str) -> None:
+        if rid in self.copies:
+            self.copies.pop(rid).fail(why)
 
 
 def snapshot_every(cache_every: int, prompt_len: int, n: int) -> int:

@@ -3,7 +3,8 @@ HTTP handlers, and ends the requests of a worker whose connection drops, whose h
 heartbeat) or whose compute loop stalls (liveness.py, retryable). Workers join through
 enrolment.py. Messages arrive on the inbox's IO thread and are handed to the event loop, where
 everything here runs, so no lock is needed. Each request gets a Track (track.py); n > 1 choices
-share one prefill (copies.py); prefix_cache.py looks prefixes up and placement.py places prefill.
+share one prefill (copies.py); prefix_cache.py looks prefixes up, placement.py places prefill,
+and snapshot_chains.py assembles each Snapshot from the KV rows it brings.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 import uuid
 
 from common.kv_cache import DEFAULT_KV_TYPE
+from common.log_limit import LogLimiter
 from common.metrics import RouterMetrics
 from common.mp import PullQueue, PushQueue
 from common.mp_local import pull_queue, push_queue
@@ -25,13 +27,14 @@ from common.worker import CancelledIds
 from common.worker_token import matches
 from common.worker_token import resolve as resolve_token
 
-from .copies import Copies, snapshot_every
+from .copies import Copies, CopySends, snapshot_every
 from .decode_room import DecodeRoom
 from .enrolment import Enrolment
 from .liveness import StallFailed, StallWatch
-from .placement import Placement, state_bytes
+from .placement import Placement
 from .prefix_cache import NoPrefixCache, PrefixCache
 from .schema import Job
+from .snapshot_chains import SnapshotChains, SnapshotIntake
 from .track import NoWorkers, Track
 from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry
 
@@ -41,7 +44,7 @@ REAP_INTERVAL_S = 0.25
 ENROL_SLICE_S = 0.005          # the loop serves other work at least this often through a flood of Hellos
 
 
-class Dispatcher:
+class Dispatcher(SnapshotIntake, CopySends):
     def __init__(self, address: str, *, heartbeat_timeout: float, metrics: RouterMetrics,
                  cache: PrefixCache | None = None, token: str | None = None, max_workers: int = MAX_PER_ROLE,
                  limits: WireLimits | None = None, kv_type: str = DEFAULT_KV_TYPE, stall_timeout: float = 0.0):
@@ -55,6 +58,8 @@ class Dispatcher:
         self.liveness = StallWatch(stall_timeout, forget_after=heartbeat_timeout)
         self.tracks: dict[str, Track] = {}
         self.copies: dict[str, Copies] = {}     # rid of a copy 0 -> the copies waiting for its prefill
+        self.chains = SnapshotChains()          # rid of a prefill -> the KV its Snapshots extend
+        self._refusals = LogLimiter(log, "refused Snapshots")
         self.inbox: PullQueue | None = None
         self._reaper: asyncio.Task | None = None
         self._joining: asyncio.Queue = asyncio.Queue()     # Hellos and Heartbeats, for _enrol_forever
@@ -130,6 +135,9 @@ class Dispatcher:
         rid = tracks[0].rid
         every = snapshot_every(self.cache.snapshot_every, len(history), n)
         plan.worker.inflight.add(rid)
+        if every:
+            self.chains.begin(rid, plan.worker.worker_id, len(history), self.kv_type,
+                              self.cache.start_parts(job.prompt_ids, start, state, marks))
         pixels = images.after(start) if images else []
         req = PrefillRequest(rid, history[start:], history, start, decode.address, pending.sampling[0], job.max_tokens,
                              stops, keep, None if plan.held else state, every, self.kv_type, delta, pixels or None,
@@ -139,15 +147,6 @@ class Dispatcher:
             pending.tracks, pending.sampling = tracks[1:], pending.sampling[1:]
             self.copies[rid] = pending
         return tracks
-
-    def _send_copies(self, c: Copies, state: list | None, logits, rope_delta: int = 0) -> None:
-        sent = c.send(state, logits, self.kv_type, lambda wid: getattr(self.registry.workers.get(wid), "link", None),
-                      lambda rid: rid in self.tracks, rope_delta)
-        self.metrics.state_bytes_sent.labels("decode").inc(sent * state_bytes(state))
-
-    def _fail_copies(self, rid: str, why: str) -> None:
-        if rid in self.copies:
-            self.copies.pop(rid).fail(why)
 
     def cancel(self, rid: str, reason: str) -> None:
         track = self.tracks.get(rid)
@@ -164,6 +163,9 @@ class Dispatcher:
         for key in [k for k, c in self.copies.items() if k not in self.tracks
                     and not any(t.rid in self.tracks for t in c.tracks)]:
             del self.copies[key]
+            self.chains.end(key)
+        if rid not in self.copies:              # else its Snapshot is still to come for them
+            self.chains.end(rid)
         if track is None:
             return
         for wid in (track.prefill, track.decode):
@@ -192,22 +194,19 @@ class Dispatcher:
             await asyncio.sleep(0)
 
     def _handle(self, msg: Message) -> None:
-        if isinstance(msg, Snapshot) and msg.rid in self.copies and msg.pos == len(self.copies[msg.rid].history):
-            self._send_copies(self.copies.pop(msg.rid), msg.state, msg.logits, msg.rope_delta)
+        if isinstance(msg, Snapshot):          # snapshot_chains.py
+            self._snapshot(msg)
+            return
         track = self.tracks.get(msg.rid)
         if track is None:   # a request that already ended, or one of the router before a restart
             if isinstance(msg, Tokens):
                 self._cancel_orphan(msg)
             return
-        if isinstance(msg, Snapshot):
-            key = self._store(track, track.prompt, msg, "prefill")
-            if track.hold:
-                self.placement.held_by(track.prefill, track.prompt, msg.pos, key)
-            return
         if isinstance(msg, NotHeld):           # its worker is gone when nothing is resent: its requests fail
             self.placement.resend(self.registry.workers.get(track.prefill), msg.rid)
             return
         if isinstance(msg, (PrefillDone, Failed)):
+            self.chains.end(msg.rid)
             self._fail_copies(msg.rid, msg.error if isinstance(msg, Failed) else "the prefill sent no state to copy")
             self.placement.done(msg.rid, isinstance(msg, PrefillDone))
         if isinstance(msg, PrefillDone):
@@ -226,7 +225,7 @@ class Dispatcher:
             return
         track.events.offer(msg, self.metrics, self.cancel)     # past its bound: ended as a stalled client
 
-    def _store(self, track: Track, ids: tuple[int, ...], msg: Snapshot | Finished, source: str) -> bytes | None:
+    def _store(self, track: Track, ids: tuple[int, ...], msg: Finished, source: str) -> bytes | None:
         # a cache without images keeps its signature
         extra = {"marks": track.marks, "rope_delta": msg.rope_delta} if track.marks else {}
         return self.cache.store_state(ids, msg.pos, msg.state, msg.logits, source, msg.kv_type, **extra)
@@ -261,6 +260,7 @@ class Dispatcher:
             self._fail_copies(err.rid, f"router rejected a reply: {err}")
 
     def _fail_all(self, w: Worker, why: str, end: type[Failed] = Failed) -> None:
+        self.chains.drop_worker(w.worker_id)
         for rid in list(w.inflight):
             if rid in self.tracks:
                 self.tracks[rid].events.put_nowait(end(rid, w.worker_id, why))

@@ -20,6 +20,7 @@ from common.metrics import RouterMetrics
 from common.protocol.prefill import PrefillRequest
 from common.snapshots import KV_BLOCK
 from common.snapshots.keys import prefix_key
+from common.state import state_bytes
 
 from .workers import Worker
 
@@ -27,10 +28,6 @@ from .workers import Worker
 # waiting behind one prompt costs less than a state's transfer on the links this is for
 HOLDER_SLACK = 1.0
 MAX_HOLDINGS = 65_536          # keys remembered; the least recently used go first
-
-
-def state_bytes(state: list | None) -> int:
-    return sum(a.nbytes for a in state) if state else 0
 
 
 def pick_prefill(workers: Iterable[Worker], holders: set[str]) -> tuple[Worker | None, bool]:

@@ -19,7 +19,8 @@ from common.model.config import ModelConfig
 from common.reference.deltanet import PREFILL_CHUNK
 from common.snapshots import KV_BLOCK, SnapshotStore
 from common.snapshots.keys import Marks
-from common.state import SequenceState
+from common.snapshots.parts import KvParts
+from common.state import SequenceState, check_logits, check_rope_delta, check_state
 
 log = logging.getLogger("fermium.router")
 
@@ -32,6 +33,11 @@ class PrefixCache(Protocol):
     def lookup(self, ids: tuple[int, ...], marks: Marks = ()) -> tuple[int, list[np.ndarray] | None,
                                                                         np.ndarray | None]: ...
     def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
+                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None: ...
+    # a prefill's Snapshots (services/router/snapshot_chains.py): the KV a request starts from, then each one's
+    def start_parts(self, ids: tuple[int, ...], start: int, state: list[np.ndarray] | None,
+                    marks: Marks = ()) -> KvParts: ...
+    def store_parts(self, ids: tuple[int, ...], parts: KvParts, recurrent: list[np.ndarray], logits: np.ndarray,
                     source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None: ...
 
 
@@ -46,6 +52,14 @@ class NoPrefixCache:
         return 0, None, None
 
     def store_state(self, ids: tuple[int, ...], pos: int, arrays: list[np.ndarray], logits: np.ndarray,
+                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None:
+        return None
+
+    def start_parts(self, ids: tuple[int, ...], start: int, state: list[np.ndarray] | None,
+                    marks: Marks = ()) -> KvParts:
+        return KvParts.empty()                    # nothing is cached: every prefill starts at 0
+
+    def store_parts(self, ids: tuple[int, ...], parts: KvParts, recurrent: list[np.ndarray], logits: np.ndarray,
                     source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None:
         return None
 
@@ -99,10 +113,40 @@ class SnapshotCache:
         """Keep the state after ids[:pos] (its images at `marks`), its KV in `kv_type` (the store's
         own, else refused); `logits` are those of token pos-1. The arrays are handed over (a message's,
         each whole): the store keeps them uncopied. Returns its snapshot key, None if refused."""
+        def put() -> bytes:
+            state = SequenceState.from_arrays(pos, list(arrays), self.cfg, self.store.kv_type, rope_delta)
+            return self.store.put(list(ids[:pos]), state, logits, marks, owned=True)   # a message's arrays
+        return self._stored(put, pos, source, kv_type)
+
+    def start_parts(self, ids: Sequence[int], start: int, state: list[np.ndarray] | None,
+                    marks: Marks = ()) -> KvParts:
+        """The KV of the state after ids[:start] that a prefill starts from (`state`, None at 0): the
+        store's blocks where it still holds that snapshot, else cut from `state`."""
+        if not start:
+            return KvParts.empty()
+        parts = self.store.parts(list(ids[:start]), marks)
+        if parts is not None:
+            return parts
+        held = SequenceState.from_arrays(start, list(state), self.cfg, self.store.kv_type)
+        return KvParts.cut(start, held.k, held.v, self.store.block)
+
+    def store_parts(self, ids: Sequence[int], parts: KvParts, recurrent: list[np.ndarray], logits: np.ndarray,
+                    source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None:
+        """Keep the state after ids[:parts.pos] whose KV is `parts` (snapshot_chains.py) and whose
+        recurrent arrays and logits are a message's, handed over; checked against the model first,
+        its tail's rows for the shape of every row. Returns its snapshot key, None if refused."""
+        def put() -> bytes:
+            pos, tail = parts.pos, parts.tail_k[0].shape[0] if parts.tail_k else 0
+            check_state(pos, [*recurrent, *parts.tail_k, *parts.tail_v], self.cfg, self.store.kv_type, pos - tail)
+            check_rope_delta(pos, rope_delta)
+            check_logits(logits, self.cfg)
+            return self.store.put_parts(list(ids[:pos]), parts, list(recurrent), logits, marks, rope_delta)
+        return self._stored(put, parts.pos, source, kv_type)
+
+    def _stored(self, put, pos: int, source: str, kv_type: str) -> bytes | None:
         try:
             check_same_kv_type(kv_type, self.store.kv_type, f"the state from {source}", "the router")
-            state = SequenceState.from_arrays(pos, list(arrays), self.cfg, self.store.kv_type, rope_delta)
-            key = self.store.put(list(ids[:pos]), state, logits, marks, owned=True)   # a message's arrays
+            key = put()
         except (ValueError, OSError) as exc:
             log.error("snapshot at position %d not stored: %s", pos, exc)
             return None
