@@ -52,9 +52,8 @@ prefill
     fermium_prefill_tokens_total               counter
     fermium_prefill_time_seconds               histogram  one prompt, backend compute
     fermium_prefill_weight_bytes_total         counter  weight bytes the backend moved (stats())
-    fermium_prefill_weight_passes              histogram  passes over the weights of one prompt, of the
-                                                        backend's size (stats() "passes": a native CPU chunk,
-                                                        a CUDA pass); bytes / passes = one pass's bytes
+    fermium_prefill_weight_passes              histogram  one prompt's passes over the weights (stats() "passes":
+                                                        a native CPU chunk, a CUDA pass); bytes / passes = a pass's
     fermium_prefill_backend_stat{key}          gauge    every numeric entry of backend.stats()
     fermium_prefill_images_total               counter  images through the vision encoder
     fermium_prefill_image_tokens_total         counter  the image tokens their rows filled
