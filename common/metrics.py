@@ -52,6 +52,8 @@ prefill
     fermium_prefill_tokens_total               counter
     fermium_prefill_time_seconds               histogram  one prompt, backend compute
     fermium_prefill_weight_bytes_total         counter  weight bytes the backend moved (stats())
+    fermium_prefill_weight_passes              histogram  one prompt's passes over the weights (stats() "passes":
+                                                        a native CPU chunk, a CUDA pass); bytes / passes = a pass's
     fermium_prefill_backend_stat{key}          gauge    every numeric entry of backend.stats()
     fermium_prefill_images_total               counter  images through the vision encoder
     fermium_prefill_image_tokens_total         counter  the image tokens their rows filled
@@ -98,6 +100,7 @@ from common.errors import UserError
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PASS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # seconds: from one grammar's mask over a big vocabulary to a big batch's on a busy host
 MASK_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 PROTOCOL_ERROR_REASONS = ("decode", "too_large", "recv", "handler", "invalid", "unexpected", "unauthorized")
@@ -105,7 +108,7 @@ PROTOCOL_ERROR_REASONS = ("decode", "too_large", "recv", "handler", "invalid", "
 # taking its tokens (more undelivered than a request may buffer)
 CLIENT_DROP_REASONS = ("headers", "body", "send", "backlog")
 BACKEND_STAT_KEYS = ("h2d_bytes", "copy_seconds", "compute_seconds", "peak_device_bytes",
-                     "vram_budget_bytes")  # the dashboard's series
+                     "vram_budget_bytes", "passes")  # the dashboard's series
 
 
 def _with_values(metric, values: tuple[str, ...]):
@@ -221,6 +224,9 @@ class PrefillMetrics(_Metrics):
         self.tokens = self.counter("fermium_prefill_tokens", "Tokens prefilled")
         self.time = self.histogram("fermium_prefill_time_seconds", "Backend time of one prefill")
         self.weight_bytes = self.counter("fermium_prefill_weight_bytes", "Weight bytes moved by the backend")
+        self.weight_passes = self.histogram("fermium_prefill_weight_passes",
+                                            "Passes over the weights of one prefill, of the backend's size",
+                                            buckets=PASS_BUCKETS)
         self.backend_stat = self.gauge("fermium_prefill_backend_stat", "Numeric backend stats", ("key",))
         self.images = self.counter("fermium_prefill_images", "Images through the vision encoder")
         self.image_tokens = self.counter("fermium_prefill_image_tokens", "Image tokens filled by the encoder")

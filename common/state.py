@@ -77,6 +77,33 @@ class SequenceState:
 
 
 @dataclass
+class Checkpoint:
+    """What one prefill captured at position `pos` on its way: per linear layer the conv tail and
+    the recurrent state there, and the logits of the token before it (a Snapshot's row). Its KV
+    is the first `pos` rows of the prefill's final KV, so it keeps none."""
+    pos: int
+    conv: list[np.ndarray]                    # per linear layer: (conv_channels, conv_kernel - 1) f32
+    ssm: list[np.ndarray]                     # per linear layer: (n_v_heads, head_k_dim, head_v_dim) f32
+    logits: np.ndarray                        # (vocab,) f32
+
+    def state(self, final: SequenceState, rope_delta: int = 0) -> SequenceState:
+        """The state at `pos`, its KV views of `final`'s (the same prefill's end state)."""
+        if not self.pos <= final.pos:
+            raise ValueError(f"a checkpoint at {self.pos} is past the final state's position {final.pos}")
+        return SequenceState(self.pos, self.conv, self.ssm, [k[:self.pos] for k in final.k],
+                             [v[:self.pos] for v in final.v], final.kv_type, rope_delta)
+
+
+def checkpoint_marks(checkpoints, start: int, n: int) -> list[int]:
+    """Checkpoint positions as offsets into a call of n tokens from `start`: each strictly inside
+    it (0 < offset < n; the end is the call's own result), in increasing order (ValueError)."""
+    marks = [int(p) - start for p in checkpoints]
+    if any(not 0 < m < n for m in marks) or any(a >= b for a, b in zip(marks, marks[1:])):
+        raise ValueError(f"checkpoints {list(checkpoints)} must increase strictly inside ({start}, {start + n})")
+    return marks
+
+
+@dataclass
 class DraftState:
     """The MTP block's KV cache of one sequence, kept by decode alone: row 0 is the first position that
     decode ran (RoPE is relative, so local positions score as absolute ones would). The runner reads

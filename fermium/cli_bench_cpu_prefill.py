@@ -31,7 +31,7 @@ def cpu_prefill_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Prompt tok/s of the chunked native prefill, and its ratio to token-by-token decoding."""
-    from native.cpu_runner import NATIVE_CHUNK
+    from native.cpu_prefill import NATIVE_CHUNK
 
     command = command_line()
     runner = native_runner(model, threads, isa, kv_type=kv_type)

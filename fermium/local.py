@@ -25,12 +25,13 @@ from pathlib import Path
 from common.kv_cache import check_same_kv_type
 from common.metrics import RouterMetrics
 from common.model.config import ModelConfig
-from common.state import wire_limits
+from common.state import Checkpoint, checkpoint_marks, wire_limits
 from common.worker_token import new_token
 from services.decode.config import DecodeConfig
 from services.decode.server import DecodeServer
 from services.prefill.config import PrefillConfig
 from services.prefill.server import PrefillServer
+from services.prefill.vision import segment
 from services.router.dispatch import Dispatcher, PrefixCache
 
 READY_TIMEOUT_S = 10.0
@@ -66,6 +67,23 @@ class RunnerBackend:
         if all_logits:
             return self.runner.prefill(tokens, state, all_logits=True, **extra)
         return self.runner.prefill(tokens, state, **extra)
+
+    def prefill_with_checkpoints(self, tokens, state, checkpoints, *, mm=None, progress=None):
+        """The runner's own where it has one; else a prefill call per piece between checkpoints
+        (a pass over the weights each), the recurrent state copied at each."""
+        if hasattr(self.runner, "prefill_with_checkpoints"):
+            extra = {"mm": mm} if mm is not None else {}
+            return self.runner.prefill_with_checkpoints(tokens, state, checkpoints, progress=progress, **extra)
+        caught, done = [], 0
+        for m in [*checkpoint_marks(checkpoints, state.pos, len(tokens)), len(tokens)]:
+            logits = self.prefill(list(tokens[done:m]), state, mm=None if mm is None else segment(mm, done, m))
+            if progress is not None:
+                progress()
+            if m < len(tokens):
+                caught.append(Checkpoint(state.pos, [c.copy() for c in state.conv], [a.copy() for a in state.ssm],
+                                         logits))
+            done = m
+        return logits, caught
 
     def stats(self) -> dict:
         return {}

@@ -22,19 +22,15 @@ from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel, Tensor
 from common.model.layers import VECTOR_ROLES, bind
 from common.progress import byte_progress
-from common.reference.multimodal import MropeInput, mrope_rows
 from common.state import SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
+from native.cpu_prefill import PrefillMethods
 from native.cpu_repack import REPACK_LAYOUTS, open_cache, source_ranges
 from native.cpu_speculative import SpeculativeMethods
 from native.cpu_tables import pointer, same_start, table
 
 KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1) (without max_context)
-# prompt tokens per native prefill chunk. Each weight is read once per chunk; at 8 experts a token,
-# a chunk of 256 reaches nearly every expert of a 256-expert layer once, where chunks of 64 read
-# most of them four times over (a real-width layer: 0.45 GB of experts).
-NATIVE_CHUNK = 256
 PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head",
           "mixer prep", "MoE prep/sum")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
@@ -59,7 +55,7 @@ def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool
     return True
 
 
-class CpuRunner(SpeculativeMethods):
+class CpuRunner(PrefillMethods, SpeculativeMethods):
     def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None,
                  prefault: bool = True, repack: bool | None = None, kv_type: str = "f32"):
         self.bound = bind(model)        # every tensor checked before anything is mapped
@@ -85,7 +81,8 @@ class CpuRunner(SpeculativeMethods):
             raise MemoryError("could not allocate the CPU runner's scratch buffers")
         self._engine = ffi.gc(engine, lib.fm_engine_free)
         self._draft = None              # the MTP block's engine (cpu_speculative.py), made on first use
-        self.last_bytes = 0.0           # weight bytes read by the last decode step
+        self.last_bytes = 0.0           # weight bytes read by the last decode step or prefill
+        self.last_chunks = 0            # fm_prefill calls (weight passes) of the last prefill
         # positions a KV buffer is made with (the decode and prefill servers set their context size):
         # it is then never copied to grow; 0: buffers double as they fill
         self.max_context = 0
@@ -247,46 +244,3 @@ class CpuRunner(SpeculativeMethods):
         out = {name: (p[2 * i], p[2 * i + 1]) for i, name in enumerate(PHASES)}
         out["step"] = (p[2 * len(PHASES)], self.last_bytes)
         return out
-
-    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = NATIVE_CHUNK,
-                all_logits: bool = False, mm: MropeInput | None = None) -> np.ndarray:
-        """The prompt through the runner `chunk` tokens at a time (fm_prefill): every weight is
-        read once per chunk, the recurrences run token by token. Advances the state in place.
-        Returns the last token's logits (vocab,), or every token's (T, vocab). `mm`: the image
-        rows and mRoPE positions of a prompt with images (fm_prefill_embd)."""
-        ids = self._token_ids(tokens)
-        if ids.size == 0:
-            raise ValueError("prefill needs at least one token")
-        if chunk < 1:
-            raise ValueError(f"chunk must be at least 1, got {chunk}")
-        self._check_kv_type(state)
-        rope = mrope_rows(self.cfg, self.model.path, mm, ids.size)
-        out = np.empty((ids.size if all_logits else 1, self.cfg.vocab_size), np.float32)
-        self.last_bytes = 0.0   # the weight bytes of all chunks
-        for start in range(0, ids.size, chunk):
-            part = ids[start:start + chunk]
-            n = part.size
-            logit_rows = n if all_logits else (1 if start + n == ids.size else 0)
-            dest = out[start:start + n] if all_logits else out
-            keep: list = []
-            seq = ffi.new("fm_seq *")
-            kbufs, vbufs = self._seq(state, seq, keep, rows=n)
-            tok = ffi.new("int[]", [int(t) for t in part])
-            out_c = ffi.cast("float *", dest.ctypes.data)
-            if rope is None:
-                err = lib.fm_prefill(self._engine, n, tok, seq, logit_rows, out_c)
-            else:
-                rows = np.ascontiguousarray(rope[start:start + n])
-                seq.mrope = ffi.cast("const int *", rows.ctypes.data)
-                mine = (mm.rows >= start) & (mm.rows < start + n)
-                at = np.ascontiguousarray(mm.rows[mine] - start, np.int32)
-                embd = np.ascontiguousarray(mm.embeds[mine], np.float32)
-                keep += [rows, at, embd]
-                err = lib.fm_prefill_embd(self._engine, n, tok, seq, int(at.size),
-                                          ffi.cast("const int *", at.ctypes.data),
-                                          ffi.cast("const float *", embd.ctypes.data), logit_rows, out_c)
-            if err != 0:
-                raise MemoryError("native prefill ran out of scratch memory")
-            self.last_bytes += lib.fm_engine_bytes(self._engine)
-            self._advance(state, n, kbufs, vbufs)
-        return out if all_logits else out[0]

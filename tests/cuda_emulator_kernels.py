@@ -101,7 +101,7 @@ class FakeKernels:
         k = X[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)[:, heads].transpose(1, 0, 2)
         v = X[:, 2 * nk * dk:].reshape(T, nv, dv).transpose(1, 0, 2)
         S = self.m.view(state, (nv, dk, dv))
-        out, S[:] = chunked_rule(q, k, v, self.m.view(g, (T, nv)).T, self.m.view(beta, (T, nv)).T, S.copy(), 64)
+        out, S[:], _ = chunked_rule(q, k, v, self.m.view(g, (T, nv)).T, self.m.view(beta, (T, nv)).T, S.copy(), 64)
         self.m.view(o, (T, nv * dv))[:] = out.transpose(1, 0, 2).reshape(T, nv * dv)
 
     def attention(self, stream, q, kc, vc, gate, ldg, hsg, out, T, pos0, nh, nkv, hd):

@@ -132,6 +132,6 @@ def test_the_delta_rule_chunked_equals_recurrent():
     S0 = rng.standard_normal((H, dk, dv)).astype(np.float32)
     o_rec, s_rec = recurrent_rule(q, k, v, g, beta, S0)
     for chunk in (1, 7, 64):
-        o_chk, s_chk = chunked_rule(q, k, v, g, beta, S0, chunk)
+        o_chk, s_chk, _ = chunked_rule(q, k, v, g, beta, S0, chunk)
         assert np.abs(s_chk - s_rec).max() <= STATE_TOL
         assert np.abs(o_chk - o_rec).max() <= STATE_TOL

@@ -31,9 +31,10 @@ class GatedDeltaNet:
             return ba[:, self.beta_rows], ba[:, self.alpha_rows]
         return x @ self.w["beta"].T, x @ self.w["alpha"].T
 
-    def forward(self, x: np.ndarray, conv_state: np.ndarray, ssm_state: np.ndarray,
-                recurrent: bool, chunk: int = PREFILL_CHUNK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """x: [T, hidden] -> ([T, hidden], new conv state, new ssm state)."""
+    def forward(self, x: np.ndarray, conv_state: np.ndarray, ssm_state: np.ndarray, recurrent: bool,
+                chunk: int = PREFILL_CHUNK, marks: tuple[int, ...] = ()) -> tuple[np.ndarray, ...]:
+        """x: [T, hidden] -> ([T, hidden], new conv state, new ssm state, [(conv, ssm) after each
+        of the chunked form's `marks`]: row offsets 0 < m < T, where its chunks are cut)."""
         cfg, w = self.cfg, self.w
         T = x.shape[0]
         nk, nv, dk, dv = cfg.n_k_heads, cfg.n_v_heads, cfg.head_k_dim, cfg.head_v_dim
@@ -47,6 +48,7 @@ class GatedDeltaNet:
         window = np.concatenate([conv_state.T, mixed], axis=0)               # [K-1+T, C]
         conv = sum(window[j:j + T] * kernel[:, j] for j in range(K))
         new_conv = window[-(K - 1):].T.copy() if K > 1 else conv_state
+        convs = [window[m:m + K - 1].T.copy() if K > 1 else conv_state for m in marks]
         mixed = silu(conv)
 
         q = mixed[:, :nk * dk].reshape(T, nk, dk)[:, self.key_heads]        # [T, nv, dk]
@@ -60,14 +62,16 @@ class GatedDeltaNet:
         # heads first: [nv, T, d]
         q, k, v = (t.transpose(1, 0, 2) for t in (q, k, v))
         beta, g = beta.T, g.T
+        if recurrent and marks:
+            raise ValueError("checkpoints are taken by the chunked form alone")
         if recurrent:
-            o, S = recurrent_rule(q, k, v, g, beta, ssm_state)
+            o, S, ssms = *recurrent_rule(q, k, v, g, beta, ssm_state), []
         else:
-            o, S = chunked_rule(q, k, v, g, beta, ssm_state, chunk)
+            o, S, ssms = chunked_rule(q, k, v, g, beta, ssm_state, chunk, marks)
         o = o.transpose(1, 0, 2)                                             # [T, nv, dv]
 
         o = rms_norm(o, w["ssm_norm"], cfg.rms_eps) * silu(z)
-        return o.reshape(T, nv * dv) @ w["ssm_out"].T, new_conv, S
+        return o.reshape(T, nv * dv) @ w["ssm_out"].T, new_conv, S, list(zip(convs, ssms))
 
 
 def recurrent_rule(q, k, v, g, beta, S):
@@ -83,13 +87,17 @@ def recurrent_rule(q, k, v, g, beta, S):
     return out, S
 
 
-def chunked_rule(q, k, v, g, beta, S, chunk: int):
-    """The same recurrence, `chunk` tokens at a time with a UT transform inside each chunk."""
+def chunked_rule(q, k, v, g, beta, S, chunk: int, marks=()):
+    """The same recurrence, `chunk` tokens at a time with a UT transform inside each chunk. Chunks
+    restart at each of `marks` (as in a prefill that stopped there), whose states come back:
+    (out, S, [S after each mark])."""
     S = S.copy()
     H, T, _ = q.shape
     out = np.empty_like(v)
-    for s in range(0, T, chunk):
-        e = min(s + chunk, T)
+    at_marks = []
+    bounds = [0, *marks, T]
+    spans = [(s, min(s + chunk, b)) for a, b in zip(bounds, bounds[1:]) for s in range(a, b, chunk)]
+    for s, e in spans:
         qc, kc, vc, bc = q[:, s:e], k[:, s:e], v[:, s:e], beta[:, s:e]
         G = np.cumsum(g[:, s:e], axis=1)                                     # [H, C]
         C = e - s
@@ -106,4 +114,6 @@ def chunked_rule(q, k, v, g, beta, S, chunk: int):
         out[:, s:e] = (qc * np.exp(G)[..., None]) @ S + attn.astype(np.float32) @ v_new
         last = G[:, -1:]
         S = S * np.exp(last)[..., None] + (kc * np.exp(last - G)[..., None]).transpose(0, 2, 1) @ v_new
-    return out, S.astype(np.float32)
+        if e in marks:
+            at_marks.append(S.astype(np.float32))
+    return out, S.astype(np.float32), at_marks

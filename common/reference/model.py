@@ -20,7 +20,7 @@ import numpy as np
 from ..kv_cache import check_kv_type, check_same_kv_type
 from ..model.gguf_file import GGUFModel
 from ..model.layers import bind
-from ..state import DraftState, RollbackSlots, SequenceState
+from ..state import Checkpoint, DraftState, RollbackSlots, SequenceState, checkpoint_marks
 from . import rollback as rb
 from .attention import GatedAttention
 from .deltanet import PREFILL_CHUNK, GatedDeltaNet
@@ -57,6 +57,23 @@ class ReferenceModel:
         logits = self.forward(tokens, state, recurrent=False, chunk=chunk, all_logits=all_logits, mm=mm)
         return logits if all_logits else logits[-1]
 
+    def prefill_with_checkpoints(self, tokens: Sequence[int], state: SequenceState, checkpoints: Sequence[int], *,
+                                 chunk: int = PREFILL_CHUNK, mm: MropeInput | None = None,
+                                 progress=None) -> tuple[np.ndarray, list[Checkpoint]]:
+        """prefill's last logits, and the Checkpoint at each of `checkpoints` (positions strictly
+        inside the call, increasing), taken in the same pass: the DeltaNet chunks restart at each,
+        so each equals a prefill that stopped there. `progress()` is called after each layer."""
+        start = state.pos
+        marks = checkpoint_marks(checkpoints, start, len(tokens))
+        caught: list[list] = []
+        x = self.hidden(tokens, state, recurrent=False, chunk=chunk, mm=mm, marks=marks, caught=caught,
+                        progress=progress)
+        logits = self.w.matmul_rows_blocked(self.globals["head"], x[[m - 1 for m in marks] + [-1]])
+        n_lin = len(self.cfg.linear_layers)
+        out = [Checkpoint(start + m, [caught[n][j][0] for n in range(n_lin)], [caught[n][j][1] for n in range(n_lin)],
+                          logits[j]) for j, m in enumerate(marks)]
+        return logits[-1], out
+
     def decode(self, tokens: Sequence[int], states: list[SequenceState]) -> np.ndarray:
         """One token per sequence, recurrent form. Returns logits [B, vocab]."""
         return np.stack([self.forward([t], s, recurrent=True)[-1] for t, s in zip(tokens, states)])
@@ -67,8 +84,10 @@ class ReferenceModel:
         return self.w.matmul_rows_blocked(self.globals["head"], x)
 
     def hidden(self, tokens: Sequence[int], state: SequenceState, *, recurrent: bool,
-               chunk: int = PREFILL_CHUNK, last_only: bool = False, mm: MropeInput | None = None) -> np.ndarray:
-        """The trunk over `tokens` from state.pos: the hidden after output_norm, [T or 1, hidden]."""
+               chunk: int = PREFILL_CHUNK, last_only: bool = False, mm: MropeInput | None = None,
+               marks: Sequence[int] = (), caught: list | None = None, progress=None) -> np.ndarray:
+        """The trunk over `tokens` from state.pos: the hidden after output_norm, [T or 1, hidden].
+        With `marks` (row offsets), each linear layer appends to `caught` its [(conv, ssm)] there."""
         cfg = self.cfg
         ids = self._ids(tokens)
         check_same_kv_type(state.kv_type, self.kv_type, "the state", "this runner")
@@ -84,11 +103,15 @@ class ReferenceModel:
             if cfg.is_full_attention(i):
                 h, state.k[n], state.v[n] = self.mixers[i].forward(h, state.k[n], state.v[n], state.pos, rope_pos)
             else:
-                h, state.conv[n], state.ssm[n] = self.mixers[i].forward(
-                    h, state.conv[n], state.ssm[n], recurrent, chunk)
+                h, state.conv[n], state.ssm[n], at_marks = self.mixers[i].forward(
+                    h, state.conv[n], state.ssm[n], recurrent, chunk, tuple(marks))
+                if caught is not None:
+                    caught.append(at_marks)
             x = x + h
             h = rms_norm(x, w["post_norm"], cfg.rms_eps)
             x = x + self.ffns[i].forward(h)
+            if progress is not None:
+                progress()
         state.pos += len(ids)
         if last_only:
             x = x[-1:]

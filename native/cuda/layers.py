@@ -21,11 +21,11 @@ from common.model.layers import EXPERT_ROLES
 from .experts import ExpertSchedule
 from .ffn import ffn_for
 from .kernels import GEMM_BM
+from .linear_mixer import LinearMixer
 from .phases import NULL_CLOCK, PhaseClock
 from .plan import EXPERT_TENSORS
 
 F32 = 4
-L2_EPS = 1e-6          # the reference's l2_norm epsilon
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class StateBlock:
     v: list[int]
 
 
-class LayerRunner:
+class LayerRunner(LinearMixer):
     def __init__(self, cuda, kernels, cfg, weights, streamer, ws, state: StateBlock, compute,
                  timeline, host_scratch, model, phases: bool = False):
         self.cuda, self.k, self.cfg, self.w, self.st = cuda, kernels, cfg, weights, streamer
@@ -49,6 +49,7 @@ class LayerRunner:
         self.eq = {(i, t): tensors[role] for i, tensors in enumerate(self.layers)
                    for t, role in zip(EXPERT_TENSORS, EXPERT_ROLES) if role in tensors}
         self.T = 0
+        self.checkpoints, self.cuts = None, []      # this pass's (linear_mixer.py)
         self.d2h = cuda.Stream()
         self.wait_seconds = 0.0         # host blocked on routing counts
         self.host_work: list = []       # (event, call): host work done while the host would wait
@@ -125,31 +126,6 @@ class LayerRunner:
             self.d2h.wait_for_event(mixed)
             for host, ptr in sink:
                 self.cuda.memcpy_dtoh_async(host, ptr, self.d2h)
-
-    def linear(self, i: int, n: int) -> None:
-        cfg, k, s, T, L = self.cfg, self.k, self.s, self.T, self.ws["linear"]
-        H, C, nk, nv, dk, dv = (cfg.hidden_size, cfg.conv_channels, cfg.n_k_heads, cfg.n_v_heads,
-                                cfg.head_k_dim, cfg.head_v_dim)
-        xn = self.ws["keep"]["xn"]
-        with self.clock("deltanet input projections"):
-            self.dense((i, "qkv"), xn, H, L["qkv"], C)
-            self.dense((i, "z"), xn, H, L["z"], nv * dv)
-            self.dense((i, "beta"), xn, H, L["beta"], nv)                # a fused ssm_ba is split at upload
-            self.dense((i, "alpha"), xn, H, L["alpha"], nv)
-        with self.clock("deltanet conv, l2 norms, gates"):
-            k.conv1d(s, L["qkv"], self.state.conv[n], self.w[i, "conv_w"].ptr, L["conv"],
-                     T, C, cfg.conv_kernel)
-            k.l2_norm(s, L["conv"], C, T * nk, nk, dk, L2_EPS, float(1.0 / np.sqrt(dk)))
-            k.l2_norm(s, L["conv"] + nk * dk * F32, C, T * nk, nk, dk, L2_EPS, 1.0)
-            k.gdn_gates(s, L["alpha"], L["beta"], self.w[i, "ssm_a"].ptr, self.w[i, "dt_bias"].ptr, T, nv)
-        with self.clock("deltanet chunk prep and scan"):
-            k.gdn_chunked(s, L["conv"], L["alpha"], L["beta"],
-                          (T, C, nk, nv, dk, dv, int(cfg.v_head_layout == "tiled")),
-                          L["gcum"], L["aqk"], L["u"], L["wk"], self.state.ssm[n], L["o"])
-        with self.clock("deltanet gated norm"):
-            k.rms_norm_gated(s, L["o"], L["z"], L["o"], self.w[i, "ssm_norm"].ptr, T * nv, dv, cfg.rms_eps)
-        with self.clock("deltanet output projection"):
-            self.dense((i, "ssm_out"), L["o"], nv * dv, self.ws["keep"]["x"], H, accumulate=True)
 
     def full(self, i: int, n: int, pos: int) -> None:
         cfg, k, s, T, A = self.cfg, self.k, self.s, self.T, self.ws["full"]

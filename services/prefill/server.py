@@ -1,8 +1,9 @@
 """The prefill worker: runs prompts through a backend and ships the state to decode.
 
 Loop: take every queued message; Cancels first, then one PrefillRequest at a time:
-state (empty, or the snapshot it was given) -> backend.prefill -> DecodeRequest to the decode
-worker the router chose, PrefillDone to the router. A request with images (--mmproj) first runs
+state (empty, or the snapshot it was given) -> backend.prefill_with_checkpoints (one run over
+the weights, the snapshots' states captured on the way) -> DecodeRequest to the decode worker
+the router chose, PrefillDone to the router. A request with images (--mmproj) first runs
 them through the vision encoder (vision.py); their rows take the image tokens' places, at mRoPE
 positions, and the state's rope_delta goes on with the snapshots and to decode. No checkpoint
 falls inside an image. Any failure becomes a Failed reply: a request is checked against the
@@ -155,6 +156,7 @@ class PrefillServer(WorkerServer):
         logits = self._prefill_with_snapshots(req, state, mm)
         seconds = time.perf_counter() - t0
         self._export_stats(before)
+        self.metrics.weight_passes.observe(self.backend.stats().get("passes", 0) - before.get("passes", 0))
         self.metrics.tokens.inc(len(req.tokens))
         self.metrics.time.observe(seconds)
         out = DecodeRequest(req.rid, state.pos, req.history, req.sampling, req.max_tokens, req.stop_ids,
@@ -165,19 +167,22 @@ class PrefillServer(WorkerServer):
         self.link.send(PrefillDone(req.rid, self.link.worker_id, len(req.tokens), seconds))
 
     def _prefill_with_snapshots(self, req: PrefillRequest, state: SequenceState, mm: MropeInput | None):
-        """Prefill req.tokens; with snapshot_every, in segments ending at its multiples (those outside
-        an image), each one's state (and the end of the prompt's) going back to the router as a Snapshot."""
-        every, start, end = req.snapshot_every, req.start_pos, state.pos + len(req.tokens)
+        """Prefill req.tokens in one backend call; with snapshot_every, its checkpoints at the
+        multiples of it (those outside an image) and the end of the prompt each go back to the
+        router as a Snapshot. The backend counts progress chunk by chunk or pass by pass."""
+        every, start, end = req.snapshot_every, state.pos, state.pos + len(req.tokens)
+        cuts = [] if every <= 0 else [p for p in range((start // every + 1) * every, end, every)
+                                      if not inside_image(mm, p - start)]
+        logits, caught = self.backend.prefill_with_checkpoints(list(req.tokens), state, cuts, mm=mm,
+                                                               progress=self.progress.advance)
+        if mm is not None:
+            state.rope_delta = mm.next_pos - state.pos
         if every <= 0:
-            return self._segment(req.tokens, state, mm, 0, len(req.tokens))
-        cuts = [p for p in range((state.pos // every + 1) * every, end, every)
-                if not inside_image(mm, p - start)] + [end]
-        done = state.pos
-        for cut in cuts:
-            logits = self._segment(req.tokens, state, mm, done - start, cut - start)
-            self.progress.advance()        # a long prompt is progress segment by segment (common.liveness)
-            done = cut
-            self._send_snapshot(req, cut, state, logits)
+            return logits
+        for c in caught:
+            rope_delta = segment(mm, 0, c.pos - start).next_pos - c.pos if mm is not None else state.rope_delta
+            self._send_snapshot(req, c.pos, c.state(state, rope_delta), c.logits)
+        self._send_snapshot(req, end, state, logits)
         return logits
 
     def _send_snapshot(self, req: PrefillRequest, pos: int, state: SequenceState, logits) -> None:
@@ -190,15 +195,6 @@ class PrefillServer(WorkerServer):
             kv = [a[:pos].copy() for a in (*state.k, *state.v)]
             self.held.put(req.history[:pos], SequenceState.from_arrays(pos, [*msg.recurrent, *kv], self.model.config,
                                                                        self.kv_type, state.rope_delta))
-
-    def _segment(self, tokens: list[int], state: SequenceState, mm: MropeInput | None, a: int, b: int):
-        """tokens[a:b] through the backend (with their rows of `mm`); the state's rope_delta follows."""
-        if mm is None:
-            return self.backend.prefill(list(tokens[a:b]), state)
-        part = segment(mm, a, b)
-        logits = self.backend.prefill(list(tokens[a:b]), state, mm=part)
-        state.rope_delta = part.next_pos - state.pos
-        return logits
 
     def _export_stats(self, before: dict) -> None:
         after = self.backend.stats()

@@ -181,7 +181,7 @@ def test_gated_deltanet_chunked(dev, T, nk, nv, dk, dv, tiled):
     q = X[:, :nk * dk].reshape(T, nk, dk)[:, heads].transpose(1, 0, 2)
     k = X[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)[:, heads].transpose(1, 0, 2)
     v = X[:, 2 * nk * dk:].reshape(T, nv, dv).transpose(1, 0, 2)
-    want_o, want_s = chunked_rule(q, k, v, g.T, beta.T, S0, 64)
+    want_o, want_s, _ = chunked_rule(q, k, v, g.T, beta.T, S0, 64)
     np.testing.assert_allclose(dev.get(o, (T, nv, dv)), want_o.transpose(1, 0, 2), atol=SCAN_ATOL)
     np.testing.assert_allclose(dev.get(st, (nv, dk, dv)), want_s, atol=SCAN_ATOL)
 

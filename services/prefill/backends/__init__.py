@@ -3,8 +3,11 @@
 A backend class has `name`, a classmethod `availability() -> (ok, reason)`, a `kv_type`
 (common.kv_cache: its constructor takes it, and the states it fills keep KV in it), the reference
 model's `prefill(tokens, state, *, all_logits=False, mm=None) -> logits` (`mm`: a prompt's images,
-common/reference/multimodal.py), and `stats() -> dict` of
-cumulative numbers that the service exports as metrics. Modules listed in BACKEND_MODULES
+common/reference/multimodal.py), its `prefill_with_checkpoints(tokens, state, checkpoints, *, mm=None,
+progress=None) -> (last logits, [common.state.Checkpoint])`: the states at those positions
+captured in the same passes over the weights, `progress()` called per chunk or pass; and
+`stats() -> dict` of cumulative numbers that the service exports as metrics (`passes`: the passes
+over the weights, of the backend's own size). Modules listed in BACKEND_MODULES
 register themselves on import; one that fails to import is reported as unavailable.
 """
 from __future__ import annotations

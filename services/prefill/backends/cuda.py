@@ -22,9 +22,11 @@ import numpy as np
 
 from common.kv_cache import check_same_kv_type
 from common.reference.multimodal import MropeInput, mrope_rows, text_input
-from common.state import SequenceState
+from common.state import Checkpoint, SequenceState, checkpoint_marks
+from native.cuda.checkpoints import CallCheckpoints
+from native.cuda.head import LMHead
 from native.cuda.layers import F32, LayerRunner
-from native.cuda.plan import DEFAULT_BUDGET, head_rows, layout, parse_size, workspace_bytes
+from native.cuda.plan import DEFAULT_BUDGET, layout, parse_size, workspace_bytes
 from native.cuda.state_io import HostState, alloc_state, upload_state
 from native.cuda.stream import Timeline
 from native.cuda.tables import dense_tiles, rope_table
@@ -97,7 +99,8 @@ class CUDABackend:
             self.rope_h = self._host(P * max(cfg.rope_dim, 2), np.float32)
             self.tiles_h = self._host(-(-P // 64) * 4, np.int32)
             self.kv_scratch_h = self._host(HostState.scratch_shape(cfg, P), np.float32)
-            self.head_host = None if self.plan.head_resident else self._head_source()
+            self.head = LMHead(cuda, self.kernels, cfg, self.weights, self.ws, self.plan, self.streamer,
+                               self.compute, None if self.plan.head_resident else self._head_source())
             self.runner = LayerRunner(cuda, self.kernels, cfg, self.weights, self.streamer, self.ws,
                                       self.state, self.compute, self.timeline,
                                       (self.counts_h, self.tables_h), model, phases)
@@ -118,7 +121,7 @@ class CUDABackend:
         self.ctx.pop()
         self._stats = {"h2d_bytes": 0, "copy_seconds": 0.0, "compute_seconds": 0.0,
                        "wall_seconds": 0.0, "state_io_seconds": 0.0, "routing_wait_seconds": 0.0,
-                       "calls": 0, "tokens": 0, "device_bytes_in_use": 0,
+                       "calls": 0, "passes": 0, "tokens": 0, "device_bytes_in_use": 0,
                        "peak_device_bytes": self.arena.peak, "vram_budget_bytes": parse_size(vram_budget),
                        "vision_device_bytes": self.vision.nbytes if self.vision else 0,
                        "pinned_host": int(self.host.pinned), "staged_bytes": self.host.nbytes,
@@ -145,9 +148,23 @@ class CUDABackend:
                 mm: MropeInput | None = None) -> np.ndarray:
         self.ctx.push()
         try:
-            return self._prefill(tokens, state, all_logits, mm)
+            return self._prefill(tokens, state, all_logits, mm, CallCheckpoints(self.cfg, state.pos, []), None)
         finally:
             self.ctx.pop()
+
+    def prefill_with_checkpoints(self, tokens, state: SequenceState, checkpoints, *, mm: MropeInput | None = None,
+                                 progress=None) -> tuple[np.ndarray, list[Checkpoint]]:
+        """prefill, and the Checkpoint at each of `checkpoints` (positions strictly inside the call,
+        increasing), captured within its passes (native/cuda/checkpoints.py): the weights cross
+        the bus once per pass whatever the checkpoints. `progress()` is called after each pass."""
+        marks = checkpoint_marks(checkpoints, state.pos, len(tokens))
+        self.ctx.push()
+        try:
+            caught = CallCheckpoints(self.cfg, state.pos, marks)
+            logits = self._prefill(tokens, state, False, mm, caught, progress)
+        finally:
+            self.ctx.pop()
+        return logits[-1], caught.take(logits[:-1])
 
     def _rows_of(self, mm: MropeInput | None, state: SequenceState, n: int) -> MropeInput | None:
         if mm is None:
@@ -172,7 +189,10 @@ class CUDABackend:
         for a, b in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [rows.size]])):
             self.cuda.memcpy_htod_async(self.ws["keep"]["x"] + int(rows[a]) * H * F32, self.image_h[a:b], self.compute)
 
-    def _prefill(self, tokens, state: SequenceState, all_logits: bool, mm: MropeInput | None) -> np.ndarray:
+    def _prefill(self, tokens, state: SequenceState, all_logits: bool, mm: MropeInput | None,
+                 caught: CallCheckpoints, progress) -> np.ndarray:
+        """The call's logits: every row's with all_logits, else the rows before `caught`'s marks
+        and the last one."""
         cuda, cfg, s = self.cuda, self.cfg, self.compute
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.ndim != 1 or len(ids) == 0:
@@ -215,15 +235,24 @@ class CUDABackend:
             uploaded = cuda.Event()
             uploaded.record(s)
             last = p0 + T >= len(ids)
+            self.runner.checkpoints, self.runner.cuts = caught, caught.in_pass(p0, T)
             for i in range(cfg.n_layers):
                 self.runner.layer(i, T, pos, out_state.sink(self.runner.slot_of[i], self.state, i, pos, T, last))
                 if cfg.is_full_attention(i):
                     self.runner.later(out_state.encoder(self.runner.slot_of[i], pos, T))
             pos += T
-            if all_logits or last:
+            caught.hidden_rows(cuda, self.runner.cuts, keep["x"], s)
+            if caught.marks and last:    # one head call for the checkpoints' rows and the last
+                caught.hidden_rows(cuda, [(len(caught.marks), T)], keep["x"], s)
+                with self.runner.clock("final norm, LM head", flops=2 * len(caught.hidden) * H * cfg.vocab_size):
+                    outs.append(self.head.of_host_rows(caught.hidden, keep["x"]))
+            elif all_logits or last:
                 n = T if all_logits else 1
                 with self.runner.clock("final norm, LM head", flops=2 * n * H * cfg.vocab_size):
-                    outs.append(self._head(keep["x"] + (T - n) * H * F32, n))
+                    outs.append(self.head(keep["x"] + (T - n) * H * F32, n))
+            if progress is not None:
+                progress()
+        self.runner.checkpoints, self.runner.cuts = None, []
         s.synchronize()
         self.streamer.copy.synchronize()
         t_down = time.perf_counter()
@@ -242,40 +271,11 @@ class CUDABackend:
         st["routing_wait_seconds"] += self.runner.wait_seconds - wait0
         st["device_bytes_in_use"] = self.free_at_start - cuda.mem_get_info()[0]
         st["calls"] += 1
+        st["passes"] += -(-len(ids) // self.plan.pass_tokens)
         st["tokens"] += len(ids)
         st["peak_device_bytes"] = self.arena.peak
         logits = np.concatenate(outs, axis=0)
-        return logits if all_logits else logits[-1]
-
-    def _head(self, x: int, nrows: int) -> np.ndarray:
-        """Final norm and LM head for nrows hidden rows at x -> [nrows, vocab]."""
-        cuda, cfg, k, s = self.cuda, self.cfg, self.kernels, self.compute
-        H, V, hw = cfg.hidden_size, cfg.vocab_size, self.weights.head_tensor
-        head = self.ws["head"]
-        per = head_rows(cfg, self.plan.pass_tokens)
-        out = np.empty((nrows, V), np.float32)
-        xn = self.ws["keep"]["xn"]
-        for r0 in range(0, nrows, per):
-            n = min(per, nrows - r0)
-            k.rms_norm(s, x + r0 * H * F32, H, 0, xn, H, 0, self.weights["output_norm.weight"].ptr,
-                       n, 1, H, cfg.rms_eps)
-            tiles = dense_tiles(n).reshape(-1)
-            cuda.memcpy_htod_async(head["tiles"], tiles, s)
-            gemm = dict(x=xn, ldx=H, ldy=V, tiles=head["tiles"], n_tiles=-(-n // 64), K=H,
-                        row_bytes=hw.row_bytes)
-            if self.plan.head_resident:
-                k.gemm(s, hw.qtype, y=head["logits"], w=self.weights["head"].ptr, N=V, **gemm)
-            else:
-                rows = max(1, self.plan.region_bytes // hw.row_bytes)
-                for n0 in range(0, V, rows):
-                    n1 = min(V, n0 + rows)
-                    region, addr, ready = self.streamer.issue_rows(self.head_host[n0:n1])
-                    s.wait_for_event(ready)
-                    k.gemm(s, hw.qtype, y=head["logits"] + n0 * F32, w=addr, N=n1 - n0, **gemm)
-                    self.streamer.release(region, s)
-            s.synchronize()
-            cuda.memcpy_dtoh(out[r0:r0 + n], head["logits"])
-        return out
+        return logits if all_logits or caught.marks else logits[-1]
 
     def stats(self) -> dict:
         return dict(self._stats)
