@@ -90,11 +90,7 @@ process_resident_memory_bytes, ...).
 """
 from __future__ import annotations
 
-import socket
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
-
-from common.errors import UserError
 
 # seconds: from a 1 ms loopback hop to a multi-minute prefill on the reference card
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -281,24 +277,3 @@ class DecodeMetrics(_Metrics):
             self._drafted += drafted
             self._accepted += accepted
             self.acceptance_rate.set(self._accepted / self._drafted)
-
-
-def listen_host(address: str) -> str:
-    """The host a ZeroMQ bind address listens on (tcp://HOST:PORT; `*` is every interface), where a
-    worker's /metrics listens too by default; loopback for ipc:// and local:// addresses."""
-    scheme, _, rest = address.partition("://")
-    if scheme != "tcp":
-        return "127.0.0.1"
-    host = rest.rpartition(":")[0].strip("[]")
-    if host in ("*", ""):
-        return "0.0.0.0"
-    try:
-        socket.getaddrinfo(host, None)
-    except (socket.gaierror, UnicodeError):       # e.g. an interface name, which ZeroMQ binds and HTTP cannot
-        raise MetricsHostError(f"--listen {address}: {host!r} is no address the /metrics port can listen on; "
-                               "give it one with --metrics-host") from None
-    return host
-
-
-class MetricsHostError(UserError, ValueError):
-    """A worker whose /metrics address cannot come from its --listen address."""

@@ -32,7 +32,7 @@ from .config import WorkerConfig
 from .kv_cache import DEFAULT_KV_TYPE
 from .liveness import StepCounter, exit_stalled, hang_hook
 from .log_limit import LogLimiter
-from .metrics import listen_host
+from .metrics_host import listen_host
 from .mp import PullQueue, PushQueue
 from .mp_local import pull_queue, push_queue
 from .protocol import Message, ProtocolError

@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from common.metrics import MetricsHostError, listen_host
+from common.metrics_host import MetricsHostError, listen_host
 from services.router.auth import api_key_middleware
 from services.router.errors import APIError, GenerationError, bad_request, failure
 from services.router.exposure import EmptyAPIKey, check_api_key, health_response, public

@@ -43,7 +43,10 @@ def test_snapshots_of_one_call_match_prefills_that_stop_there(tmp_path):
         for snap in snaps:
             state = backend.runner.new_state()
             logits = backend.runner.prefill(ids[:snap.pos], state)
-            assert all(np.array_equal(a, b) for a, b in zip(snap.state, state.arrays()))
+            n_lin = len(state.conv)
+            assert all(np.array_equal(a, b) for a, b in zip(snap.recurrent, state.arrays()[:2 * n_lin]))
+            assert all(np.array_equal(a, b[snap.since:snap.pos]) for a, b in zip(snap.k, state.k))
+            assert all(np.array_equal(a, b[snap.since:snap.pos]) for a, b in zip(snap.v, state.v))
             np.testing.assert_array_equal(snap.logits, logits)
         np.testing.assert_array_equal(decoder.sent[-1].logits, snaps[-1].logits)
     finally:
