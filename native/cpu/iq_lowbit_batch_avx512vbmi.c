@@ -19,6 +19,8 @@ static const uint8_t SPREAD[4][64] __attribute__((aligned(64))) = {
 #undef W
 // vpmultishiftqb offsets: the code nibbles 0..7 of each 64-bit word's low half to bytes 0..7
 #define NIBBLE_OFFSETS 0x1C1814100C080400LL
+// and the 7-bit sign fields of IQ3_XXS's two scales_signs words in a 64-bit word to bytes 0..7
+#define SIGN_FIELD_OFFSETS 0x352E2720150E0700LL
 
 // the code bytes of the 64 entries of a block from a 256-entry table in t[0..3]: bit 7 of each
 // index chooses the half
@@ -45,15 +47,20 @@ INLINE void load_tables(__m512i *t, const uint8_t *codes, int n) {
 INLINE void iq3_xxs_n(int n, const block_iq3_xxs *x, const void *const *acts, const int na, float *out) {
     static const uint8_t values[8] = FM_IQ3XXS_LEVELS;
     const __m512i levels = levels_table(values);
-    __m512i lo[4], hi[4];   // fm_iq3xxs_codes
+    __m512i lo[4], hi[4], ksigns[2];   // fm_iq3xxs_codes, fm_ksigns_iq2xs
     load_tables(lo, fm_iq3xxs_codes[0], 4);
     load_tables(hi, fm_iq3xxs_codes[1], 4);
+    ksigns[0] = LOAD512(fm_ksigns_iq2xs);
+    ksigns[1] = LOAD512(fm_ksigns_iq2xs + 64);
     float s[FM_DOTN_MAX] = { 0 };
     for (int b = 0; b < n / QK_K; b++) {
         fm_prefetch_ahead(x + b, sizeof *x);
         const __m256i aux = _mm256_loadu_si256((const __m256i *)x[b].scales_signs);
+        // each 7-bit sign field to a byte of its own (bit 7 another field's, which vpermi2b does
+        // not read), and its sign byte looked up
+        const __m512i fields = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(SIGN_FIELD_OFFSETS), _mm512_zextsi256_si512(aux));
         uint64_t words[4];   // the sign words of sub-blocks 2k, 2k+1 as one mask each
-        _mm256_storeu_si256((__m256i *)words, iq3xxs_sign_words(aux));
+        _mm256_storeu_si256((__m256i *)words, _mm512_castsi512_si256(_mm512_permutex2var_epi8(ksigns[0], fields, ksigns[1])));
         const __m128i sc = iq3xxs_scales(aux);
         const __m512i idx = LOAD512(x[b].qs);
         const __mmask64 bit7 = _mm512_movepi8_mask(idx);
