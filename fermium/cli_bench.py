@@ -158,7 +158,8 @@ def decode_command(
     model: Path = typer.Option(..., exists=True, dir_okay=False, help="GGUF model file."),
     threads: Optional[int] = typer.Option(None, min=1, help="Threads (default: one per physical core)."),
     batch: int = typer.Option(1, min=1, help="Sequences decoded together."),
-    isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2 or avx512 (default: the best)."),
+    isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2, avx512 or avx512vbmi "
+                                                 "(default: the best)."),
     tokens: int = typer.Option(16, min=1, help="Decode steps per round."),
     rounds: int = typer.Option(3, min=1, help="Rounds of decode steps, each step followed by a bandwidth "
                                               "measurement; with --batch, a round's steps alternate with "

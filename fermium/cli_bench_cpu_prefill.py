@@ -24,7 +24,8 @@ def cpu_prefill_command(
     chunk: Optional[int] = typer.Option(None, min=1, help="Prompt tokens per native step (default: the runner's, "
                                                           "as the cpu backend runs it)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Threads (default: one per physical core)."),
-    isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2 or avx512 (default: the best)."),
+    isa: Optional[str] = typer.Option(None, help="Force generic, ssse3, avx2, avx512 or avx512vbmi "
+                                                 "(default: the best)."),
     kv_type: str = kv_type_option(),
     rounds: int = typer.Option(3, min=1, help="Timed prefills."),
     baseline_tokens: int = typer.Option(16, min=0, help="Tokens decoded one at a time for the baseline (0: none)."),

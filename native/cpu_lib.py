@@ -3,7 +3,7 @@ wrappers: ISA choice, the thread pool, the repacked layouts. tests/kernel_calls.
 dots, matvecs and mixer kernels one by one.
 
 The ISA is chosen once at import: the best this CPU supports, or `FERMIUM_ISA`
-(generic | ssse3 | avx2 | avx512). `select_isa` switches it later, for tests and benchmarks.
+(generic | ssse3 | avx2 | avx512 | avx512vbmi). `select_isa` switches it later, for tests and benchmarks.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ except ImportError as exc:  # the extension is built by pip, not at import
         "the native CPU kernels are not built; run `pip install -e .` in the repository root "
         f"(it compiles native/cpu with cffi): {exc}") from exc
 
-ISAS = ("generic", "ssse3", "avx2", "avx512")
+ISAS = ("generic", "ssse3", "avx2", "avx512", "avx512vbmi")
 
 
 class IsaError(UserError, RuntimeError):

@@ -48,7 +48,7 @@ SUFFIX = ".fermium-repack"
 #   into one of 16 sub-block sums.
 _AVX = {Q.Q4_0: cpu_lib.lib.FM_Q4_0X8, Q.Q4_K: cpu_lib.lib.FM_Q4_KX8, Q.Q6_K: cpu_lib.lib.FM_Q6_KP}
 REPACK_LAYOUTS = {"ssse3": {Q.Q4_0: cpu_lib.lib.FM_Q4_0P, Q.Q4_K: cpu_lib.lib.FM_Q4_KP, Q.Q6_K: cpu_lib.lib.FM_Q6_KP},
-                  "avx2": _AVX, "avx512": _AVX}
+                  "avx2": _AVX, "avx512": _AVX, "avx512vbmi": _AVX}
 NOT_REPACKED = ("token_embd.weight",)   # looked up a row at a time, in the GGUF layout
 PROGRESS_BYTES = 1 << 30
 

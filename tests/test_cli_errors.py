@@ -36,7 +36,7 @@ def test_a_file_that_is_not_gguf_is_named_in_one_line(command, not_gguf):
 def test_an_unknown_isa_in_the_environment_lists_the_known_ones(not_gguf):
     proc = fermium("bench", "decode", "--model", str(not_gguf), env={"FERMIUM_ISA": "neon"})
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: unknown ISA 'neon'; choose one of generic, ssse3, avx2, avx512"
+    assert proc.stderr.strip() == "error: unknown ISA 'neon'; choose one of generic, ssse3, avx2, avx512, avx512vbmi"
 
 
 def test_the_console_script_runs_the_same_entry_point():

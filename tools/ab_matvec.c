@@ -3,7 +3,7 @@
  * rows on a pool of `threads`. Prints the mean and best GB/s of weights read and the memory
  * bandwidth measured right after. Linked against one build of native/cpu by ab_matvec.sh.
  *   ab_matvec TYPE ROWS COLS N THREADS ITERS FILE OFFSET [FILE OFFSET ...]
- * FERMIUM_ISA=generic|ssse3|avx2|avx512 forces the kernels. */
+ * FERMIUM_ISA=generic|ssse3|avx2|avx512|avx512vbmi forces the kernels. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +37,7 @@ int main(int argc, char **argv) {
     const int type = atoi(argv[1]), rows = atoi(argv[2]), cols = atoi(argv[3]), n = atoi(argv[4]);
     const int threads = atoi(argv[5]), iters = atoi(argv[6]), n_files = (argc - 7) / 2;
     const char *isa = getenv("FERMIUM_ISA");
-    for (int i = 0; isa && i < 4; i++)
+    for (int i = 0; isa && strcmp(fm_isa_name(i), "unknown"); i++)
         if (!strcmp(isa, fm_isa_name(i)) && fm_isa_select(i) != 0) { fprintf(stderr, "%s: not on this CPU\n", isa); return 2; }
     const size_t row_bytes = (size_t)cols / fm_type_block(type) * fm_type_block_bytes(type);
     const unsigned char *w[16];

@@ -33,7 +33,7 @@ PY
     cc -O2 -D_GNU_SOURCE -I"$1" tools/ab_matvec.c "${objs[@]}" -lm -lpthread -o "$2"
 }
 mkdir -p "$WORK/base"
-git archive "$REV" native/cpu | tar -x -C "$WORK/base"
+git archive "$REV" native/cpu native/iq_tables.h | tar -x -C "$WORK/base"   # the kernels and the i-quant tables they include
 build "$WORK/base/native/cpu" "$WORK/base.bin"
 build native/cpu "$WORK/work.bin"
 read -r TYPE ROWS COLS < <("$PYTHON" -c "

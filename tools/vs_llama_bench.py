@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="pairs of runs per point")
     parser.add_argument("--tokens", type=int, default=16, help="decode steps timed per run, both engines")
     parser.add_argument("--kv-type", default="f16", choices=["f16", "q8_0", "f32"])
-    parser.add_argument("--isa", help="force Fermium's kernels (generic, ssse3, avx2, avx512)")
+    parser.add_argument("--isa", help="force Fermium's kernels (generic, ssse3, avx2, avx512, avx512vbmi)")
     parser.add_argument("--timeout", type=float, help="seconds one run may take before its point is given up")
     parser.add_argument("--max-busy", type=float, help="wait before each run until other processes keep at "
                                                            "most this many cores busy, and repeat a pair during "

@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=1, help="also compare B sequences decoded together")
-    parser.add_argument("--isa", help="force Fermium's kernels (generic, ssse3, avx2, avx512)")
+    parser.add_argument("--isa", help="force Fermium's kernels (generic, ssse3, avx2, avx512, avx512vbmi)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=16, help="decode steps per run")
     parser.add_argument("--prompt", type=int, default=0, help="compare the prefill of a prompt this long instead")

@@ -1,6 +1,6 @@
 """cffi build of native/cpu: `ffibuilder` for setup.py's cffi_modules.
 
-Files named *_ssse3.c, *_avx2.c and *_avx512.c are compiled here with exactly their ISA's
+Files named *_ssse3.c, *_avx2.c, *_avx512.c and *_avx512vbmi.c are compiled here with exactly their ISA's
 flags (the SSSE3 ones with -mssse3 and nothing wider) and linked in as objects; every other C
 file is compiled by setuptools for the baseline x86-64 target.
 
@@ -42,6 +42,7 @@ ISA_FLAGS: dict[str, list[str]] = {
     "ssse3": ["-mssse3"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-mf16c"],
+    "avx512vbmi": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma", "-mf16c"],
 }
 
 

@@ -7,7 +7,8 @@
 #include "internal.h"
 #include "ops.h"
 
-enum { ISA_GENERIC, ISA_SSSE3, ISA_AVX2, ISA_AVX512, ISA_COUNT };
+// AVX512VBMI: AVX-512 with VBMI, whose byte permutes look the IQ3 grids up from registers
+enum { ISA_GENERIC, ISA_SSSE3, ISA_AVX2, ISA_AVX512, ISA_AVX512VBMI, ISA_COUNT };
 
 typedef struct {
     const char *name;
@@ -22,12 +23,12 @@ typedef struct {
 
 // fisa: the F32 and BF16 dots; hisa: the F16 dot (fast only with F16C); pisa: the Q4_0p and
 // Q4_Kp dots (SSSE3's layouts); gisa: the kernels of the repacked group layouts; disa: the fp32
-// DeltaNet and conv update; aisa: the attention
-#define ROW(name, isa, fisa, hisa, pisa, gisa, disa, aisa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, \
+// DeltaNet and conv update; aisa: the attention; qisa: the IQ3 dots
+#define ROW(name, isa, fisa, hisa, pisa, gisa, disa, aisa, qisa, batched, rows) { name, { fm_dot_q4_0_a8_##isa, \
     fm_dot_q8_0_a8_##isa, fm_dot_q4_K_a8_##isa, fm_dot_q5_K_a8_##isa, fm_dot_q6_K_a8_##isa, fm_dot_f32_##fisa, \
     fm_dot_f16_##hisa, fm_dot_bf16_##fisa, [KIND_Q6_KP] = fm_dot_q6_Kp_a8_##isa, \
     [KIND_Q4_0P] = fm_dot_q4_0p_a8_##pisa, [KIND_Q4_KP] = fm_dot_q4_Kp_a8_##pisa, DOTS_IQ2(isa), DOTS_Q32(isa), \
-    DOTS_LOWBIT(isa), DOTS_IQ_LOWBIT(isa) }, batched, \
+    DOTS_LOWBIT(isa), DOTS_IQ_LOWBIT(isa, qisa) }, batched, \
     { [KIND_Q4_0X8] = fm_dotg_q4_0x8_##gisa, [KIND_Q4_KX8] = fm_dotg_q4_Kx8_##gisa }, rows, fm_gdn_head_##disa, \
     fm_conv_update_##disa, fm_attn_tiled_##aisa }
 // the 2-bit i-quants (iq2_*.c)
@@ -46,25 +47,27 @@ typedef struct {
 #define DOTN_LOWBIT(isa) [KIND_Q2_K] = fm_dotn_q2_K_a8_##isa, [KIND_Q3_K] = fm_dotn_q3_K_a8_##isa, \
     [KIND_IQ4_XS] = fm_dotn_iq4_xs_a8_##isa, [KIND_TQ2_0] = fm_dotn_tq2_0_a8_##isa, [KIND_TQ1_0] = fm_dotn_tq1_0_a8_##isa
 // the 3- and 1-bit i-quants (iq_lowbit_*.c, iq3_row_generic.c, iq1_row_generic.c)
-#define DOTS_IQ_LOWBIT(isa) [KIND_IQ3_XXS] = fm_dot_iq3_xxs_a8_##isa, [KIND_IQ3_S] = fm_dot_iq3_s_a8_##isa, \
+#define DOTS_IQ_LOWBIT(isa, qisa) [KIND_IQ3_XXS] = fm_dot_iq3_xxs_a8_##qisa, [KIND_IQ3_S] = fm_dot_iq3_s_a8_##qisa, \
     [KIND_IQ1_S] = fm_dot_iq1_s_a8_##isa, [KIND_IQ1_M] = fm_dot_iq1_m_a8_##isa
-#define DOTN_IQ_LOWBIT(isa) [KIND_IQ3_XXS] = fm_dotn_iq3_xxs_a8_##isa, [KIND_IQ3_S] = fm_dotn_iq3_s_a8_##isa, \
+#define DOTN_IQ_LOWBIT(isa, qisa) [KIND_IQ3_XXS] = fm_dotn_iq3_xxs_a8_##qisa, [KIND_IQ3_S] = fm_dotn_iq3_s_a8_##qisa, \
     [KIND_IQ1_S] = fm_dotn_iq1_s_a8_##isa, [KIND_IQ1_M] = fm_dotn_iq1_m_a8_##isa
 #define NO_DOTN { 0 }
 #define NO_DOTR { 0 }
 #define DOTN_FLOAT_AVX2 [KIND_F32] = fm_dotn_f32_avx2, [KIND_F16] = fm_dotn_f16_avx2, [KIND_BF16] = fm_dotn_bf16_avx2
 #define DOTN_AVX2 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx2, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx2, \
                     [KIND_Q6_K] = fm_dotn_q6_K_a8_avx2, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx2, DOTN_FLOAT_AVX2, \
-                    DOTN_IQ2(avx2), DOTN_Q32(avx2), DOTN_LOWBIT(avx2), DOTN_IQ_LOWBIT(avx2) }
-#define DOTN_AVX512 { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx512, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx512, \
+                    DOTN_IQ2(avx2), DOTN_Q32(avx2), DOTN_LOWBIT(avx2), DOTN_IQ_LOWBIT(avx2, avx2) }
+#define DOTN_AVX512(qisa) { [KIND_Q4_0] = fm_dotn_q4_0_a8_avx512, [KIND_Q4_K] = fm_dotn_q4_K_a8_avx512, \
                       [KIND_Q6_K] = fm_dotn_q6_K_a8_avx512, [KIND_Q6_KP] = fm_dotn_q6_Kp_a8_avx512, DOTN_FLOAT_AVX2, \
-                      DOTN_IQ2(avx512), DOTN_Q32(avx512), DOTN_LOWBIT(avx512), DOTN_IQ_LOWBIT(avx512) }
+                      DOTN_IQ2(avx512), DOTN_Q32(avx512), DOTN_LOWBIT(avx512), DOTN_IQ_LOWBIT(avx512, qisa) }
 
 static const isa_row ISA_ROWS[ISA_COUNT] = {
-    ROW("generic", generic, generic, generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
-    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, ssse3, ssse3, NO_DOTN, NO_DOTR),
-    ROW("avx2", avx2, avx2, avx2, generic, avx2, avx2, avx2, DOTN_AVX2, NO_DOTR),
-    ROW("avx512", avx512, avx2, avx2, generic, avx512, avx2, avx512, DOTN_AVX512,
+    ROW("generic", generic, generic, generic, generic, generic, generic, generic, generic, NO_DOTN, NO_DOTR),
+    ROW("ssse3", ssse3, ssse3, generic, ssse3, ssse3, ssse3, ssse3, ssse3, NO_DOTN, NO_DOTR),
+    ROW("avx2", avx2, avx2, avx2, generic, avx2, avx2, avx2, avx2, DOTN_AVX2, NO_DOTR),
+    ROW("avx512", avx512, avx2, avx2, generic, avx512, avx2, avx512, avx512, DOTN_AVX512(avx512),
+        { [KIND_Q6_KP] = fm_dotr_q6_Kp_a8_avx512 }),
+    ROW("avx512vbmi", avx512, avx2, avx2, generic, avx512, avx2, avx512, avx512vbmi, DOTN_AVX512(avx512vbmi),
         { [KIND_Q6_KP] = fm_dotr_q6_Kp_a8_avx512 }),
 };
 
@@ -131,7 +134,8 @@ int fm_isa_supported(int isa) {
     if (isa == ISA_AVX2) return avx2;
     if ((xcr0 & 0xE6) != 0xE6) return 0;                      // opmask and ZMM state saved
     const unsigned f = (b7 >> 16) & 1, bw = (b7 >> 30) & 1, vl = (b7 >> 31) & 1, vnni = (c7 >> 11) & 1;
-    return avx2 && f && bw && vl && vnni;
+    const unsigned vbmi = (c7 >> 1) & 1;
+    return avx2 && f && bw && vl && vnni && (isa == ISA_AVX512 || vbmi);
 }
 
 int fm_isa_best(void) {

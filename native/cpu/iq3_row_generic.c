@@ -4,6 +4,29 @@
 #include "internal.h"
 #include "iq_lowbit.h"
 
+uint8_t fm_iq3s_codes[2][512] __attribute__((aligned(64)));
+uint8_t fm_iq3xxs_codes[2][256] __attribute__((aligned(64)));
+
+static int level_code(uint8_t value, const uint8_t levels[8]) {
+    int c = 0;
+    while (levels[c] != value) c++;
+    return c;
+}
+
+static void fill_codes(const uint32_t *grid, int entries, const uint8_t levels[8], uint8_t *lo, uint8_t *hi) {
+    for (int i = 0; i < entries; i++) {
+        const uint8_t *g = (const uint8_t *)&grid[i];
+        lo[i] = (uint8_t)(level_code(g[0], levels) | level_code(g[1], levels) << 4);
+        hi[i] = (uint8_t)(level_code(g[2], levels) | level_code(g[3], levels) << 4);
+    }
+}
+
+__attribute__((constructor)) static void fill_iq3_codes(void) {
+    static const uint8_t odd[8] = { 1, 3, 5, 7, 9, 11, 13, 15 }, xxs[8] = FM_IQ3XXS_LEVELS;
+    fill_codes(fm_iq3s_grid, 512, odd, fm_iq3s_codes[0], fm_iq3s_codes[1]);
+    fill_codes(fm_iq3xxs_grid, 256, xxs, fm_iq3xxs_codes[0], fm_iq3xxs_codes[1]);
+}
+
 // sum over 8 grid entries (of 4 values each) of grid * sign * activation, signs bit v of `signs`
 static int32_t grid_dot(const uint32_t *const entries[8], uint32_t signs, const int8_t *a) {
     int32_t t = 0;

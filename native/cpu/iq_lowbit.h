@@ -82,4 +82,11 @@ IQ_INLINE fm_f16 fm_iq1m_d(const block_iq1_m *x) {
 extern uint64_t fm_iq1_grid8[4096];
 #define FM_IQ1_GRID8_OFFSET 16   // the kernels take it out as a shift by 4 of the scaled sums
 
+// The AVX-512 VBMI kernels' IQ3 grids as 3-bit codes (the rank of a value among the grid's 8),
+// two a byte: codes[0][i] holds entry i's values 0 and 1 (bits 0..2, 4..6), codes[1][i] its
+// values 2 and 3; 512 entries of IQ3_S, 256 of IQ3_XXS. Derived at load (iq3_row_generic.c).
+extern uint8_t fm_iq3s_codes[2][512], fm_iq3xxs_codes[2][256];
+// the value of each code: IQ3_S's are 2 c + 1, IQ3_XXS's these
+#define FM_IQ3XXS_LEVELS { 4, 12, 20, 28, 36, 44, 52, 62 }
+
 #endif

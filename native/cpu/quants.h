@@ -341,6 +341,11 @@ FM_DECLARE_LOWBIT_DOTN(avx512)
     void fm_dotn_iq1_m_a8_##isa(int n, const void *w, const void *const *acts, int na, float *out);
 FM_DECLARE_IQ_LOWBIT_DOTN(avx2)
 FM_DECLARE_IQ_LOWBIT_DOTN(avx512)
+// AVX-512 VBMI: IQ3_XXS and IQ3_S (iq_lowbit_batch_avx512vbmi.c); its other kernels are AVX-512's
+float fm_dot_iq3_xxs_a8_avx512vbmi(int n, const void *w, const void *a);
+float fm_dot_iq3_s_a8_avx512vbmi(int n, const void *w, const void *a);
+void fm_dotn_iq3_xxs_a8_avx512vbmi(int n, const void *w, const void *const *acts, int na, float *out);
+void fm_dotn_iq3_s_a8_avx512vbmi(int n, const void *w, const void *const *acts, int na, float *out);
 // nr (1..FM_DOTR_MAX) consecutive rows, row_bytes apart, . na (1..FM_DOTN_MAX) activation rows:
 // out[i * FM_DOTR_MAX + r]. Where an ISA has one for a row layout, the driver takes rows this
 // many at a time: they share each activation's loads and block sums. Two, as the streams of

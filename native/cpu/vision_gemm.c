@@ -63,6 +63,7 @@ static const fm_vis_kernel KERNELS[] = {
     KERNEL(ssse3, FM_VIS_SSSE3_MR, FM_VIS_SSSE3_NR),
     KERNEL(avx2, FM_VIS_AVX2_MR, FM_VIS_AVX2_NR),
     KERNEL(avx512, FM_VIS_AVX512_MR, FM_VIS_AVX512_NR),
+    KERNEL(avx512, FM_VIS_AVX512_MR, FM_VIS_AVX512_NR),   // AVX-512 with VBMI
 };
 
 const fm_vis_kernel *fm_vis_kernel_active(void) { return &KERNELS[fm_isa_active()]; }
