@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from common.config import SequenceMemory, model_file_bytes, size_text
 from common.model.quants.mixes import MIXES, file_sizes
+from common.sequence_memory import SequenceMemory, model_file_bytes, size_text
 
 SMALLER_NAMED = 5      # file types a refusal names, the largest that fit first
 

@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from fermium.cli_bench import bench_app, command_line, kv_type_option, native_runner
+from fermium.bench_runner import command_line, kv_type_option, native_runner
+from fermium.cli_bench import bench_app
 
 
 def _prompt(vocab: int, n: int) -> list[int]:

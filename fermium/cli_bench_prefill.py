@@ -2,7 +2,6 @@
 or, with --model, on a qwen35moe or qwen35 GGUF file with its streamed weights staged as serving does."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -29,13 +28,8 @@ def prefill_bench_command(
     if staging not in STAGINGS:
         typer.echo(f"--staging {staging!r}: choose one of {', '.join(STAGINGS)}", err=True)
         raise typer.Exit(2)
-    repo = Path(__file__).resolve().parents[1]
-    if not (repo / "tools" / "cuda_bench.py").exists():
-        typer.echo("fermium bench prefill runs tools/cuda_bench.py of a source checkout; none here", err=True)
-        raise typer.Exit(2)
-    sys.path.insert(0, str(repo))
     if model is not None:                     # a bad file is named before any GPU check
-        from tools.cuda_bench_file import BenchModelError, open_model
+        from fermium.prefill_bench_file import BenchModelError, open_model
         try:
             open_model(model)
         except BenchModelError as exc:
@@ -46,7 +40,7 @@ def prefill_bench_command(
     if not ok:
         typer.echo(f"the cuda prefill backend is unavailable here: {why}", err=True)
         raise typer.Exit(2)
-    from tools.cuda_bench import main
+    from fermium.prefill_bench import main
     args = ["--budget", budget, "--prompts", *map(str, prompt), "--staging", staging]
     args += ["--model", str(model)] if model else []
     args += ["--layers", str(layers)] if layers else []

@@ -54,7 +54,7 @@ def _spec_round(spec: Speculator, lanes: list[Lane], cycles: int) -> tuple[float
 def speculative_bench(runner, model, *, batch: int, k: int, accept_rate: float, tokens: int, rounds: int,
                       context: int, warmup: int, fill, draft_ids=None) -> dict:
     """Rounds of `tokens` plain decode steps and of `tokens` speculative cycles of `batch`
-    sequences each, in turn, after `context` tokens of context (`fill`: cli_bench.fill_context)."""
+    sequences each, in turn, after `context` tokens of context (`fill`: bench_runner.fill_context)."""
     check_mtp(model, runner)
     runner.max_context = max(context, warmup) + (rounds + warmup + 1) * tokens * (k + 1) + k + 1
     plain = [runner.new_state() for _ in range(batch)]
@@ -112,7 +112,7 @@ def speculative_command(command, model, threads, isa, prefault, repack, kv_type,
     """`fermium bench decode --speculative mtp`: the runner loaded, the rounds run, the report printed."""
     from common.model.gguf_file import GGUFModel
     from common.speculative import check_settings, draft_vocab_ids
-    from fermium.cli_bench import WARMUP_STEPS, fill_context, native_runner
+    from fermium.bench_runner import WARMUP_STEPS, fill_context, native_runner
     check_settings(mode, k, draft_vocab)
     check_mtp(GGUFModel(model))                 # before the weights are mapped
     runner = native_runner(model, threads, isa, prefault=prefault, repack=repack, kv_type=kv_type)

@@ -1,5 +1,5 @@
-"""The CPU runner's prefill, a base of CpuRunner: the prompt through fm_prefill a chunk of tokens
-at a time, every weight read once per chunk while the recurrences run token by token.
+"""The CPU runner's prefill, an object CpuRunner owns: the prompt through fm_prefill a chunk of
+tokens at a time, every weight read once per chunk while the recurrences run token by token.
 
 Chunks start every `chunk` tokens from the call's start and are also cut at its checkpoints; a
 chunk that ends on one asks fm_prefill for that row's logits and is followed by a copy of the
@@ -12,9 +12,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from common.model.config import ModelConfig
 from common.reference.multimodal import MropeInput, mrope_rows
 from common.state import Checkpoint, SequenceState, checkpoint_marks
 from native.cpu_lib import ffi, lib
+from native.cpu_rows import StateRows
 
 # prompt tokens per native prefill chunk. Each weight is read once per chunk; at 8 experts a token,
 # a chunk of 256 reaches nearly every expert of a 256-expert layer once, where chunks of 64 read
@@ -28,34 +30,25 @@ def chunk_bounds(n: int, chunk: int, marks: Sequence[int] = ()) -> list[tuple[in
     return list(zip([0, *cuts[:-1]], cuts))
 
 
-class PrefillMethods:
-    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = NATIVE_CHUNK,
-                all_logits: bool = False, mm: MropeInput | None = None) -> np.ndarray:
-        """The prompt through the runner `chunk` tokens at a time (fm_prefill). Advances the state
-        in place. Returns the last token's logits (vocab,), or every token's (T, vocab). `mm`: the
-        image rows and mRoPE positions of a prompt with images (fm_prefill_embd)."""
-        out, _ = self._prefill_chunks(tokens, state, (), chunk, all_logits, mm, None)
-        return out if all_logits else out[0]
+class CpuPrefill:
+    """Runs prompts through the runner's engine; `rows` lays out each sequence's state for C."""
 
-    def prefill_with_checkpoints(self, tokens: Sequence[int], state: SequenceState, checkpoints: Sequence[int], *,
-                                 chunk: int = NATIVE_CHUNK, mm: MropeInput | None = None,
-                                 progress: Callable[[], None] | None = None) -> tuple[np.ndarray, list[Checkpoint]]:
-        """prefill's last logits, and the Checkpoint at each of `checkpoints` (positions strictly
-        inside the call, increasing): each bit for bit what a prefill stopping there leaves.
-        `progress()` is called after each chunk."""
-        out, caught = self._prefill_chunks(tokens, state, checkpoints, chunk, False, mm, progress)
-        return out[0], caught
+    def __init__(self, rows: StateRows, engine, cfg: ModelConfig, model_path):
+        self.rows, self._engine, self.cfg, self.model_path = rows, engine, cfg, model_path
+        self.last_bytes = 0.0   # the weight bytes of the last call's chunks
+        self.last_chunks = 0    # its fm_prefill calls (weight passes)
 
-    def _prefill_chunks(self, tokens, state: SequenceState, checkpoints, chunk: int, all_logits: bool,
-                        mm: MropeInput | None, progress) -> tuple[np.ndarray, list[Checkpoint]]:
-        ids = self._token_ids(tokens)
+    def run(self, tokens, state: SequenceState, checkpoints: Sequence[int], chunk: int, all_logits: bool,
+            mm: MropeInput | None, progress: Callable[[], None] | None) -> tuple[np.ndarray, list[Checkpoint]]:
+        """Logits (every row, or the last: [1, vocab]) and the Checkpoint at each of `checkpoints`."""
+        ids = self.rows.token_ids(tokens)
         if ids.size == 0:
             raise ValueError("prefill needs at least one token")
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1, got {chunk}")
-        self._check_kv_type(state)
+        self.rows.check_kv_type(state)
         marks = checkpoint_marks(checkpoints, state.pos, ids.size)
-        rope = mrope_rows(self.cfg, self.model.path, mm, ids.size)
+        rope = mrope_rows(self.cfg, self.model_path, mm, ids.size)
         out = np.empty((ids.size if all_logits else 1, self.cfg.vocab_size), np.float32)
         caught: list[Checkpoint] = []
         self.last_bytes = 0.0   # the weight bytes of all chunks
@@ -80,7 +73,7 @@ class PrefillMethods:
         n = part.size
         keep: list = []
         seq = ffi.new("fm_seq *")
-        kbufs, vbufs = self._seq(state, seq, keep, rows=n)
+        kbufs, vbufs = self.rows.seq(state, seq, keep, rows=n)
         tok = ffi.new("int[]", [int(t) for t in part])
         out_c = ffi.cast("float *", dest.ctypes.data)
         if rope is None:
@@ -98,4 +91,4 @@ class PrefillMethods:
         if err != 0:
             raise MemoryError("native prefill ran out of scratch memory")
         self.last_bytes += lib.fm_engine_bytes(self._engine)
-        self._advance(state, n, kbufs, vbufs)
+        self.rows.advance(state, n, kbufs, vbufs)

@@ -2,35 +2,36 @@
 (native/cpu/engine.c) on weights read in place from the memory-mapped GGUF.
 
 Same `prefill` / `decode` signatures and `SequenceState` as the reference model, and its
-speculative-decoding methods (native/cpu_speculative.py). A prompt with images comes as the
-reference's `mm=` (common/reference/multimodal.py): its rows' (T, H, W) rotary positions and the
-vision encoder's rows for its image tokens; a state's `rope_delta` moves the rotary position of
-the text rows after them. The ISA choice is process-wide (see
-native.cpu_lib); `isa=` switches it.
+speculative-decoding methods, which call the CpuSpeculative it owns (native/cpu_speculative.py).
+A prompt with images comes as the reference's `mm=` (common/reference/multimodal.py): its
+rows' (T, H, W) rotary positions and the vision encoder's rows for its image tokens; a state's
+`rope_delta` moves the rotary position of the text rows after them. The ISA choice is
+process-wide (see native.cpu_lib); `isa=` switches it.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from common.kv_cache import KV_CODE, check_kv_type, kv_dtype, kv_width
+from common.kv_cache import KV_CODE, check_kv_type
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel, Tensor
 from common.model.layers import VECTOR_ROLES, bind
 from common.progress import byte_progress
-from common.state import SequenceState
+from common.reference.multimodal import MropeInput
+from common.state import Checkpoint, DraftState, RollbackSlots, SequenceState
 from native import cpu_lib
 from native.cpu_lib import ffi, lib
-from native.cpu_prefill import PrefillMethods
+from native.cpu_prefill import NATIVE_CHUNK, CpuPrefill
 from native.cpu_repack import REPACK_LAYOUTS, open_cache, source_ranges
-from native.cpu_speculative import SpeculativeMethods
-from native.cpu_tables import pointer, same_start, table
+from native.cpu_rows import StateRows
+from native.cpu_speculative import CpuSpeculative
+from native.cpu_tables import pointer
 
-KV_GROW = 256   # rows a KV cache grows by at least, so appends are amortised O(1) (without max_context)
 PHASES = ("mixer in", "mixer heads", "mixer out", "router", "experts gate/up", "experts down", "LM head",
           "mixer prep", "MoE prep/sum")
 PREFAULT_RAM_SHARE = 0.8   # map the whole file up front only when it fits this share of RAM
@@ -55,7 +56,7 @@ def prefault_weights(model: GGUFModel, skip: list[tuple[int, int]] = ()) -> bool
     return True
 
 
-class CpuRunner(PrefillMethods, SpeculativeMethods):
+class CpuRunner:
     def __init__(self, model: GGUFModel, threads: int | None = None, isa: str | None = None,
                  prefault: bool = True, repack: bool | None = None, kv_type: str = "f32"):
         self.bound = bind(model)        # every tensor checked before anything is mapped
@@ -80,12 +81,12 @@ class CpuRunner(PrefillMethods, SpeculativeMethods):
         if engine == ffi.NULL:
             raise MemoryError("could not allocate the CPU runner's scratch buffers")
         self._engine = ffi.gc(engine, lib.fm_engine_free)
-        self._draft = None              # the MTP block's engine (cpu_speculative.py), made on first use
+        self.rows = StateRows(self.cfg, self.kv_type)
+        self.speculative = CpuSpeculative(self.rows, self._engine, self.bound, model.path, self._weight, self._vector,
+                                          self._model_c, self.pool.ptr, self.isa, self.repacked is not None)
+        self.prefiller = CpuPrefill(self.rows, self._engine, self.cfg, model.path)
         self.last_bytes = 0.0           # weight bytes read by the last decode step or prefill
         self.last_chunks = 0            # fm_prefill calls (weight passes) of the last prefill
-        # positions a KV buffer is made with (the decode and prefill servers set their context size):
-        # it is then never copied to grow; 0: buffers double as they fill
-        self.max_context = 0
         self.last_seconds = (0.0, 0.0)  # last decode step: (whole call, the C step inside it)
 
     # ---- model description
@@ -145,68 +146,47 @@ class CpuRunner(PrefillMethods, SpeculativeMethods):
     def new_state(self) -> SequenceState:
         return SequenceState.empty(self.cfg, self.kv_type)
 
-    def _check_kv_type(self, s: SequenceState) -> None:
-        if s.kv_type != self.kv_type:
-            raise ValueError(f"state KV cache is {s.kv_type} but this runner keeps {self.kv_type}")
+    @property
+    def max_context(self) -> int:
+        """Positions a KV buffer is made with (cpu_rows.StateRows); the servers set their context size."""
+        return self.rows.max_context
 
-    @staticmethod
-    def _writable(a: np.ndarray) -> np.ndarray:
-        if a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable:
-            return a
-        return np.array(a, np.float32, order="C")
+    @max_context.setter
+    def max_context(self, tokens: int) -> None:
+        self.rows.max_context = tokens
 
-    def _kv_room(self, a: np.ndarray, pos: int, rows: int) -> np.ndarray:
-        """A buffer whose first pos rows are `a` and that has rows for positions pos..pos+rows-1:
-        (grown, n_kv_heads, kv_width) in the runner's kv_dtype."""
-        dtype, width = kv_dtype(self.kv_type), kv_width(self.kv_type, self.cfg.head_dim)
-        if a.shape[0] != pos:
-            raise ValueError(f"KV cache holds {a.shape[0]} positions but the state is at {pos}")
-        if a.dtype != dtype or a.shape[1:] != (self.cfg.n_kv_heads, width):
-            raise ValueError(f"a {self.kv_type} KV cache needs {dtype} (pos, {self.cfg.n_kv_heads}, {width}) "
-                             f"arrays, got {a.dtype} {a.shape}")
-        base = a.base
-        if (isinstance(base, np.ndarray) and base.ndim == 3 and base.shape[1:] == a.shape[1:]
-                and base.shape[0] >= pos + rows and base.dtype == dtype and base.flags.c_contiguous
-                and base.flags.writeable and same_start(base, a)):
-            return base
-        if self.max_context >= pos + rows:
-            grown = self.max_context    # the whole context at once: its pages are touched only as rows are written
-        else:                           # doubling: amortised O(1), but each growth copies the cache
-            grown = pos + max(KV_GROW, pos, rows)
-        buf = np.empty((grown, *a.shape[1:]), dtype)
-        buf[:pos] = a
-        return buf
+    # ---- speculative decoding (cpu_speculative.py), the reference model's contract
+    @property
+    def has_mtp(self) -> bool:
+        return self.speculative.has_mtp
 
-    def _seq(self, s: SequenceState, seq, keep: list, rows: int = 1) -> list[np.ndarray]:
-        s.conv = [self._writable(a) for a in s.conv]
-        s.ssm = [self._writable(a) for a in s.ssm]
-        kbufs = [self._kv_room(a, s.pos, rows) for a in s.k]
-        vbufs = [self._kv_room(a, s.pos, rows) for a in s.v]
-        lists = [table("float", s.conv), table("float", s.ssm), table("void", kbufs), table("void", vbufs)]
-        keep += lists
-        seq.pos, seq.rope_delta = s.pos, s.rope_delta
-        seq.conv, seq.ssm, seq.k, seq.v = lists
-        return kbufs, vbufs
+    def new_rollback(self, slots: int) -> RollbackSlots:
+        return self.speculative.new_rollback(slots)
 
-    @staticmethod
-    def _advance(s: SequenceState, rows: int, kbufs: list[np.ndarray], vbufs: list[np.ndarray]) -> None:
-        """The state after the runner wrote `rows` more positions into the buffers of `_seq`."""
-        s.pos += rows
-        s.k = [buf[:s.pos] for buf in kbufs]
-        s.v = [buf[:s.pos] for buf in vbufs]
+    def rollback_bytes(self, slots: int) -> int:
+        return self.speculative.rollback_bytes(slots)
 
-    def _token_list(self, tokens: Sequence[int]) -> list[int]:
-        """_token_ids as Python ints, for the short lists of a decode step (no numpy round trip)."""
-        ids = [int(t) for t in tokens]
-        if ids and (min(ids) < 0 or max(ids) >= self.cfg.vocab_size):
-            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
-        return ids
+    def new_draft_state(self) -> DraftState:
+        return self.speculative.new_draft_state()
 
-    def _token_ids(self, tokens: Sequence[int]) -> np.ndarray:
-        ids = np.asarray(tokens, np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
-            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
-        return ids
+    def draft_state_bytes(self, positions: int) -> int:
+        return self.speculative.draft_state_bytes(positions)
+
+    def verify(self, tokens: list[list[int]], states: list[SequenceState],
+               rollbacks: list[RollbackSlots | None]) -> tuple[np.ndarray, np.ndarray]:
+        out = self.speculative.verify(tokens, states, rollbacks)
+        self.last_bytes = lib.fm_engine_bytes(self._engine)
+        return out
+
+    def keep(self, state: SequenceState, rollback: RollbackSlots | None, rows: int, ran: int) -> None:
+        self.speculative.keep(state, rollback, rows, ran)
+
+    def set_draft_vocab(self, ids: np.ndarray | None) -> None:
+        self.speculative.set_draft_vocab(ids)
+
+    def draft(self, tokens: list[list[int]], hidden: np.ndarray, dstates: list[DraftState],
+              last_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        return self.speculative.draft(tokens, hidden, dstates, last_only)
 
     # ---- runner contract
     def decode(self, tokens: Sequence[int], states: list[SequenceState]) -> np.ndarray:
@@ -215,12 +195,12 @@ class CpuRunner(PrefillMethods, SpeculativeMethods):
         n = len(tokens)
         if n != len(states) or n == 0:
             raise ValueError(f"decode needs one token per state, got {n} tokens for {len(states)} states")
-        ids = self._token_list(tokens)
+        ids = self.rows.token_list(tokens)
         for s in states:
-            self._check_kv_type(s)
+            self.rows.check_kv_type(s)
         keep: list = []
         seqs = ffi.new("fm_seq[]", n)
-        bufs = [self._seq(s, seqs[b], keep) for b, s in enumerate(states)]
+        bufs = [self.rows.seq(s, seqs[b], keep) for b, s in enumerate(states)]
         tok = ffi.new("int[]", ids)
         logits = np.empty((n, self.cfg.vocab_size), np.float32)
         t1 = time.perf_counter()
@@ -229,7 +209,7 @@ class CpuRunner(PrefillMethods, SpeculativeMethods):
         t2 = time.perf_counter()
         self.last_bytes = lib.fm_engine_bytes(self._engine)
         for s, (kbufs, vbufs) in zip(states, bufs):
-            self._advance(s, 1, kbufs, vbufs)
+            self.rows.advance(s, 1, kbufs, vbufs)
         self.last_seconds = (time.perf_counter() - t0, t2 - t1)
         return logits
 
@@ -243,4 +223,26 @@ class CpuRunner(PrefillMethods, SpeculativeMethods):
         lib.fm_engine_phases(self._engine, p)
         out = {name: (p[2 * i], p[2 * i + 1]) for i, name in enumerate(PHASES)}
         out["step"] = (p[2 * len(PHASES)], self.last_bytes)
+        return out
+
+    def prefill(self, tokens: Sequence[int], state: SequenceState, *, chunk: int = NATIVE_CHUNK,
+                all_logits: bool = False, mm: MropeInput | None = None) -> np.ndarray:
+        """The prompt through the runner `chunk` tokens at a time (fm_prefill: every weight read once
+        per chunk). Advances the state in place. Returns the last token's logits (vocab,), or every
+        token's (T, vocab). `mm`: the image rows and mRoPE positions of a prompt with images."""
+        out, _ = self._prefill(tokens, state, (), chunk, all_logits, mm, None)
+        return out if all_logits else out[0]
+
+    def prefill_with_checkpoints(self, tokens: Sequence[int], state: SequenceState, checkpoints: Sequence[int], *,
+                                 chunk: int = NATIVE_CHUNK, mm: MropeInput | None = None,
+                                 progress: Callable[[], None] | None = None) -> tuple[np.ndarray, list[Checkpoint]]:
+        """prefill's last logits, and the Checkpoint at each of `checkpoints` (positions strictly
+        inside the call, increasing): each bit for bit what a prefill stopping there leaves.
+        `progress()` is called after each chunk."""
+        out, caught = self._prefill(tokens, state, checkpoints, chunk, False, mm, progress)
+        return out[0], caught
+
+    def _prefill(self, tokens, state, checkpoints, chunk, all_logits, mm, progress):
+        out = self.prefiller.run(tokens, state, checkpoints, chunk, all_logits, mm, progress)
+        self.last_bytes, self.last_chunks = self.prefiller.last_bytes, self.prefiller.last_chunks
         return out

@@ -1,6 +1,6 @@
-"""The CPU runner's speculative-decoding methods, a base of CpuRunner: the batched
-verify with rollback slots (fm_verify), keeping the accepted rows, and the MTP block's draft step
-(fm_draft, a second native engine whose model is the block's one layer).
+"""The CPU runner's speculative decoding, an object CpuRunner owns and calls: the batched verify
+with rollback slots (fm_verify, on the runner's engine), keeping the accepted rows, and the MTP
+block's draft step (fm_draft, a second native engine whose model is the block's one layer).
 
 A verify of n rows of a sequence gives the C step row 0 the state's own recurrent arrays and row
 j > 0 rollback slot j-1 (each row copies the one before it, then updates its copy); so slot j-1
@@ -8,6 +8,8 @@ then holds the state after row j. Rotating the arrays afterwards (no copy) gives
 layout: slot j the state after row j, the state the one after the last row.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -17,9 +19,9 @@ from common.reference.rollback import check_rollback
 from common.state import STATE_DTYPE, DraftState, RollbackSlots, SequenceState
 from native.cpu_lib import ffi, lib, repack, repack_group
 from native.cpu_repack import layouts_for
+from native.cpu_rows import KV_GROW, StateRows
 from native.cpu_tables import pointer, table
 
-KV_GROW = 256   # rows a draft KV buffer grows by at least, as the trunk's (cpu_runner.KV_GROW)
 CACHE_LINE = 64   # bytes
 NEXTN_ROLES = ("eh_proj", "enorm", "hnorm", "shared_head_norm", "embed_tokens", "shared_head_head")
 
@@ -32,13 +34,25 @@ def _line_aligned_zeros(shape: tuple[int, ...]) -> np.ndarray:
     return buf[start:start + nbytes].view(STATE_DTYPE).reshape(shape)
 
 
-class SpeculativeMethods:
-    """Mixed into CpuRunner, whose model description, state plumbing and engine it uses."""
+class CpuSpeculative:
+    """Speculative decoding on a CpuRunner's engine (`engine`) and state rows (`rows`). The draft
+    step's engine is built on first use from the MTP block's tensors (`bound.mtp`), described to C
+    as the runner describes its own: `weight` and `vector` (CpuRunner._weight, _vector), over the
+    trunk's fm_model `trunk` (its widths and KV type), on the runner's pool."""
+
+    def __init__(self, rows: StateRows, engine, bound, path, weight: Callable, vector: Callable, trunk,
+                 pool_ptr, isa: str, repacked: bool):
+        self.rows, self.cfg, self.kv_type = rows, rows.cfg, rows.kv_type
+        self.engine, self.mtp, self.globals, self.path = engine, bound.mtp, bound.globals, path
+        self.weight, self.vector, self.trunk, self.pool_ptr = weight, vector, trunk, pool_ptr
+        self.isa, self.repacked = isa, repacked
+        self._draft = None              # the MTP block's engine, made on first use
+        self._alive: list = []          # the draft model's cffi structs, which C points into
 
     # ---- sizes and new states
     @property
     def has_mtp(self) -> bool:
-        return self.bound.mtp is not None
+        return self.mtp is not None
 
     def _recurrent_shapes(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
         cfg = self.cfg
@@ -78,7 +92,7 @@ class SpeculativeMethods:
         for a in arrays:
             if a.shape != shape:
                 raise ValueError(f"a rollback slot's {what} array is {list(a.shape)}, the model needs {list(shape)}")
-        return [self._writable(a) for a in arrays]
+        return [self.rows.writable(a) for a in arrays]
 
     def verify(self, tokens: list[list[int]], states: list[SequenceState],
                rollbacks: list[RollbackSlots | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -89,15 +103,15 @@ class SpeculativeMethods:
         runs = [len(t) for t in tokens]
         for b, (n, slots) in enumerate(zip(runs, rollbacks)):
             check_rollback(slots, n, b)
-        ids = self._token_list([t for seq in tokens for t in seq])
+        ids = self.rows.token_list([t for seq in tokens for t in seq])
         for s in states:
-            self._check_kv_type(s)
+            self.rows.check_kv_type(s)
         conv_shape, ssm_shape = self._recurrent_shapes()
         R, keep, n_lin = len(ids), [], len(self.cfg.linear_layers)
         rows = ffi.new("fm_seq[]", R)
         bufs, r = [], 0
         for n, s, slots in zip(runs, states, rollbacks):
-            bufs.append(self._seq(s, rows[r], keep, rows=n))
+            bufs.append(self.rows.seq(s, rows[r], keep, rows=n))
             for j in range(1, n):
                 conv = slots.conv[j - 1] = self._slot_arrays(slots.conv[j - 1], conv_shape, "conv", n_lin)
                 ssm = slots.ssm[j - 1] = self._slot_arrays(slots.ssm[j - 1], ssm_shape, "ssm", n_lin)
@@ -109,16 +123,15 @@ class SpeculativeMethods:
             r += n
         logits = np.empty((R, self.cfg.vocab_size), np.float32)
         hidden = np.empty((R, self.cfg.hidden_size), np.float32)
-        err = lib.fm_verify(self._engine, len(runs), ffi.new("int[]", runs), ffi.new("int[]", ids), rows,
+        err = lib.fm_verify(self.engine, len(runs), ffi.new("int[]", runs), ffi.new("int[]", ids), rows,
                             pointer("float", logits), pointer("float", hidden))
         if err != 0:
             raise MemoryError("native verify ran out of scratch memory")
-        self.last_bytes = lib.fm_engine_bytes(self._engine)
         for n, s, slots, (kbufs, vbufs) in zip(runs, states, rollbacks, bufs):
             if n > 1:   # state: after row 0, slot j-1: after row j  ->  slot j: after row j, state: after the last
                 s.conv, slots.conv[:n - 1] = slots.conv[n - 2], [s.conv, *slots.conv[:n - 2]]
                 s.ssm, slots.ssm[:n - 1] = slots.ssm[n - 2], [s.ssm, *slots.ssm[:n - 2]]
-            self._advance(s, n, kbufs, vbufs)
+            self.rows.advance(s, n, kbufs, vbufs)
         return logits, hidden
 
     def keep(self, state: SequenceState, rollback: RollbackSlots | None, rows: int, ran: int) -> None:
@@ -144,25 +157,25 @@ class SpeculativeMethods:
         """The draft step's engine, built on first use: an fm_model of the block's one layer."""
         if self._draft is not None:
             return self._draft
-        mtp = self.bound.mtp
+        mtp = self.mtp
         if mtp is None:
-            raise ValueError(f"{self.model.path}: the model file has no MTP block (nextn), so it cannot draft")
-        g = self.bound.globals
+            raise ValueError(f"{self.path}: the model file has no MTP block (nextn), so it cannot draft")
+        g = self.globals
         layer = ffi.new("fm_layer *")
         for role, t in mtp.items():
             if t is not None and role not in NEXTN_ROLES:
-                setattr(layer, role, self._vector(t) if role in VECTOR_ROLES else self._weight(t))
+                setattr(layer, role, self.vector(t) if role in VECTOR_ROLES else self.weight(t))
         layer.is_full = 1
-        m = ffi.new("fm_model *", self._model_c[0])   # the trunk's widths and KV type
+        m = ffi.new("fm_model *", self.trunk[0])   # the trunk's widths and KV type
         m.n_layers, m.layers = 1, layer
-        m.embd = self._weight(mtp["embed_tokens"] or g["embd"])
-        m.out_norm = self._vector(mtp["shared_head_norm"] or g["out_norm"])
-        m.eh_proj = self._weight(mtp["eh_proj"])
-        m.enorm, m.hnorm = self._vector(mtp["enorm"]), self._vector(mtp["hnorm"])
+        m.embd = self.weight(mtp["embed_tokens"] or g["embd"])
+        m.out_norm = self.vector(mtp["shared_head_norm"] or g["out_norm"])
+        m.eh_proj = self.weight(mtp["eh_proj"])
+        m.enorm, m.hnorm = self.vector(mtp["enorm"]), self.vector(mtp["hnorm"])
         self._draft_head = mtp["shared_head_head"] or g["head"]
-        self._draft_full_head = self._weight(self._draft_head)
+        self._draft_full_head = self.weight(self._draft_head)
         m.output = self._draft_full_head
-        engine = lib.fm_engine_new(m, self.pool.ptr)
+        engine = lib.fm_engine_new(m, self.pool_ptr)
         if engine == ffi.NULL:
             raise MemoryError("could not allocate the draft step's scratch buffers")
         self._alive += [layer, m]
@@ -187,7 +200,7 @@ class SpeculativeMethods:
         t = self._draft_head
         rows = np.ascontiguousarray(np.asarray(t.raw).reshape(self.cfg.vocab_size, t.row_bytes)[ids])
         wtype = int(t.qtype)
-        layout = layouts_for(self.isa).get(wtype) if self.repacked is not None else None
+        layout = layouts_for(self.isa).get(wtype) if self.repacked else None
         if layout is not None and ids.size % repack_group(layout) == 0 and t.shape[-1] % lib.fm_type_block(layout) == 0:
             rows, wtype = repack(layout, rows, t.shape[-1]), layout   # the layout this ISA reads fastest
         w = ffi.new("fm_weight *")
@@ -205,7 +218,7 @@ class SpeculativeMethods:
                              f"got {a.dtype} {a.shape}")
         if a.shape[0] >= pos + rows and a.flags.c_contiguous and a.flags.writeable:
             return a
-        grown = self.max_context if self.max_context >= pos + rows else pos + max(KV_GROW, pos, rows)
+        grown = self.rows.max_context if self.rows.max_context >= pos + rows else pos + max(KV_GROW, pos, rows)
         buf = np.empty((grown, *shape), dtype)
         buf[:pos] = a[:pos]
         return buf
@@ -218,7 +231,7 @@ class SpeculativeMethods:
         engine = self._mtp_engine()
         if len(tokens) != len(dstates):
             raise ValueError("draft: tokens and draft states differ in length")
-        ids = self._token_list([t for seq in tokens for t in seq])
+        ids = self.rows.token_list([t for seq in tokens for t in seq])
         R, H = len(ids), self.cfg.hidden_size
         hidden = np.ascontiguousarray(hidden, np.float32)
         if hidden.shape != (R, H):

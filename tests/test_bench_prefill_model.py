@@ -1,4 +1,4 @@
-"""`fermium bench prefill --model FILE` (tools/cuda_bench.py) on a tiny GGUF under tests/cuda_emulator,
+"""`fermium bench prefill --model FILE` (fermium/prefill_bench.py) on a tiny GGUF under tests/cuda_emulator,
 and the errors for a file it cannot run, from the script and from the command line."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from fermium import prefill_bench
 from native.cuda.device_peak import fp32_peak
 from services.prefill.backends import cuda as cuda_backend
-from tools import cuda_bench
 
 from .cuda_emulator import emulate_cuda
 from .gpu.tiny_gguf import TinySpec, build
@@ -28,7 +28,7 @@ def tiny(tmp_path_factory):
 def emulated(monkeypatch):
     driver = emulate_cuda(monkeypatch)
     # the emulator reports no SM count or clock: a Tesla C2075's (14 SMs of compute 2.0 at 1.15 GHz)
-    monkeypatch.setattr(cuda_bench, "device_peak", lambda device: fp32_peak("emulated C2075", 14, (2, 0), 1150000))
+    monkeypatch.setattr(prefill_bench, "device_peak", lambda device: fp32_peak("emulated C2075", 14, (2, 0), 1150000))
     monkeypatch.setattr(cuda_backend.CUDABackend, "availability", classmethod(lambda cls: (True, "emulated")))
     return driver
 
@@ -45,7 +45,7 @@ def bench_args(tiny, *more: str) -> list[str]:
 
 def test_the_model_path_runs_a_gguf_file_and_reports_its_figures(tiny, emulated, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert cuda_bench.main(bench_args(tiny, "--compare-staging", "--out", str(out))) == 0
+    assert prefill_bench.main(bench_args(tiny, "--compare-staging", "--out", str(out))) == 0
     text = capsys.readouterr().out
     assert f"model {tiny}:" in text and "4 layers, 8 experts of 256, vocabulary 512" in text
     assert "staging: " in text and "staged by register in" in text and "staged by copy in" in text
@@ -67,8 +67,8 @@ def test_the_model_path_runs_a_gguf_file_and_reports_its_figures(tiny, emulated,
 
 def test_the_command_line_passes_the_file_and_the_staging_through(tiny, emulated, tmp_path, monkeypatch):
     from fermium.cli import app
-    real = cuda_bench.pinned_bandwidth
-    monkeypatch.setattr(cuda_bench, "pinned_bandwidth", lambda cuda, nbytes: real(cuda, 1 << 20))  # not 1 GiB
+    real = prefill_bench.pinned_bandwidth
+    monkeypatch.setattr(prefill_bench, "pinned_bandwidth", lambda cuda, nbytes: real(cuda, 1 << 20))  # not 1 GiB
     out = tmp_path / "bench.json"
     budget = str(streamed_budget(tiny))
     res = CliRunner().invoke(app, ["bench", "prefill", "--model", str(tiny), "--budget", budget, "--prompt", "40",
@@ -97,7 +97,7 @@ def _other_arch(tmp_path):
 def test_a_file_it_cannot_run_exits_2_naming_the_file_and_the_problem(tmp_path, capsys, bad):
     from fermium.cli import app
     path, problem = bad(tmp_path)
-    assert cuda_bench.main(["--model", str(path)]) == 2
+    assert prefill_bench.main(["--model", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"fermium bench prefill: {path}: " in err and problem in err
     res = CliRunner().invoke(app, ["bench", "prefill", "--model", str(path)])
@@ -106,7 +106,7 @@ def test_a_file_it_cannot_run_exits_2_naming_the_file_and_the_problem(tmp_path, 
 
 
 def test_options_that_need_the_other_model_are_refused(tiny, capsys):
-    assert cuda_bench.main(["--model", str(tiny), "--layers", "2"]) == 2
-    assert cuda_bench.main(["--compare-staging"]) == 2
+    assert prefill_bench.main(["--model", str(tiny), "--layers", "2"]) == 2
+    assert prefill_bench.main(["--compare-staging"]) == 2
     err = capsys.readouterr().err
     assert "--layers applies to the synthetic model only" in err and "--compare-staging needs --model" in err

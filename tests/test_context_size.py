@@ -14,9 +14,10 @@ from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 import common.config as config_module
-from common.config import ContextModel, ContextSizeError, check_memory, context_size, sequence_memory
+from common.config import ContextModel, ContextSizeError, check_memory, context_size
 from common.model.gguf_file import GGUFModel
 from common.reference.model import ReferenceModel
+from common.sequence_memory import sequence_memory
 from common.state import check_state
 from fermium.options import command, config, options
 from services.decode.config import DecodeConfig
@@ -197,8 +198,8 @@ def test_the_runner_makes_each_kv_buffer_once_for_the_context(model):
 def test_a_file_larger_than_the_ram_names_the_smaller_files_that_fit(model, tiny, monkeypatch):
     """No context fits beside the file: the refusal names the sizes and the llama-quantize file
     types of this model whose file and one sequence's state would fit, the largest first."""
-    from common.config import size_text
     from common.file_types import SMALLER_NAMED, file_type_sizes
+    from common.sequence_memory import size_text
     from fermium.cli_services import _check_fits
     mem = sequence_memory(model.config, CONTEXT, "f16")
     file_bytes = tiny.stat().st_size

@@ -10,7 +10,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from common.config import sequence_memory
 from common.kv_cache import DEFAULT_KV_TYPE, KvTypeError, check_kv_type, kv_decode, kv_encode
 from common.metrics import RouterMetrics
 from common.model.config import ModelConfig
@@ -18,6 +17,7 @@ from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
 from common.reference.model import ReferenceModel
+from common.sequence_memory import sequence_memory
 from common.snapshots import SnapshotStore
 from common.state import SequenceState
 from fermium.options import command, config, options

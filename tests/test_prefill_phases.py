@@ -10,9 +10,9 @@ import pytest
 
 from common.model.gguf_file import GGUFModel
 from common.state import SequenceState
+from fermium import prefill_bench
 from native.cuda.phases import IDLE, NULL_CLOCK, phase_lines
 from services.prefill.backends import cuda as cuda_backend
-from tools import cuda_bench
 
 from .test_bench_prefill_model import bench_args, emulated, streamed_budget, tiny  # noqa: F401 (fixtures)
 
@@ -87,9 +87,9 @@ def test_phases_cover_every_layer_and_sum_to_the_span_without_changing_the_outpu
 
 def test_the_bench_reports_the_phases_of_each_prompt(tiny, emulated, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "bench.json"
-    assert cuda_bench.main(bench_args(tiny, "--phases", "--out", str(out))) == 0
+    assert prefill_bench.main(bench_args(tiny, "--phases", "--out", str(out))) == 0
     text = capsys.readouterr().out
-    assert text.count("phases over a compute span of") == len(cuda_bench.parse(bench_args(tiny)).prompts)
+    assert text.count("phases over a compute span of") == len(prefill_bench.parse(bench_args(tiny)).prompts)
     fig = json.loads(out.read_text())
     for run in fig["runs"]:
         names = {r["name"] for r in run["phases"]["phases"]}
@@ -102,7 +102,7 @@ def test_without_phases_no_clock_runs_and_the_bench_json_has_none(tiny, emulated
     assert backend.runner.clock is NULL_CLOCK
     backend.close()
     out = tmp_path / "bench.json"
-    assert cuda_bench.main(bench_args(tiny, "--out", str(out))) == 0
+    assert prefill_bench.main(bench_args(tiny, "--out", str(out))) == 0
     assert all("phases" not in run for run in json.loads(out.read_text())["runs"])
 
 
@@ -111,8 +111,8 @@ def test_the_command_line_passes_phases_through(tiny, emulated, tmp_path, monkey
     from typer.testing import CliRunner
 
     from fermium.cli import app
-    real = cuda_bench.pinned_bandwidth
-    monkeypatch.setattr(cuda_bench, "pinned_bandwidth", lambda cuda, nbytes: real(cuda, 1 << 20))
+    real = prefill_bench.pinned_bandwidth
+    monkeypatch.setattr(prefill_bench, "pinned_bandwidth", lambda cuda, nbytes: real(cuda, 1 << 20))
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(app, ["bench", "prefill", "--model", str(tiny), "--budget", str(streamed_budget(tiny)),
                                    "--prompt", "40", *flag, "--out", str(out)])

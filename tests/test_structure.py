@@ -1,6 +1,9 @@
 """The shape of the code (STYLE.md, "What that means here"), checked on every Python file:
 no service imports another, `common/` imports no service, the router imports nothing from
-`native` (it never loads a kernel), and no Python file outside tests/ passes MAX_LINES.
+`native` (it never loads a kernel), the product imports nothing from `tools/` (tools may import
+the product), and no Python file outside tests/ passes MAX_LINES. And no circles: no two modules
+of the product import each other, however far round, and no two C files of native/cpu or
+native/cuda include or call each other (tests/structure_graph.py builds both graphs).
 
 Imports are read with `ast`, so an import inside a function counts as much as one at the top.
 """
@@ -9,6 +12,8 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
+
+from tests.structure_graph import C_FOLDERS, PRODUCT, c_graph, circles, python_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 300
@@ -58,6 +63,8 @@ def violations() -> list[str]:
                 found.setdefault((rel, 2), f"{rel}: common/ imports a service, {module}")
             elif me == "services.router" and top[0] == "native":
                 found.setdefault((rel, 3), f"{rel}: the router imports native code, {module}")
+            elif me.split(".")[0] in PRODUCT and top[0] == "tools":
+                found.setdefault((rel, 4), f"{rel}: the product imports tools/, {module}")
     return list(found.values())
 
 
@@ -85,3 +92,42 @@ def test_the_check_sees_what_it_must_refuse(tmp_path, monkeypatch):
     assert any("decode service imports another" in f for f in found)
     assert any("common/ imports a service" in f for f in found)
     assert any("router imports native" in f for f in found)
+
+
+def test_no_two_modules_of_the_product_import_each_other():
+    assert circles(python_graph(ROOT)) == []
+
+
+def test_no_two_c_files_include_or_call_each_other():
+    assert [c for folder in C_FOLDERS for c in circles(c_graph(ROOT, folder))] == []
+
+
+SYNTHETIC = {
+    "common/a.py": "from common import b\n",
+    "common/b.py": "def f():\n    from common.a import g\n",
+    "common/c.py": "from common import b\n",                       # imports into the circle, not part of it
+    "fermium/cli_x.py": "from tools.bench import main\n",
+    "tools/bench.py": "from fermium import cli_x\n",                # a tool may import the product
+    "native/cpu/ops.h": "static inline float fm_silu(float x) { return x; }\nvoid fm_conv(float *x);\n",
+    "native/cpu/ops.c": '#include "ops.h"\n#include "body.h"\nvoid fm_conv(float *x) { body(x); }\n',
+    "native/cpu/body.h": '#include "ops.h"\nstatic void body(float *x) { x[0] = fm_silu(x[0]); }\n',
+    "native/cpu/engine.c": "int layer(int);\nstatic int (*const LAYERS[])(int) = { layer };\n"
+                           "int helper(int n) { return n; }\nint step(int n) { return LAYERS[0](n); }\n",
+    "native/cpu/layer.c": "int helper(int n);\nint layer(int n) { return helper(n) + 1; }\n",
+    "native/cpu/leaf.c": "int helper(int n);\nstatic int step(int n) { return helper(n); }\n",
+}
+
+
+def test_the_circle_checks_see_what_they_must_refuse(tmp_path, monkeypatch):
+    """A Python circle through a function-local import, a C circle through an include of a file's
+    own header, one through a function's address, and the product importing tools/: each is
+    reported, and what only leads into a circle, or a tool importing the product, is not."""
+    for rel, text in SYNTHETIC.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert circles(python_graph(tmp_path)) == ["common.a -> common.b -> common.a"]
+    assert circles(c_graph(tmp_path, "native/cpu")) == [
+        "native/cpu/body.h -> native/cpu/ops.c -> native/cpu/body.h",
+        "native/cpu/engine.c -> native/cpu/layer.c -> native/cpu/engine.c"]
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert violations() == ["fermium/cli_x.py: the product imports tools/, tools.bench"]

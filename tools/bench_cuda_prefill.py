@@ -1,4 +1,4 @@
-"""Full-width benchmark of the cuda prefill backend (see tools/cuda_bench.py).
+"""Full-width benchmark of the cuda prefill backend (see fermium/prefill_bench.py).
 
     python tools/bench_cuda_prefill.py --budget 6GiB --prompts 947 4096 --out bench.json
 """
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.cuda_bench import main  # noqa: E402
+from fermium.prefill_bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

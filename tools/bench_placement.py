@@ -1,7 +1,7 @@
 """Placement by held state: the wire bytes and the time of a warm turn routed to the prefill worker
 that holds its state, against one that must be sent it.
 
-1. The 35B widths (tools/cuda_bench.py's ModelConfig, random state, KV in f16 at `--tokens`): a
+1. The 35B widths (fermium/prefill_bench_synthetic.py's ModelConfig, random state, KV in f16 at `--tokens`): a
    PrefillRequest over a ZeroMQ PUSH/PULL pair on loopback, from `put` until the receiving
    worker's start state is checked and copied (common.protocol.checks), carrying the state's
    bytes or naming a state the worker holds (services/prefill/held.py).
@@ -33,7 +33,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_shared_snapshots import KV_TYPE, state_35b  # noqa: E402
 from bench_snapshots import ttft  # noqa: E402
-from cuda_bench import QWEN36_35B  # noqa: E402
 
 from common.model.default import default_model_path  # noqa: E402
 from common.model.gguf_file import GGUFModel  # noqa: E402
@@ -45,6 +44,7 @@ from common.sampling import SamplingParams  # noqa: E402
 from common.snapshots import KV_BLOCK  # noqa: E402
 from common.snapshots.keys import prefix_key  # noqa: E402
 from common.state import wire_limits  # noqa: E402
+from fermium.prefill_bench_synthetic import QWEN36_35B  # noqa: E402
 from fermium.stack import Stack, free_port  # noqa: E402
 from services.prefill.held import HeldStates  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The shared snapshot tier (--snapshot-store) on a redis-server on loopback, which this starts.
 
-1. Store and fetch of one 35B-sized snapshot (Qwen3.6-35B-A3B's widths, tools/cuda_bench.py's
+1. Store and fetch of one 35B-sized snapshot (Qwen3.6-35B-A3B's widths, fermium/prefill_bench_synthetic.py's
    ModelConfig; `--tokens 0`: the recurrent state and logits alone, 63 MiB), through the store
    paths the router runs: SnapshotStore.put until the writer has sent it, and
    SnapshotStore.prefetch on a second store, which fetches, checks and indexes it in RAM.
@@ -30,7 +30,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_snapshots import ttft  # noqa: E402
-from cuda_bench import QWEN36_35B  # noqa: E402
 
 from common.model.default import default_model_path  # noqa: E402
 from common.model.gguf_file import GGUFModel  # noqa: E402
@@ -39,6 +38,7 @@ from common.snapshots import KV_BLOCK, SnapshotStore  # noqa: E402
 from common.snapshots.redis_tier import RedisTier  # noqa: E402
 from common.snapshots.redis_trust import derive_key  # noqa: E402
 from common.state import SequenceState  # noqa: E402
+from fermium.prefill_bench_synthetic import QWEN36_35B  # noqa: E402
 from fermium.stack import Stack, free_port  # noqa: E402
 from tests.redis_helpers import RedisServer  # noqa: E402
 

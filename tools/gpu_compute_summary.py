@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fermium.prefill_bench_figures import C2075_FLOPS, C2075_PCIE, PAPER_947_SECONDS  # noqa: E402
 from native.cuda.phases import phase_lines  # noqa: E402
-from tools.cuda_bench_figures import C2075_FLOPS, C2075_PCIE, PAPER_947_SECONDS  # noqa: E402
 
 PROMPTS = (947, 4096)
 GOAL_SPEEDUP = 3.0

@@ -2,16 +2,23 @@
 from __future__ import annotations
 
 import codecs
-from typing import TYPE_CHECKING
+from typing import Iterable, Protocol
 
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+
+class TokenBytes(Protocol):
+    """What the stream asks of its tokenizer (common.model.tokenizer.Tokenizer is one)."""
+
+    def _check_ids(self, ids: Iterable[int]) -> list[int]: ...
+
+    def is_special(self, token_id: int) -> bool: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
 
 
 class DetokenizeStream:
     """Turns ids into text one at a time; emits only whole UTF-8 characters, each exactly once."""
 
-    def __init__(self, tokenizer: "Tokenizer", *, skip_special: bool = False):
+    def __init__(self, tokenizer: TokenBytes, *, skip_special: bool = False):
         self._tok = tokenizer
         self._skip_special = skip_special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")

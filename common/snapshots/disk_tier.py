@@ -15,6 +15,7 @@ import numpy as np
 from ..state import STATE_DTYPE, SequenceState, state_specs
 from . import disk
 from .disk_writer import Job
+from .snapshot import Snapshot
 
 
 def _spell(specs: list, i: int) -> str:
@@ -53,7 +54,6 @@ class DiskTierMethods:
         remove the least recently used files past the budget."""
         if size is None:
             return
-        from .store import Snapshot  # store.py imports this module
         with self.lock:
             self.disk_total += size - self.on_disk.pop(job.key, 0)
             self.on_disk[job.key] = size
@@ -106,7 +106,6 @@ class DiskTierMethods:
 
     def _index_disk(self) -> None:
         """At start: index every whole file, oldest first, and keep the newest within the budget."""
-        from .store import Snapshot
 
         def stat(p: Path) -> tuple[float, int]:
             try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -36,27 +36,9 @@ from .disk_writer import DiskWriter
 from .keys import ROOT, Marks, chain, marks_in, prefix_key, tail_key
 from .parts import KvParts
 from .redis_tier import Record, RedisTier
-from .shared import SharedTierMethods
+from .snapshot import Snapshot
 
 log = logging.getLogger("fermium.snapshots")
-
-
-@dataclass
-class Snapshot:
-    pos: int
-    base: bytes                          # chain key of the last full block (ROOT if none)
-    blocks: list[bytes]                  # chain keys of the full blocks, in order
-    recurrent: list[np.ndarray] | None   # conv..., ssm... (None while only on disk)
-    logits: np.ndarray | None            # [vocab] logits of the last token
-    tail_k: list[np.ndarray] = field(default_factory=list)   # per full layer: kv_shape(tail, ...) in kv_type
-    tail_v: list[np.ndarray] = field(default_factory=list)
-    rope_delta: int = 0                  # the state's (common.state)
-
-    @property
-    def ram_bytes(self) -> int:
-        if self.recurrent is None:
-            return 0
-        return sum(a.nbytes for a in [*self.recurrent, self.logits, *self.tail_k, *self.tail_v])
 
 
 @dataclass
@@ -72,7 +54,7 @@ class StoreStats:
 KV_BLOCK = 64   # tokens per shared KV block, the unit of the key chain (keys.py)
 
 
-class SnapshotStore(SharedTierMethods, DiskTierMethods):
+class SnapshotStore(DiskTierMethods):
     """Thread-safe. `budget_bytes` bounds RAM (snapshots plus KV blocks), `disk_budget` the disk
     tier's files (0: no bound); least recently used goes first. It holds states with KV in
     `kv_type` only: a file of another type is corrupt to it. `events(name)` is told of each
@@ -222,6 +204,44 @@ class SnapshotStore(SharedTierMethods, DiskTierMethods):
         state = SequenceState(snap.pos, [a.copy() for a in snap.recurrent[:n_lin]],
                               [a.copy() for a in snap.recurrent[n_lin:]], ks, vs, self.kv_type, snap.rope_delta)
         return state, snap.logits.copy()
+
+    # ---- the shared tier
+    def prefetch(self, tokens: Sequence[int], marks: Marks = ()) -> int:
+        """Bring the shared tier's snapshot of the longest prefix of `tokens` into RAM, when it is
+        longer than what the local tiers hold, else the disk tier's (disk_tier.load_ahead), so
+        that lookup finds it there. Blocks on the store and the disk: call it off the event loop.
+        Returns the position brought in from the shared tier, 0 for none."""
+        if self.shared is None:
+            return self.load_ahead(tokens, marks) if self.disk_dir else 0
+        with self.lock:
+            best = self._longest(tokens, marks)
+            local = self.snaps[best].pos if best is not None else -1
+        found = None
+        if local < len(tokens):                   # else the local tiers hold the whole prompt
+            found = self.shared.fetch(tokens, marks, local, lambda bkey: bkey in self.kv_blocks)
+        if found is not None:
+            with self.lock:
+                if self._adopt(found):
+                    return found.pos
+        if self.disk_dir:
+            self.load_ahead(tokens, marks)        # the local disk's is the longest: into RAM too
+        return 0
+
+    def _adopt(self, r: Record) -> bool:
+        """Index a snapshot from the shared tier in RAM; False when a block it counted on left RAM meanwhile."""
+        if r.key in self.snaps and self.snaps[r.key].recurrent is not None:
+            return True
+        if any(b not in self.kv_blocks and b not in r.kv for b in r.blocks):
+            return False
+        if r.key in self.snaps:
+            self._forget(r.key)
+        for bkey in r.blocks:
+            if bkey not in self.kv_blocks:
+                self.kv_blocks[bkey] = r.kv[bkey]
+            self.refs[bkey] = self.refs.get(bkey, 0) + 1
+        self._index(r.key, Snapshot(r.pos, r.base, r.blocks, r.recurrent, r.logits, r.tail_k, r.tail_v, r.rope_delta))
+        self._evict()
+        return r.key in self.snaps and self.snaps[r.key].recurrent is not None
 
     # ---- eviction
     def _evict(self) -> None:

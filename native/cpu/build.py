@@ -36,7 +36,7 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 MODULE = "native._fermium_cpu"
-HEADERS = ["fermium_cpu.h", "engine.h", "vision.h"]
+HEADERS = ["fermium_cpu.h", "engine_types.h", "engine.h", "vision.h"]
 COMMON_FLAGS = ["-O2", "-fPIC", "-std=c11", "-D_GNU_SOURCE", "-Wall"]
 ISA_FLAGS: dict[str, list[str]] = {
     "ssse3": ["-mssse3"],

@@ -7,11 +7,11 @@
 #ifndef FERMIUM_CONV_BODY_H
 #define FERMIUM_CONV_BODY_H
 #include <stddef.h>
-// O3 and no-trapping-math as in ops.c, before ops.h, so that its fm_silu vectorizes here too
-// (where ops.h came in earlier, the including file has made the same choice)
+// O3 and no-trapping-math as in ops.c, before activations.h, so that its fm_silu vectorizes here
+// too (where it came in earlier, through ops.h, the including file has made the same choice)
 #pragma GCC push_options
 #pragma GCC optimize("O3", "no-trapping-math")
-#include "ops.h"
+#include "activations.h"
 
 // C channels with K taps each; inlined with K a constant, its loops over the taps unroll and
 // the loop over channels vectorizes

@@ -1,10 +1,10 @@
-/* The decode engine's state and the helpers its layer files share (engine.c, mixers.c, moe.c,
- * attn_runs.c).
+/* The decode engine's state and the helpers its layer files share (engine_jobs.c defines them;
+ * engine.c, mixers.c, moe.c, dense_ffn.c and attn_runs.c use them).
  * Internal to native/cpu. */
 #ifndef FERMIUM_ENGINE_IMPL_H
 #define FERMIUM_ENGINE_IMPL_H
 
-#include "engine.h"
+#include "engine_types.h"
 #include "internal.h"
 
 #define MAX(a, b) ((a) > (b) ? (a) : (b))

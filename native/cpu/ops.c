@@ -1,6 +1,6 @@
 /* fp32 ops of one decode step. See ops.h. */
 // O3 for the vectorizer; no-trapping-math lets it turn the clamps of fm_expf into min/max.
-// Before the includes, so that the inline functions of ops.h are built the same way.
+// Before the includes, so that the inline functions of activations.h are built the same way.
 #pragma GCC optimize("O3", "no-trapping-math")
 #include <string.h>
 #include "ops.h"

@@ -1,4 +1,4 @@
-/* e^x as fm_expf (ops.h), VW lanes at once: included by a body after its ISA file has defined
+/* e^x as fm_expf (activations.h), VW lanes at once: included by a body after its ISA file has defined
  * V, VSET1, VMAX, VMIN, VADD, VSUB, VMUL, VFMA and VPOW2I. */
 #pragma once
 

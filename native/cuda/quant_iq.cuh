@@ -8,6 +8,7 @@
 // Alignment: IQ4_XS (136 bytes) and IQ1_M (56) blocks sit on 8 bytes; MXFP4 (17) on 1 (read as
 // the aligned words around, fm_words); the others on 2 (16-bit words and bytes).
 #pragma once
+#include "quant_core.cuh"
 #include <stdint.h>
 
 #ifdef __CUDACC__

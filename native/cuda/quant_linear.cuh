@@ -4,6 +4,7 @@
 // TQ1_0 and TQ2_0 blocks (22, 110, 54, 66) only on 2, so their bytes are read as 16-bit words or
 // as the aligned words around them (fm_words).
 #pragma once
+#include "quant_core.cuh"
 
 // the aligned words around n <= 8 bytes at p, of any alignment, into w[0..2]: a word that holds
 // none of the n bytes is not read (it may lie past the tensor), its w is 0

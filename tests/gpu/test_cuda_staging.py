@@ -10,9 +10,9 @@ import pytest
 
 from common.model.gguf_file import GGUFModel
 from common.state import SequenceState
+from fermium import prefill_bench
 from native.cuda.plan import EXPERT_TENSORS
 from services.prefill.backends.cuda import CUDABackend
-from tools import cuda_bench
 
 from .test_cuda_parity import LOGITS_REL, budget, reference, rel_err
 from .tiny_gguf import TinySpec, build
@@ -53,7 +53,7 @@ def test_the_bench_runs_a_gguf_file(model, tmp_path, capsys):
     out = tmp_path / "bench.json"
     args = ["--model", str(model.path), "--budget", str(budget(model, 0.0, 128)), "--prompts", "64", "128",
             "--compare-staging", "--out", str(out)]
-    assert cuda_bench.main(args) == 0
+    assert prefill_bench.main(args) == 0
     text = capsys.readouterr().out
     assert "copy / register staging time:" in text and "% of fp32 peak" in text
     fig = json.loads(out.read_text())

@@ -1,7 +1,7 @@
 """Full-width benchmark of the cuda prefill backend, on a synthetic model or on a GGUF file.
 
 Without --model, the model has all 40 layers at the real Qwen3.6-35B-A3B widths in Q4_K
-(tools/cuda_bench_synthetic.py), built straight in page-locked host memory. With --model, the
+(fermium/prefill_bench_synthetic.py), built straight in page-locked host memory. With --model, the
 backend runs that qwen35moe (or qwen35) file as serving does: the file mapped, its streamed experts staged
 into page-locked host memory (`--staging auto|register|copy`, native/cuda/staging.py), whose
 cost is reported; --compare-staging stages them again both ways and gives the ratio. Prompts
@@ -9,7 +9,7 @@ are random token ids below the vocabulary, from a fixed seed. It reports, per pr
 prompt tok/s, bytes moved to the device and the achieved H2D rate against the pinned rate
 measured here, the overlap ratio wall / max(copy, compute), achieved TFLOP/s against the
 device's fp32 peak (native/cuda/device_peak.py), peak device memory, and an estimate for a
-Tesla C2075 (tools/cuda_bench_figures.py). With --phases, each prompt's compute span is split
+Tesla C2075 (fermium/prefill_bench_figures.py). With --phases, each prompt's compute span is split
 into the phases of its layers (native/cuda/phases.py): seconds, share, calls, TFLOP/s of GEMMs.
 
     python tools/bench_cuda_prefill.py --budget 6GiB --prompts 947 4096 --out bench.json
@@ -30,13 +30,8 @@ import numpy as np
 
 from common.model.config import ModelConfig
 from common.state import SequenceState
-from native.cuda.device_peak import device_peak
-from native.cuda.phases import phase_lines
-from native.cuda.plan import parse_size
-from native.cuda.staging import STAGINGS
-from services.prefill.backends import cuda as cuda_backend
-from tools.cuda_bench_figures import pinned_bandwidth, run_line, timed_run
-from tools.cuda_bench_file import (
+from fermium.prefill_bench_figures import pinned_bandwidth, run_line, timed_run
+from fermium.prefill_bench_file import (
     BenchModelError,
     compare_lines,
     compare_staging,
@@ -44,9 +39,13 @@ from tools.cuda_bench_file import (
     staging_figures,
     staging_line,
 )
-from tools.cuda_bench_synthetic import QWEN36_35B, SyntheticModel
+from fermium.prefill_bench_synthetic import QWEN36_35B, SyntheticModel
+from native.cuda.device_peak import device_peak
+from native.cuda.phases import phase_lines
+from native.cuda.plan import parse_size
+from native.cuda.staging import STAGINGS
+from services.prefill.backends import cuda as cuda_backend
 
-__all__ = ["QWEN36_35B", "main"]        # other tools take the 35B widths from here
 SEED = 1
 
 
