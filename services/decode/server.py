@@ -37,6 +37,8 @@ import time
 import numpy as np
 
 from common.config import ContextModel, plan_context, reserve_context
+from common.engine_types import Runner
+from common.engines import load_runner
 from common.generation import GenerationPolicy
 from common.grammar import GrammarError
 from common.kv_cache import check_same_kv_type
@@ -51,7 +53,6 @@ from common.push_links import PushLinks
 from common.sampling import Sampler
 from common.speculative import Speculator, check_mtp, draft_vocab_ids
 from common.worker import WorkerServer
-from native.runners import load_runner
 
 from .config import DecodeConfig
 from .grammar import Grammars
@@ -66,7 +67,7 @@ MASK_NAP_S = 0.02          # the loop's wait for a grammar mask when no sequence
 class DecodeServer(WorkerServer):
     ROLE, REQUEST = "decode", DecodeRequest
 
-    def __init__(self, cfg: DecodeConfig, *, model=None, runner=None, tokenizer=None):
+    def __init__(self, cfg: DecodeConfig, *, model=None, runner: Runner | None = None, tokenizer=None):
         """`model` (anything with GGUFModel's .config and .path) and `runner`, when given, are
         used instead of loading cfg.model and cfg.runner: the in-process stack hands in its own.
         `tokenizer` is the vocabulary grammars are built on, when not the model file's."""
@@ -78,6 +79,7 @@ class DecodeServer(WorkerServer):
         self.memory = plan_context("decode", model, cfg.ctx_size, cfg.max_batch, kv_type=cfg.kv_type,
                                    draft_tokens=cfg.draft_tokens if speculative else 0)
         self.ctx_size, self.kv_type = self.memory.tokens, self.memory.kv_type
+        self.runner: Runner
         self.runner_name, self.runner = (("given", runner) if runner is not None
                                          else load_runner(cfg.runner, model, kv_type=self.kv_type))
         check_same_kv_type(getattr(self.runner, "kv_type", "f32"), self.kv_type, "the runner", "decode")
