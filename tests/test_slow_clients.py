@@ -157,7 +157,7 @@ def test_a_request_whose_client_left_while_queued_leaves_the_queue(stack):
 
 
 def tokens(k: int) -> Tokens:
-    return Tokens("r", "decode-1", list(range(k)))
+    return Tokens("r", list(range(k)))
 
 
 def test_the_backlog_is_bounded_in_tokens():

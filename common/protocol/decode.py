@@ -1,6 +1,6 @@
 """Messages a decode worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 8).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 9).
 
     0x30 DecodeRequest  prefill -> decode: the prefilled state and the first token's logits
 
