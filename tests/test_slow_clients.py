@@ -15,7 +15,7 @@ import pytest
 
 from common.metrics import RouterMetrics
 from common.model.default import default_model_path
-from common.protocol.router import Failed, Finished, Tokens
+from common.protocol.router import DecodeStep, Failed, Finished, Tokens
 from fermium.stack import Stack, free_port
 from services.router.backlog import Backlog
 from services.router.dispatch import Dispatcher, Track
@@ -184,7 +184,7 @@ def test_a_full_backlog_ends_the_request_at_the_workers():
     d.cancel = lambda rid, why: cancelled.append((rid, why))
     d.tracks["r"] = track = Track("r", (1, 2), "prefill-1", "decode-1", events=Backlog(8))
     for _ in range(3):
-        d._handle(tokens(4))
+        d._handle(DecodeStep("", "decode-1", [tokens(4)]))
     assert cancelled == [("r", "the client is not reading")]
     assert metrics.clients_dropped.labels("backlog")._value.get() == 1
     assert isinstance(track.events.get_nowait(), Failed) and track.events.empty()

@@ -176,7 +176,7 @@ def decode_server_run(path, oracles, requests, **decode_settings):
     out = {rid: ([], None) for rid in requests}
     for m in each_reply(sent):
         if isinstance(m, Tokens):
-            out[m.rid][0].extend(zip(m.tokens, m.logprobs or [None]))
+            out[m.rid][0].extend(zip(m.tokens, m.logprobs or [None] * len(m.tokens)))
         elif isinstance(m, Finished):
             out[m.rid] = (out[m.rid][0], m)
     return out, server
