@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .engine_types import SpeculativeRunner
 from .errors import UserError
 from .sampling import Sampler
 from .speculative_accept import judge, propose, sample
@@ -158,7 +159,7 @@ class Speculator:
     `max_positions` bounds a sequence's positions (the context size): drafts never run past it;
     `auto_off` False keeps every sequence drafting (the benchmark measures drafting itself)."""
 
-    def __init__(self, runner: Any, k: int, *, draft_ids: np.ndarray | None = None, judge=judge,
+    def __init__(self, runner: SpeculativeRunner, k: int, *, draft_ids: np.ndarray | None = None, judge=judge,
                  max_positions: int | None = None, auto_off: bool = True):
         if not 1 <= k <= MAX_DRAFT_TOKENS:
             raise SpeculationError(f"--draft-tokens {k}: give 1 to {MAX_DRAFT_TOKENS}")

@@ -26,9 +26,9 @@ def command_line() -> str:
 
 def native_runner(model: Path, threads: Optional[int], isa: Optional[str], **options):
     """The CPU runner on `model`; an ISA this CPU lacks is a usage error on --isa."""
+    from common.engines import load_runner
     from common.model.gguf_file import GGUFModel
     from native import cpu_lib
-    from native.runners import load_runner
     check_kv_type(options.get("kv_type", DEFAULT_KV_TYPE))     # a bad name fails before the model loads
     try:
         return load_runner("native", GGUFModel(model), threads=threads, isa=isa, **options)[1]

@@ -8,15 +8,16 @@ from typing import Optional
 
 import typer
 
+from common.engines import RUNNER, names_text
 from common.sampling import SamplingParams
 from fermium.options import command, config, options
 from services.decode.config import DecodeConfig
 
-RUNNER = {"default": "reference", "help": "native, reference, or auto (native when it loads)."}
+RUNNER_OPTION = {"default": "reference", "help": f"{names_text(RUNNER)} (auto: native when it loads)."}
 
 
 @command("model", "prompt", "chat", "max_tokens", options(SamplingParams, env=False), "think",
-         options(DecodeConfig, "runner", env=False, runner=RUNNER), options(DecodeConfig, "kv_type"),
+         options(DecodeConfig, "runner", env=False, runner=RUNNER_OPTION), options(DecodeConfig, "kv_type"),
          options(DecodeConfig, "speculative", "draft_tokens", "draft_vocab", env=False))
 def generate_command(
     model: Optional[Path] = typer.Option(None, help="GGUF model file (default: the bundled demo model)."),
@@ -30,13 +31,13 @@ def generate_command(
 ):
     """Generate text from a prompt or a chat message, in this process; with --speculative mtp, the
     acceptance rate of the drafts at the end (on stderr, or in the JSON)."""
+    from common.engines import load_runner
     from common.kv_cache import check_kv_type
     from common.model.chat_template import render_chat
     from common.model.gguf_file import GGUFModel
     from common.model.tokenizer import Tokenizer
     from common.reference.generate import generate
     from common.speculative import Speculator, check_mtp, check_settings, draft_vocab_ids
-    from native.runners import load_runner
 
     if (prompt is None) == (chat is None):
         raise typer.BadParameter("give exactly one of --prompt or --chat")

@@ -143,6 +143,10 @@ class CpuRunner:
         return m
 
     # ---- state plumbing
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        return True, f"native kernels ({cpu_lib.active_isa()})"      # this module imported: they loaded
+
     def new_state(self) -> SequenceState:
         return SequenceState.empty(self.cfg, self.kv_type)
 

@@ -20,7 +20,7 @@ from tests.test_api_errors import ByteTokenizer, lifespan
 
 MODEL = "fermium"
 CONTEXT = 1 << 14               # the tool-use system turn alone is long in byte-tokens
-CHUNK = 3                       # tokens per Tokens message: pieces that cut tags apart
+CHUNK = 3                       # tokens per Tokens entry: pieces that cut tags apart
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -64,7 +64,7 @@ class ScriptedDispatcher:
 
     async def _play(self, track: Track, tokens: list[int], reason: str) -> None:
         for i in range(0, len(tokens), CHUNK):
-            track.events.put_nowait(Tokens(track.rid, "d", tokens[i:i + CHUNK]))
+            track.events.put_nowait(Tokens(track.rid, tokens[i:i + CHUNK]))
             await asyncio.sleep(0)
         track.events.put_nowait(Finished(track.rid, "d", reason, len(tokens), 0, None, None, "f32"))
 

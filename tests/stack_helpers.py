@@ -171,3 +171,10 @@ def metered_demo_stack(log_dir: Path, ready_s: float, **kwargs) -> Iterator[Stac
         s.metrics_ports = ports
         yield s
 
+
+
+def each_reply(sent: list) -> Iterator:
+    """What a worker sent, with every DecodeStep opened into its sequences' Tokens, in order."""
+    from common.protocol.router import DecodeStep
+    for msg in sent:
+        yield from (msg.seqs if isinstance(msg, DecodeStep) else [msg])

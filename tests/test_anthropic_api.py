@@ -301,7 +301,7 @@ class CachedDispatcher(ScriptedDispatcher):
     async def _play(self, track, tokens, reason):
         if not self.fail:
             return await super()._play(track, tokens, reason)
-        track.events.put_nowait(Tokens(track.rid, "d", tokens[:8]))
+        track.events.put_nowait(Tokens(track.rid, tokens[:8]))
         track.events.put_nowait(Failed(track.rid, "d", "decode worker lost"))
 
 

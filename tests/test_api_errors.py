@@ -285,10 +285,10 @@ def test_queued_tokens_join_into_one_chunk():
     from services.router.generation import _coalesce
 
     q: asyncio.Queue = asyncio.Queue()
-    for item in (Tokens("r", "w", [2]), Tokens("r", "w", [3, 4]),
+    for item in (Tokens("r", [2]), Tokens("r", [3, 4]),
                  Finished("r", "w", "length", 4, 9, None, None, "f16")):
         q.put_nowait(item)
-    merged = _coalesce(Tokens("r", "w", [1]), q)
+    merged = _coalesce(Tokens("r", [1]), q)
     assert merged.tokens == [1, 2, 3, 4] and isinstance(q.get_nowait(), Finished)
     done = Finished("r", "w", "stop", 1, 1, None, None, "f16")
     assert _coalesce(done, q) is done

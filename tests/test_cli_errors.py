@@ -65,8 +65,8 @@ def test_chat_without_a_router_says_so_in_one_line():
 
 
 def test_a_backend_this_machine_cannot_run_says_why():
-    from services.prefill.backends import available_backends
-    if available_backends()["cuda"][0]:
+    from common.engines import PREFILL, available
+    if available(PREFILL)["cuda"][0]:
         pytest.skip("this machine runs the cuda backend")
     proc = fermium("prefill", "--backend", "cuda", "--ready-timeout", "1")
     assert proc.returncode == 2

@@ -192,7 +192,7 @@ def test_prefill_rejects_bad_input_and_keeps_the_state(files):
 def test_cpu_prefill_backend_runs_the_cpu_runner(files):
     """The prefill service's cpu backend: the native runner where it loads, the reference
     model on request; either one's logits as its own prefill gives them."""
-    from services.prefill.backends import create_backend
+    from common.engines import create_backend
     model = GGUFModel(files["q4_k_m"])
     native = create_backend("cpu", model)
     assert native.runner_name == "native"

@@ -23,10 +23,10 @@ import zmq
 
 from common.model.gguf_file import GGUFModel
 from common.mp import open_socket
-from common.protocol import encode_message
+from common.protocol import ProtocolError, decode_frames, encode_message
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
-from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
+from common.protocol.router import DecodeStep, Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
 from common.sampling import SamplingParams
 from common.state import SequenceState
@@ -76,7 +76,7 @@ def samples(cfg, decode_address: str) -> list[list[bytes]]:
         make(PrefillRequest, rid="h-pre0", tokens=[72, 105], history=[72, 105], start_pos=0,
              decode_address=decode_address, sampling=SamplingParams(top_k=3, seed=1, temperature=0.7), max_tokens=1,
              stop_ids=[3], return_state=False, start_state=None, snapshot_every=0),
-        make(Tokens, rid="h-tok", worker_id="decode-x", tokens=[1, 2]),
+        make(DecodeStep, rid="", worker_id="decode-x", seqs=[Tokens("h-tok", [1, 2]), Tokens("h-tok2", [3], [-0.5])]),
         make(Finished, rid="h-fin", worker_id="decode-x", reason="stop", n_generated=1, pos=3,
              state=state_at(cfg, 3), logits=logits),
         make(Snapshot, rid="h-snap", worker_id="prefill-x", pos=3, since=1, recurrent=state_at(cfg, 2)[:2 * n_lin],
@@ -89,7 +89,24 @@ def samples(cfg, decode_address: str) -> list[list[bytes]]:
         make(HelloAck, rid="h-ack", worker_id="fake", accepted=False, reason="no"),
         make(Cancel, rid="h-cancel", reason="x"),
     ]
-    return [[bytes(f) for f in encode_message(m)] for m in msgs]
+    return [[bytes(f) for f in encode_message(m)] for m in msgs] + bad_steps()
+
+
+def bad_steps() -> list[list[bytes]]:
+    """DecodeSteps that no encoder makes and the codec refuses whole: misaligned logprobs, a
+    sequence twice, one entry too many."""
+    from common.protocol.router import MAX_STEP_SEQUENCES
+    entry = {"rid": "h-tok", "tokens": [1, 2], "logprobs": [], "top_ids": [], "top_logprobs": []}
+    header = msgpack.unpackb(encode_message(DecodeStep("", "decode-x", [Tokens("h-tok", [1])]))[0])
+    many = [{**entry, "rid": f"h{i}"} for i in range(MAX_STEP_SEQUENCES + 1)]
+    return [[msgpack.packb({**header, "f": {**header["f"], "seqs": seqs}})]
+            for seqs in ([{**entry, "logprobs": [-0.5]}], [entry, entry], many)]
+
+
+def test_the_bad_steps_are_refused():
+    for frames, words in zip(bad_steps(), ("aligned", "two entries", "at most")):
+        with pytest.raises(ProtocolError, match=words):
+            decode_frames(frames)
 
 
 class Hostile:

@@ -10,6 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from common.engines import load_runner
 from common.kv_cache import DEFAULT_KV_TYPE, KvTypeError, check_kv_type, kv_decode, kv_encode
 from common.metrics import RouterMetrics
 from common.model.config import ModelConfig
@@ -21,7 +22,6 @@ from common.sequence_memory import sequence_memory
 from common.snapshots import SnapshotStore
 from common.state import SequenceState
 from fermium.options import command, config, options
-from native.runners import load_runner
 from services.decode.config import DecodeConfig
 from services.prefill.config import PrefillConfig
 from services.router.config import RouterConfig

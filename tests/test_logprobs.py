@@ -1,5 +1,5 @@
 """Logprobs: what decode reports for each sampled token (the raw logits' log_softmax, against a
-float64 reference), the first token's too, on the wire in Tokens, and in OpenAI's shapes."""
+float64 reference), the first token's too, on the wire in DecodeStep's Tokens, and in OpenAI's shapes."""
 from __future__ import annotations
 
 import msgpack
@@ -11,11 +11,12 @@ from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.protocol import ProtocolError, decode_frames, encode_message
 from common.protocol.decode import DecodeRequest
-from common.protocol.router import Tokens
+from common.protocol.router import DecodeStep, Tokens
 from common.sampling import Sampler, SamplingParams
 from common.state import state_specs
 from services.decode.config import DecodeConfig
 from services.decode.server import DecodeServer
+from tests.stack_helpers import each_reply
 
 VOCAB = 248_320
 
@@ -86,21 +87,22 @@ def test_logprobs_parameters_out_of_bounds_are_refused(bad):
 
 
 def test_tokens_carry_logprobs_on_the_wire_and_bad_shapes_are_refused():
-    msg = Tokens("r", "d", [5, 9], [-0.5, -1.25], [5, 1, 9, 5], [-0.5, -2.0, -1.25, -1.5])
+    seq = Tokens("r", [5, 9], [-0.5, -1.25], [5, 1, 9, 5], [-0.5, -2.0, -1.25, -1.5])
+    msg = DecodeStep("", "d", [seq, Tokens("s", [5])])
     back = decode_frames(encode_message(msg))
-    assert back == msg and split_tops(2, back.top_ids, back.top_logprobs) == [[(5, -0.5), (1, -2.0)],
-                                                                              [(9, -1.25), (5, -1.5)]]
-    assert decode_frames(encode_message(Tokens("r", "d", [5]))).logprobs == []
+    assert back == msg and split_tops(2, back.seqs[0].top_ids, back.seqs[0].top_logprobs) == [
+        [(5, -0.5), (1, -2.0)], [(9, -1.25), (5, -1.5)]]
+    assert back.seqs[1].logprobs == []
     for fields in (([5, 9], [-0.5], [], []), ([5], [], [1], [-1.0]), ([5], [-0.5], [1, 2], [-1.0]),
                    ([5, 9], [-0.5, -1.0], [1, 2, 3], [-1.0, -2.0, -3.0]),
                    ([5], [-0.5], list(range(21)), [-1.0] * 21)):
         with pytest.raises(ProtocolError, match="Tokens"):
-            Tokens("r", "d", *fields)
+            Tokens("r", *fields)
     header = msgpack.unpackb(encode_message(msg)[0])
-    header["f"]["logprobs"] = [-0.5, float("-inf")]
+    header["f"]["seqs"][0]["logprobs"] = [-0.5, float("-inf")]
     with pytest.raises(ProtocolError, match="finite"):
         decode_frames([msgpack.packb(header)])
-    header["f"]["logprobs"] = [-0.5, "x"]
+    header["f"]["seqs"][0]["logprobs"] = [-0.5, "x"]
     with pytest.raises(ProtocolError, match="finite"):
         decode_frames([msgpack.packb(header)])
 
@@ -140,7 +142,7 @@ def test_decode_sends_each_tokens_logprobs_the_first_one_included(params):
             server.step(timeout=0)
     finally:
         server.close()
-    tokens = [m for m in sent if isinstance(m, Tokens)]
+    tokens = [m for m in each_reply(sent) if isinstance(m, Tokens)]
     assert len(tokens) == 6
     rows, pos = [first], 2
     for m in tokens[:-1]:

@@ -22,6 +22,7 @@ from common.state import state_specs
 from services.decode.config import DecodeConfig
 from services.decode.mask_ahead import Ahead, GrammarBudget, MaskPool
 from services.decode.server import DecodeServer
+from tests.stack_helpers import each_reply
 from tests.test_structured_output import DIGITS, RandomRunner
 from tools.bench_grammar_budget import COSTLY, costly_format
 
@@ -128,7 +129,7 @@ def run(model, tok, requests: dict[str, SamplingParams], budget_ms: float) -> tu
                                        kv_type="f32", grammar_step_budget_ms=budget_ms),
                           model=model, runner=RandomRunner(cfg.vocab_size))
     tokens, failed = {rid: [] for rid in requests}, {}
-    server.link.send = lambda m: tokens[m.rid].extend(getattr(m, "tokens", []))
+    server.link.send = lambda m: [tokens[s.rid].extend(s.tokens) for s in each_reply([m]) if hasattr(s, "tokens")]
     server.link.fail = lambda rid, why: failed.__setitem__(rid, why)
     state = [np.zeros(shape, dtype) for _, dtype, shape in state_specs(2, cfg, "f32")]
     try:

@@ -17,7 +17,7 @@ from common.protocol import VERSION, ProtocolError, decode_frames, encode_messag
 from common.protocol.codec import kinds
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import PrefillRequest
-from common.protocol.router import Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
+from common.protocol.router import DecodeStep, Failed, Finished, Heartbeat, Hello, PrefillDone, Snapshot, Tokens
 from common.protocol.worker import Cancel, HelloAck
 from common.sampling import SamplingParams
 from common.worker import WorkerLink
@@ -35,8 +35,9 @@ SAMPLES = [
     Hello("h1", "decode-1", "decode", "tcp://127.0.0.1:1", 8, "m.gguf", "t", "f16"),
     Heartbeat("h2", "decode-1", "decode", "tcp://127.0.0.1:1", 8, "m.gguf", 3, 1, "t", "q8_0"),
     PrefillDone("r1", "prefill-1", 17, 0.25),
-    Tokens("r1", "decode-1", [5, 6, 7]),
-    Tokens("r1", "decode-1", [5, 6], [-0.25, -1.5], [5, 2, 9, 6], [-0.25, -2.0, -0.5, -1.5]),
+    DecodeStep("", "decode-1", [Tokens("r1", [5, 6, 7])]),
+    DecodeStep("", "decode-1", [Tokens("r1", [5, 6], [-0.25, -1.5], [5, 2, 9, 6], [-0.25, -2.0, -0.5, -1.5]),
+                                Tokens("r2", [8])]),
     Finished("r1", "decode-1", "length", 9, 26, None, None, "f16"),
     Finished("r1", "decode-1", "stop", 9, 26, state(1), np.ones(11, np.float32), "f16"),
     Failed("r1", "prefill-1", "boom"),
@@ -179,7 +180,7 @@ def test_inbox_survives_garbage_and_keeps_serving():
         for frames in ([b"garbage"], _with_header(GOOD, v=99), GOOD[:-1], encode_message(SAMPLES[3])):
             raw.send_multipart([bytes(f) for f in frames])
         got = inbox.get(RECV_TIMEOUT_S)
-        assert isinstance(got, Tokens) and got.tokens == [5, 6, 7]
+        assert isinstance(got, DecodeStep) and got.seqs == [Tokens("r1", [5, 6, 7])]
         assert len(errors) == 3 and all(isinstance(e, ProtocolError) for e in errors)
     finally:
         raw.close()
@@ -253,7 +254,7 @@ def test_any_undecodable_input_is_a_protocol_error(frames):
 def test_encode_refuses_integers_beyond_int64():
     for msg in (DecodeRequest("r", 0, [2 ** 63], SamplingParams(), 1, [], False, [], None, "f16"),
                 DecodeRequest("r", 0, [], SamplingParams(top_k=2 ** 64), 1, [], False, [], None, "f16"),
-                Tokens("r", "w", [1, 2 ** 70])):
+                DecodeStep("", "w", [Tokens("r", [1, 2 ** 70])])):
         with pytest.raises(ProtocolError, match="int64"):
             encode_message(msg)
 

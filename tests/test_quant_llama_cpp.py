@@ -122,8 +122,8 @@ def test_llama_quantize_wrote_the_intended_types(files, kind, name):
 
 
 def _load(path: Path, kind: str, runner: str):
+    from common.engines import load_runner
     from common.model.gguf_file import GGUFModel
-    from native.runners import load_runner
     try:
         model = GGUFModel(path)
         assert model.config.arch == lc.ARCH[kind]

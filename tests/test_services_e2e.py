@@ -151,13 +151,6 @@ def test_fermium_up_chat_and_ctrl_c(stack):
                 up.kill()
 
 
-def test_prefill_backend_registry():
-    from services.prefill.backends import UnknownBackendError, available_backends, create_backend
-    assert available_backends()["cpu"] == (True, "native engine, or numpy where it does not load")
-    with pytest.raises(UnknownBackendError, match="no prefill backend named 'tpu'; registered: .*cpu"):
-        create_backend("tpu", None)
-
-
 def test_scheduler_joins_between_steps():
     from services.decode.scheduler import BatchScheduler, Sequence
     sched = BatchScheduler(max_batch=2)

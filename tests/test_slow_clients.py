@@ -15,7 +15,7 @@ import pytest
 
 from common.metrics import RouterMetrics
 from common.model.default import default_model_path
-from common.protocol.router import Failed, Finished, Tokens
+from common.protocol.router import DecodeStep, Failed, Finished, Tokens
 from fermium.stack import Stack, free_port
 from services.router.backlog import Backlog
 from services.router.dispatch import Dispatcher, Track
@@ -157,7 +157,7 @@ def test_a_request_whose_client_left_while_queued_leaves_the_queue(stack):
 
 
 def tokens(k: int) -> Tokens:
-    return Tokens("r", "decode-1", list(range(k)))
+    return Tokens("r", list(range(k)))
 
 
 def test_the_backlog_is_bounded_in_tokens():
@@ -184,7 +184,7 @@ def test_a_full_backlog_ends_the_request_at_the_workers():
     d.cancel = lambda rid, why: cancelled.append((rid, why))
     d.tracks["r"] = track = Track("r", (1, 2), "prefill-1", "decode-1", events=Backlog(8))
     for _ in range(3):
-        d._handle(tokens(4))
+        d._handle(DecodeStep("", "decode-1", [tokens(4)]))
     assert cancelled == [("r", "the client is not reading")]
     assert metrics.clients_dropped.labels("backlog")._value.get() == 1
     assert isinstance(track.events.get_nowait(), Failed) and track.events.empty()

@@ -29,7 +29,7 @@ from services.router.admission import Admission
 from services.router.api import API
 from services.router.generation import Generation
 from tests.speculative_helpers import OracleDrafts, plain_run
-from tests.stack_helpers import write_tiny_gguf
+from tests.stack_helpers import each_reply, write_tiny_gguf
 from tests.test_api_errors import lifespan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -174,9 +174,9 @@ def decode_server_run(path, oracles, requests, **decode_settings):
     finally:
         server.close()
     out = {rid: ([], None) for rid in requests}
-    for m in sent:
+    for m in each_reply(sent):
         if isinstance(m, Tokens):
-            out[m.rid][0].extend(zip(m.tokens, m.logprobs or [None]))
+            out[m.rid][0].extend(zip(m.tokens, m.logprobs or [None] * len(m.tokens)))
         elif isinstance(m, Finished):
             out[m.rid] = (out[m.rid][0], m)
     return out, server

@@ -19,6 +19,7 @@ from common.state import state_specs
 from common.tool_grammar import tool_call_grammar
 from services.decode.config import DecodeConfig
 from services.decode.server import DecodeServer
+from tests.stack_helpers import each_reply
 
 PERSON = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 12},
@@ -78,7 +79,7 @@ def run(model, requests: dict[str, SamplingParams], max_tokens: int = 400, steps
         server.close()
     tokens = {rid: [] for rid in requests}
     ends = {}
-    for msg in sent:
+    for msg in each_reply(sent):
         if type(msg).__name__ == "Tokens":
             tokens[msg.rid] += msg.tokens
         elif type(msg).__name__ == "Finished":

@@ -271,3 +271,79 @@ def test_on_disconnect_fires_once_when_the_peer_is_killed():
         for q in (push, never):
             if q is not None:
                 q.close(wait=1)
+
+
+# ---- DecodeStep: one message a step, every sequence's tokens, refused whole when any entry is bad ----
+
+def step_frames(seqs: list[dict]) -> list[bytes]:
+    """A DecodeStep's frames with these entry maps, as a worker could send them."""
+    from common.protocol.router import DecodeStep, Tokens
+    header = msgpack.unpackb(encode_message(DecodeStep("", "d1", [Tokens("a", [1])]))[0])
+    header["f"]["seqs"] = [{"rid": "", "tokens": [1], "logprobs": [], "top_ids": [], "top_logprobs": [], **s}
+                           for s in seqs]
+    return [msgpack.packb(header)]
+
+
+def test_a_decode_step_with_a_bad_entry_is_refused_naming_it_and_every_sequence():
+    from common.protocol.router import MAX_STEP_SEQUENCES
+    good = {"rid": "a"}
+    cases = {"misaligned": ({"rid": "b", "tokens": [1, 2], "logprobs": [-0.5]},
+                            r"seqs: \[1\] Tokens of 'b': logprobs, top_ids and top_logprobs must be aligned"),
+             "tops": ({"rid": "b", "logprobs": [-0.5], "top_ids": [1, 2], "top_logprobs": [-0.5]},
+                      "must be aligned"),
+             "empty": ({"rid": "b", "tokens": []}, "Tokens of 'b': no tokens"),
+             "twice": ({"rid": "a"}, "a sequence has two entries in one step"),
+             "extra": ({"rid": "b", "worker_id": "x"},
+                       r"seqs: \[1\] missing fields \[\], unknown fields \['worker_id'\]"),
+             "type": ({"rid": "b", "tokens": ["1"]}, r"seqs: \[1\] tokens: items must be int64 integers")}
+    for name, (bad, words) in cases.items():
+        with pytest.raises(ProtocolError, match=words) as e:
+            decode_frames(step_frames([good, bad]))
+        assert set(e.value.rids) == {"a", "b"} if name != "twice" else e.value.rids == ("a",), name
+    with pytest.raises(ProtocolError, match=f"{MAX_STEP_SEQUENCES + 1} sequences, at most {MAX_STEP_SEQUENCES}"):
+        decode_frames(step_frames([{"rid": str(i)} for i in range(MAX_STEP_SEQUENCES + 1)]))
+    assert len(decode_frames(step_frames([{"rid": str(i)} for i in range(MAX_STEP_SEQUENCES)])).seqs) == 1024
+
+
+def test_decode_sends_one_step_message_for_every_sequence_and_each_end_after_it(cfg, decode_server):
+    server, replies = decode_server
+    for rid, n in (("a", 3), ("b", 3), ("c", 2)):
+        server.link._queue.put(decode_request(cfg, rid=rid, max_tokens=n))
+    for _ in range(4):
+        server.step()
+    kinds = [(type(m).__name__, [s.rid for s in m.seqs] if hasattr(m, "seqs") else m.rid) for m in replies.sent]
+    # the first tokens, sampled on arrival, go before the step runs; the max_tokens-th token ends a sequence
+    assert kinds == [("DecodeStep", ["a", "b", "c"]), ("DecodeStep", ["a", "b", "c"]), ("Finished", "c"),
+                     ("DecodeStep", ["a", "b"]), ("Finished", "a"), ("Finished", "b")]
+    steps = [m for m in replies.sent if type(m).__name__ == "DecodeStep"]
+    assert all(len(s.tokens) == 1 for m in steps for s in m.seqs)
+
+
+def test_the_router_delivers_a_step_to_its_tracks_and_refuses_a_sequence_another_worker_decodes():
+    from common.metrics import RouterMetrics
+    from common.protocol.router import DecodeStep, Tokens
+    from services.router.decode_steps import deliver
+    from services.router.track import Track
+    metrics, orphans, cancels = RouterMetrics(), [], []
+    tracks = {"a": Track("a", (1,), "", "d1"), "b": Track("b", (1,), "", "d2")}
+    deliver(DecodeStep("", "d1", [Tokens("a", [5, 6]), Tokens("b", [7]), Tokens("gone", [8])]), tracks, metrics,
+            lambda rid, why: cancels.append(rid), lambda rid, wid: orphans.append((rid, wid)))
+    assert tracks["a"].generated == [5, 6] and tracks["a"].events.get_nowait() == Tokens("a", [5, 6])
+    assert tracks["b"].generated == [] and tracks["b"].events.empty()          # d2 decodes it: refused
+    assert metrics.protocol_errors.labels("router", "invalid")._value.get() == 1
+    assert orphans == [("gone", "d1")] and cancels == []
+
+
+def test_the_router_fails_every_sequence_of_a_refused_step():
+    from common.metrics import RouterMetrics
+    from services.router.dispatch import Dispatcher
+    from services.router.track import Track
+    d = Dispatcher("tcp://127.0.0.1:9", heartbeat_timeout=5, metrics=RouterMetrics(), token="t")
+    for rid in ("a", "b"):
+        d.tracks[rid] = Track(rid, (1,), "", "d1")
+    with pytest.raises(ProtocolError) as e:
+        decode_frames(step_frames([{"rid": "a"}, {"rid": "b", "tokens": [1, 2], "logprobs": [-0.5]}]))
+    d._rejected(e.value)
+    for rid in ("a", "b"):
+        failed = d.tracks[rid].events.get_nowait()
+        assert type(failed).__name__ == "Failed" and "router rejected a reply: DecodeStep.seqs: [1]" in failed.error

@@ -15,7 +15,7 @@ import pytest
 from common.kv_cache import DEFAULT_KV_TYPE
 from common.metrics import RouterMetrics
 from common.mp import PullQueue, PushQueue
-from common.protocol.router import Failed, Heartbeat, Hello, Tokens
+from common.protocol.router import DecodeStep, Failed, Heartbeat, Hello, Tokens
 from common.protocol.worker import Cancel, HelloAck
 from common.worker import WorkerLink
 from common.worker_token import matches, resolve, shared_token
@@ -200,7 +200,7 @@ def test_a_worker_is_dropped_when_its_connection_closes_and_orphans_are_cancelle
             ack = await asyncio.to_thread(inbox.get, SETTLE_S)
             assert isinstance(ack, HelloAck) and ack.accepted
             for _ in range(2):                             # tokens of a request the router does not hold
-                push.put(Tokens("orphan", "d1", [1]))
+                push.put(DecodeStep("", "d1", [Tokens("orphan", [1])]))
             cancel = await asyncio.to_thread(inbox.get, SETTLE_S)
             assert isinstance(cancel, Cancel) and cancel.rid == "orphan"
             assert await asyncio.to_thread(inbox.get, 0.3) is None          # once, not per message

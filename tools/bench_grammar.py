@@ -270,8 +270,8 @@ def main() -> None:
     print(f"vocabulary {vocab.vocab_size} ({QWEN36_VOCAB}), documents of {[len(d) for d in docs]} tokens")
     runner = None
     if args.model:
+        from common.engines import load_runner
         from common.model.gguf_file import GGUFModel
-        from native.runners import load_runner
         runner = load_runner("native", GGUFModel(args.model), threads=args.threads)[1]
         runner.max_context = 1024
     decode_path(vocab, docs, runner, top_p=args.top_p)

@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common.engines import load_runner  # noqa: E402
 from common.model.gguf_file import GGUFModel  # noqa: E402
 from common.model.tokenizer import Tokenizer  # noqa: E402
 from common.mp import PullQueue, PushQueue  # noqa: E402
@@ -35,7 +36,6 @@ from common.protocol.decode import DecodeRequest  # noqa: E402
 from common.reference.model import ReferenceModel  # noqa: E402
 from common.sampling import Sampler, SamplingParams  # noqa: E402
 from fermium.stack import Stack, free_port  # noqa: E402
-from native.runners import load_runner  # noqa: E402
 
 # the 35B model's per-sequence state
 LINEAR_LAYERS, FULL_LAYERS = 30, 10

@@ -1,7 +1,7 @@
 """The wire protocol: one module per receiving service, one shared codec.
 
 - `codec`: frame layout, VERSION, encode/decode, ProtocolError.
-- `router`: what the router receives (Hello, Heartbeat, PrefillDone, Tokens, Finished, Failed,
+- `router`: what the router receives (Hello, Heartbeat, PrefillDone, DecodeStep, Finished, Failed,
   Snapshot, NotHeld).
 - `prefill`: what a prefill worker receives (PrefillRequest, HoldState).
 - `decode`: what a decode worker receives (DecodeRequest).

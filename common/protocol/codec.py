@@ -10,7 +10,8 @@ Frame layout of one message (a ZeroMQ multipart):
 ndarrays, or None. Nothing is pickled: only msgpack primitives and raw bytes travel. Integers (fields
 and list items) fit int64, floats (fields and list items) are finite, a dict field holds scalars under
 string keys. A field typed with a dataclass (`sampling: SamplingParams`) is a map of all its fields,
-each of its declared type, rebuilt into the dataclass, whose own checks then apply. A header of another
+each of its declared type, rebuilt into the dataclass, whose own checks then apply; one typed with a
+list of a dataclass (`seqs: list[Tokens]`) is a list of such maps. A header of another
 version, an unknown kind, a missing or extra field (of a message or such a map), a field of the wrong
 type or that its dataclass refuses, an unreferenced frame or a frame whose size disagrees with its dtype
 and shape raises ProtocolError, which carries the request id when the header was readable; so does any
@@ -19,7 +20,8 @@ and with any message's fields (held exactly): 2 whole SamplingParams; 3 `kv_type
 every state, Hello and Heartbeat; 4 `grammar`; 5 log-probabilities, penalties and `logit_bias`; 6 `rope_delta`
 (common.state) and PrefillRequest's `images`; 7 placement (`slots`, `hold_budget`, `held`, `hold`, `hold_at`,
 HoldState, NotHeld); 8 Heartbeat's `steps` and `busy`; 9 Snapshot's `since`, `recurrent`, `k` and `v` (the
-KV rows past the previous Snapshot only). Peers of two versions refuse each other's every message.
+KV rows past the previous Snapshot only); 10 DecodeStep, one message a step for every sequence's tokens, where
+Tokens went once a sequence a step. Peers of two versions refuse each other's every message.
 """
 from __future__ import annotations
 
@@ -30,11 +32,12 @@ from typing import Any, ClassVar, get_type_hints
 import msgpack
 import numpy as np
 
-VERSION = 9
+from .fields import INT64, Field, as_maps, built, problem, typed
+
+VERSION = 10
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}
-INT64 = (-2 ** 63, 2 ** 63 - 1)
 MAX_NDIM = 8
 
 
@@ -45,6 +48,7 @@ class ProtocolError(ValueError):
     def __init__(self, message: str, rid: str = "", reason: str = "decode"):
         super().__init__(message)
         self.rid, self.reason = rid, reason
+        self.rids = (rid,) if rid else ()      # every request the message named (a DecodeStep's sequences)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,37 +69,9 @@ class Message:
     ARRAYS: ClassVar[tuple[str, ...]] = ()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Field:
-    types: tuple[type, ...]      # what the value may be
-    items: type | None           # list[int], list[float]: the type of every item
-    struct: type | None = None   # a dataclass that travels as a map of its fields
-    members: dict | None = None  # struct: field name -> _Field
-
-
 _REGISTRY: dict[int, type[Message]] = {}
-_SCALAR_TYPES: dict[type[Message], dict[str, _Field]] = {}
+_SCALAR_TYPES: dict[type[Message], dict[str, Field]] = {}
 _ARRAY_LISTS: dict[type[Message], dict[str, bool]] = {}   # field -> travels as a list of arrays
-
-_PY_TYPES = {"int": (int,), "float": (float, int), "str": (str,), "bool": (bool,),
-             "dict": (dict,), "list": (list,), "None": (type(None),)}
-
-
-def _accepted(annotation: str) -> _Field:
-    """What a field annotation accepts, e.g. 'list[int] | None' -> (list, NoneType), items int."""
-    out, items = (), None
-    for part in annotation.split("|"):
-        part = part.strip()
-        out += _PY_TYPES.get(part.split("[")[0], (object,))
-        items = {"list[int]": int, "list[float]": float}.get(part, items)
-    return _Field(out, items)
-
-
-def _typed(annotation: str, hint: Any) -> _Field:
-    """A field's _Field; a dataclass `hint` travels as a map of its fields."""
-    if not dataclasses.is_dataclass(hint):
-        return _accepted(annotation)
-    return _Field((hint,), None, hint, {f.name: _accepted(str(f.type)) for f in dataclasses.fields(hint)})
 
 
 def message(kind: int):
@@ -110,7 +86,7 @@ def message(kind: int):
         cls.KIND = kind
         _REGISTRY[kind] = cls
         fields, hints = dataclasses.fields(cls), get_type_hints(cls)
-        _SCALAR_TYPES[cls] = {f.name: _typed(str(f.type), hints[f.name]) for f in fields if f.name not in cls.ARRAYS}
+        _SCALAR_TYPES[cls] = {f.name: typed(str(f.type), hints[f.name]) for f in fields if f.name not in cls.ARRAYS}
         _ARRAY_LISTS[cls] = {f.name: str(f.type).startswith("list") for f in fields if f.name in cls.ARRAYS}
         return cls
 
@@ -119,46 +95,6 @@ def message(kind: int):
 
 def kinds() -> dict[int, type[Message]]:
     return dict(_REGISTRY)
-
-
-def _struct_problem(value: Any, field: _Field) -> str | None:
-    """Why a map cannot be the fields of `field.struct`, or None."""
-    if not isinstance(value, dict):
-        return f"{type(value).__name__} is not a map of {field.struct.__name__} fields"
-    if set(value) != set(field.members):
-        extra = sorted(str(k)[:40] for k in set(value) - set(field.members))
-        return f"missing fields {sorted(set(field.members) - set(value))}, unknown fields {extra}"
-    for name, member in field.members.items():
-        if why := _scalar_problem(value[name], member):
-            return f"{name}: {why}"
-    return None
-
-
-def _scalar_problem(value: Any, field: _Field) -> str | None:
-    """Why a header value is not allowed for `field`, or None."""
-    if isinstance(value, bool) and bool not in field.types:
-        return "bool is not allowed"
-    if not isinstance(value, field.types):
-        return f"{type(value).__name__} is not allowed"
-    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
-        return "integer does not fit int64"
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{value} is not finite"
-    if isinstance(value, list) and field.items is not None:         # list[float] takes int64 integers too
-        if not all(type(v) is int and INT64[0] <= v <= INT64[1] or field.items is float and type(v) is float
-                   and math.isfinite(v) for v in value):
-            return "items must be int64 integers" if field.items is int else "items must be finite numbers"
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                return "keys must be strings"
-            if not (v is None or isinstance(v, (str, bool, int, float))):
-                return f"{k!r}: {type(v).__name__} is not a scalar"
-            if isinstance(v, int) and not INT64[0] <= v <= INT64[1]:
-                return f"{k!r}: integer does not fit int64"
-            if isinstance(v, float) and not math.isfinite(v):
-                return f"{k!r}: {v} is not finite"
-    return None
 
 
 # ---- encode -------------------------------------------------------------------------------
@@ -170,9 +106,10 @@ def encode(msg: Message) -> list[Any]:
         value = getattr(msg, f.name)
         if f.name not in msg.ARRAYS:
             field = types.get(f.name)
-            struct = field is not None and field.struct is not None and isinstance(value, field.struct)
-            value = {name: getattr(value, name) for name in field.members} if struct else value
-            if field and (why := (_struct_problem if struct else _scalar_problem)(value, field)):
+            if field and field.struct and not field.holds(value):
+                raise ProtocolError(f"{type(msg).__name__}.{f.name}: {type(value).__name__} is not allowed", msg.rid)
+            value = as_maps(value, field)
+            if field and (why := problem(value, field)):
                 raise ProtocolError(f"{type(msg).__name__}.{f.name}: {why}", msg.rid)
             fields[f.name] = value
             continue
@@ -247,10 +184,24 @@ def decode(frames: list[Any], limits: WireLimits | None = None) -> Message:
     Anything that does not decode, whatever is wrong with it, raises ProtocolError."""
     try:
         return _decode(frames, limits)
-    except ProtocolError:
+    except ProtocolError as e:
+        if e.reason != "too_large":      # not read again
+            e.rids = _named(frames) or e.rids
         raise
     except Exception as e:   # a gap in the checks above must still not escape as anything else
         raise ProtocolError(f"undecodable message: {type(e).__name__}: {e}") from None
+
+
+def _named(frames: list[Any]) -> tuple[str, ...]:
+    """Every request id that a refused message's readable header names: its rid, and those of the maps
+    in its list fields (a DecodeStep's sequences), for the receiver to end them all."""
+    try:
+        fields = msgpack.unpackb(bytes(_buffer(frames[0])), raw=False).get("f")
+        named = [fields.get("rid")] + [v.get("rid") for value in fields.values() if isinstance(value, list)
+                                       for v in value if isinstance(v, dict)]
+    except Exception:                  # nothing readable names them
+        return ()
+    return tuple(dict.fromkeys(r for r in named if isinstance(r, str) and r))
 
 
 def _decode(frames: list[Any], limits: WireLimits | None) -> Message:
@@ -284,11 +235,11 @@ def _decode(frames: list[Any], limits: WireLimits | None) -> Message:
     values = dict(fields)
     for name, value in fields.items():
         field = types[name]
-        if why := (_struct_problem if field.struct else _scalar_problem)(value, field):
+        if why := problem(value, field):
             raise ProtocolError(f"{cls.__name__}.{name}: {why}", rid)
         if field.struct:
             try:
-                values[name] = field.struct(**value)
+                values[name] = built(field, value)
             except (TypeError, ValueError, OverflowError) as e:
                 raise ProtocolError(f"{cls.__name__}.{name}: {e}", rid) from None
     used: set[int] = set()

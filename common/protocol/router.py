@@ -5,7 +5,7 @@ Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n array
     0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
     0x11 Heartbeat    worker -> router: alive, with its load and progress; also re-registers after a router restart
     0x12 PrefillDone  prefill -> router: the prompt is prefilled and shipped to decode
-    0x13 Tokens       decode -> router: newly sampled token ids of one sequence, with their logprobs if asked
+    0x13 DecodeStep   decode -> router: one step's new token ids of every sequence (Tokens), with logprobs if asked
     0x14 Finished     decode -> router: the sequence ended; optional final state (snapshot seam)
     0x15 Failed       any worker -> router: request `rid` failed, or a frame was rejected
     0x16 Snapshot     prefill -> router: the state after the first `pos` prompt tokens (new KV rows only), logits
@@ -26,6 +26,8 @@ import dataclasses
 from common.sampling import MAX_TOP_LOGPROBS
 
 from .codec import Message, ProtocolError, message
+
+MAX_STEP_SEQUENCES = 1024      # entries of one DecodeStep; decode sends more as several
 
 
 @message(0x10)
@@ -65,14 +67,15 @@ class PrefillDone(Message):
     seconds: float
 
 
-@message(0x13)
-class Tokens(Message):
-    """When the request asked for logprobs (SamplingParams.logprobs), `logprobs` holds each token's
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    """One sequence's new tokens (an entry of DecodeStep, and what the router queues for its choice).
+    When the request asked for logprobs (SamplingParams.logprobs), `logprobs` holds each token's
     log-probability and `top_ids` / `top_logprobs` the top_logprobs most likely tokens' ids and
     log-probabilities after each other, k per token, most likely first (common.logprobs); else all
     three are empty."""
 
-    worker_id: str
+    rid: str
     tokens: list[int]
     logprobs: list[float] = dataclasses.field(default_factory=list)
     top_ids: list[int] = dataclasses.field(default_factory=list)
@@ -80,11 +83,32 @@ class Tokens(Message):
 
     def __post_init__(self):
         n, tops = len(self.tokens), len(self.top_ids)
+        if not n:
+            raise ProtocolError(f"Tokens of {self.rid[:40]!r}: no tokens", self.rid)
         if len(self.logprobs) not in (0, n) or len(self.top_logprobs) != tops or (tops and not self.logprobs):
-            raise ProtocolError("Tokens: logprobs, top_ids and top_logprobs must be aligned with tokens", self.rid)
+            raise ProtocolError(f"Tokens of {self.rid[:40]!r}: logprobs, top_ids and top_logprobs must be aligned "
+                                "with tokens", self.rid)
         if tops and (tops % n or tops // n > MAX_TOP_LOGPROBS):
-            raise ProtocolError(f"Tokens: {tops} top logprobs for {n} tokens is not at most "
+            raise ProtocolError(f"Tokens of {self.rid[:40]!r}: {tops} top logprobs for {n} tokens is not at most "
                                 f"{MAX_TOP_LOGPROBS} for each", self.rid)
+
+
+@message(0x13)
+class DecodeStep(Message):
+    """Every sequence's new tokens of one decode step (vLLM's EngineCoreOutputs): one entry a
+    sequence, at most MAX_STEP_SEQUENCES; `rid` is empty, each entry names its own. A sequence
+    that ends in the step ends with its Finished after this message."""
+
+    worker_id: str
+    seqs: list[Tokens]
+
+    def __post_init__(self):
+        if len(self.seqs) > MAX_STEP_SEQUENCES:
+            raise ProtocolError(f"DecodeStep: {len(self.seqs)} sequences, at most {MAX_STEP_SEQUENCES} in one step")
+        if not all(isinstance(s, Tokens) for s in self.seqs):
+            raise ProtocolError("DecodeStep: seqs must be Tokens")
+        if len({s.rid for s in self.seqs}) != len(self.seqs):
+            raise ProtocolError("DecodeStep: a sequence has two entries in one step")
 
 
 @message(0x14)

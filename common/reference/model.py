@@ -47,6 +47,10 @@ class ReferenceModel:
         self.slot = {i: n for n, i in enumerate(cfg.linear_layers)} | {i: n for n, i in enumerate(cfg.full_layers)}
         self.mtp = MtpBlock(cfg, self.w, bound.mtp, self.globals, kv_type) if bound.mtp is not None else None
 
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        return True, "numpy"
+
     def new_state(self) -> SequenceState:
         return SequenceState.empty(self.cfg, self.kv_type)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.config import WorkerConfig, setting
+from common.engines import AUTO, RUNNER, names_text
 from common.speculative import MAX_DRAFT_TOKENS, check_settings
 
 GRAMMAR_STEP_BUDGET_MS = 250.0      # far above a schema's mask on a 248k vocabulary (tools/bench_grammar.py)
@@ -12,7 +13,7 @@ GRAMMAR_REQUEST_BUDGET_S = 60.0
 
 @dataclass(frozen=True)
 class DecodeConfig(WorkerConfig):
-    runner: str = setting("auto", "Decode runner: native, reference, or auto (native when it loads).",
+    runner: str = setting(AUTO, f"Decode runner: {names_text(RUNNER)} (auto: native when it loads).",
                           aliases=("engine",))
     max_batch: int = setting(16, "Sequences per decode step.")
     capacity: int = setting(64, "Sequences held at once.")   # running + waiting

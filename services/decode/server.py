@@ -2,8 +2,9 @@
 
 A DecodeRequest brings a prefilled state and the first token's logits. Its first token is
 sampled on arrival (that is the time to first token); then the sequence waits for a batch
-slot and decodes one token per step with the others. Each token goes to the router
-as a Tokens message; the end goes as Finished, with the final state when it was asked for,
+slot and decodes one token per step with the others. Each step's tokens go to the router as one
+DecodeStep message, every sequence's together (outputs.py); the end goes as Finished, after
+them, with the final state when it was asked for,
 and, when the request names a prefill worker that keeps it (`hold_at`), to that worker too as
 HoldState (over common.push_links), so the next turn's prompt need not carry it. Heartbeats report the
 batch slots (--max-batch) that the router places sequences by.
@@ -14,7 +15,7 @@ in worker threads while the batch steps (mask_ahead.py); a sequence whose mask i
 out the step holding its logits, and one whose grammar runs past --grammar-step-budget-ms or
 --grammar-request-budget-s fails alone.
 
-A request that asks for logprobs gets, in each Tokens message, the token's log-probability and
+A request that asks for logprobs gets, with each of its tokens, the token's log-probability and
 the top_logprobs most likely tokens', the first token's too, from the logits it was sampled from
 as the model gave them (common.logprobs).
 
@@ -24,9 +25,9 @@ request brings stops the loop.
 
 With --speculative mtp (a model with an MTP block), a step is a cycle of common.speculative:
 the batch's sequences verify their drafts in one runner.verify call and take 1 + accepted
-tokens each, sent as one Tokens message per token, exactly as one token a step would send
-them (the logprobs of each from the row it was sampled from); a sequence that ends inside an
-accepted run ends where a plain step would, with the same state and logits. A sequence with a
+tokens each, all in the cycle's DecodeStep (the logprobs of each from the row it was sampled
+from); a sequence that ends inside an accepted run ends where a plain step would, with the same
+state and logits. A sequence with a
 grammar does not draft: it takes one token a cycle in the same verify.
 """
 from __future__ import annotations
@@ -37,6 +38,8 @@ import time
 import numpy as np
 
 from common.config import ContextModel, plan_context, reserve_context
+from common.engine_types import Runner
+from common.engines import load_runner
 from common.generation import GenerationPolicy
 from common.grammar import GrammarError
 from common.kv_cache import check_same_kv_type
@@ -46,15 +49,15 @@ from common.model.gguf_file import GGUFModel
 from common.protocol.checks import check_decode
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import HoldState
-from common.protocol.router import Finished, Tokens
+from common.protocol.router import Finished
 from common.push_links import PushLinks
 from common.sampling import Sampler
 from common.speculative import Speculator, check_mtp, draft_vocab_ids
 from common.worker import WorkerServer
-from native.runners import load_runner
 
 from .config import DecodeConfig
 from .grammar import Grammars
+from .outputs import StepOutputs
 from .scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("fermium.decode")
@@ -66,7 +69,7 @@ MASK_NAP_S = 0.02          # the loop's wait for a grammar mask when no sequence
 class DecodeServer(WorkerServer):
     ROLE, REQUEST = "decode", DecodeRequest
 
-    def __init__(self, cfg: DecodeConfig, *, model=None, runner=None, tokenizer=None):
+    def __init__(self, cfg: DecodeConfig, *, model=None, runner: Runner | None = None, tokenizer=None):
         """`model` (anything with GGUFModel's .config and .path) and `runner`, when given, are
         used instead of loading cfg.model and cfg.runner: the in-process stack hands in its own.
         `tokenizer` is the vocabulary grammars are built on, when not the model file's."""
@@ -78,6 +81,7 @@ class DecodeServer(WorkerServer):
         self.memory = plan_context("decode", model, cfg.ctx_size, cfg.max_batch, kv_type=cfg.kv_type,
                                    draft_tokens=cfg.draft_tokens if speculative else 0)
         self.ctx_size, self.kv_type = self.memory.tokens, self.memory.kv_type
+        self.runner: Runner
         self.runner_name, self.runner = (("given", runner) if runner is not None
                                          else load_runner(cfg.runner, model, kv_type=self.kv_type))
         check_same_kv_type(getattr(self.runner, "kv_type", "f32"), self.kv_type, "the runner", "decode")
@@ -92,6 +96,7 @@ class DecodeServer(WorkerServer):
         super().__init__(cfg, ContextModel(model, self.ctx_size), DecodeMetrics(), capacity=cfg.capacity,
                          slots=cfg.max_batch)
         self.holders = PushLinks("decode", MAX_HOLDERS, IDLE_HOLDER_S)
+        self.out = StepOutputs(self.link)
         self.grammars = Grammars(model, model.config.vocab_size, self.metrics, tokenizer, workers=cfg.max_batch,
                                  step_budget_s=cfg.grammar_step_budget_ms / 1000,
                                  request_budget_s=cfg.grammar_request_budget_s)
@@ -129,7 +134,7 @@ class DecodeServer(WorkerServer):
     def _reject(self, rid: str, why: str, *, trace: bool = False) -> None:
         self._complain("%s: %s", rid[:40], why, exc_info=trace)
         self.metrics.requests.labels("error").inc()
-        self.link.fail(rid, why)
+        self.out.fail(rid, why)
 
     def cancel(self, rid: str) -> None:
         self.cancelled.add(rid)
@@ -139,6 +144,8 @@ class DecodeServer(WorkerServer):
             self._finish(seq, "cancelled", retire=False)
 
     def _admit(self, req: DecodeRequest) -> None:
+        if any(s.rid == req.rid for s in (*self.sched.running, *self.sched.waiting)):
+            raise ValueError(f"it holds request {req.rid[:40]!r} already")
         state, params = check_decode(req, self.model.config, self.kv_type)
         seq = Sequence(req.rid, state, Sampler(params, prompt_len=len(req.history)), list(req.history),
                        GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state, hold_at=req.hold_at)
@@ -162,7 +169,9 @@ class DecodeServer(WorkerServer):
         self.metrics.tokens.inc()
         if seq.policy.accept(token):
             seq.history.append(token)
-            self.link.send(self._tokens(seq, token))
+            params = seq.sampler.params
+            self.out.token(seq.rid, token, token_logprobs(seq.logits, token, params.top_logprobs)
+                           if params.logprobs else None)
             if seq.matcher is not None:
                 seq.matcher.consume(token)
                 if seq.matcher.done and not seq.policy.finished:      # nothing but EOS can follow
@@ -174,21 +183,13 @@ class DecodeServer(WorkerServer):
             self.grammars.pool.submit(seq.ahead)
         return True
 
-    def _tokens(self, seq: Sequence, token: int) -> Tokens:
-        """The message of one sampled token, with its logprobs from seq.logits when they were asked for."""
-        params = seq.sampler.params
-        if not params.logprobs:
-            return Tokens(seq.rid, self.link.worker_id, [token])
-        chosen, top_ids, top_logprobs = token_logprobs(seq.logits, token, params.top_logprobs)
-        return Tokens(seq.rid, self.link.worker_id, [token], [chosen], top_ids, top_logprobs)
-
     def _finish(self, seq: Sequence, reason: str, *, retire: bool = True) -> None:
         if retire:
             self.sched.retire(seq)
         self.metrics.requests.labels(reason).inc()
         keep = seq.return_state and reason != "cancelled"
         state, logits = (seq.state.arrays(), np.asarray(seq.logits, np.float32)) if keep else (None, None)
-        self.link.send(Finished(seq.rid, self.link.worker_id, reason, seq.policy.generated, seq.state.pos,
+        self.out.end(Finished(seq.rid, self.link.worker_id, reason, seq.policy.generated, seq.state.pos,
                                 state, logits, self.kv_type, seq.state.rope_delta))
         if not keep:
             return
@@ -207,11 +208,19 @@ class DecodeServer(WorkerServer):
         spec = self.speculator is not None
         self.grammars.pool.mark()
         self.grammars.turns([*self.sched.running, *self.sched.waiting], spec, self._sample_one, self._drop)
+        self.out.flush()                            # first tokens and failures go before the step runs
         batch = [s for s in self.sched.running if self.grammars.can_step(s, spec)]
         if not batch:
             if len(self.sched):                     # every sequence waits for its grammar's mask
                 self.grammars.pool.wait(MASK_NAP_S)
             return
+        try:
+            self._run(batch, spec)
+        finally:
+            self.out.flush()                        # the step's tokens as one DecodeStep, then its ends
+        self._gauges()
+
+    def _run(self, batch: list[Sequence], spec: bool) -> None:
         t0 = time.perf_counter()
         try:
             if spec:                                # a cycle: the tokens are taken between its verify and draft
@@ -226,7 +235,7 @@ class DecodeServer(WorkerServer):
             for seq in batch:
                 self.sched.retire(seq)
                 self.metrics.requests.labels("error").inc()
-                self.link.fail(seq.rid, f"decode step failed: {type(e).__name__}: {e}")
+                self.out.fail(seq.rid, f"decode step failed: {type(e).__name__}: {e}")
             return
         self.metrics.step_time.observe(time.perf_counter() - t0)
         self.metrics.batch_size.observe(len(batch))
@@ -234,7 +243,6 @@ class DecodeServer(WorkerServer):
             self._settle(batch, settled)
         else:
             self._sample(batch, logits)
-        self._gauges()
 
     def _sample(self, batch: list[Sequence], logits: np.ndarray) -> None:
         for seq, row in zip(batch, logits):

@@ -4,11 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.config import GIB, WorkerConfig, mmproj_setting, setting
+from common.engines import PREFILL, names_text
 
 
 @dataclass(frozen=True)
 class PrefillConfig(WorkerConfig):
-    backend: str = setting("cpu", "Prefill backend: cpu, cuda.")
+    backend: str = setting("cpu", f"Prefill backend: {names_text(PREFILL)}.")
     device: int = setting(0, "GPU index (cuda backend).")
     vram_budget: int | None = setting(None, "GiB of GPU memory to use (cuda backend).", unit=GIB)   # bytes
     mmproj: str | None = mmproj_setting()      # the vision encoder runs here

@@ -23,6 +23,8 @@ import time
 from collections import deque
 
 from common.config import ContextModel, plan_context, reserve_context
+from common.engine_types import PrefillBackend
+from common.engines import create_backend
 from common.kv_cache import check_same_kv_type
 from common.metrics import PrefillMetrics
 from common.model.config import ModelConfigError
@@ -36,7 +38,6 @@ from common.reference.multimodal import MropeInput
 from common.state import SequenceState, state_bytes, wire_limits
 from common.worker import WorkerServer
 
-from .backends import create_backend
 from .config import PrefillConfig
 from .held import HeldStates
 from .snapshot_rows import SnapshotRows, snapshot_bytes
@@ -51,14 +52,14 @@ PREFILL_STATES = 2         # states held at once: the one being filled and a sna
 class PrefillServer(WorkerServer):
     ROLE, REQUEST = "prefill", (PrefillRequest, HoldState)
 
-    def __init__(self, cfg: PrefillConfig, *, model=None, backend=None):
+    def __init__(self, cfg: PrefillConfig, *, model=None, backend: PrefillBackend | None = None):
         """`model` (anything with GGUFModel's .config and .path) and `backend`, when given, are
         used instead of loading cfg.model and cfg.backend: the in-process stack hands in its own."""
         model = model if model is not None else GGUFModel(cfg.model)
         self.memory = plan_context("prefill", model, cfg.ctx_size, PREFILL_STATES, batch_option=None,
                                    kv_type=cfg.kv_type)
         self.ctx_size, self.kv_type = self.memory.tokens, self.memory.kv_type
-        self.backend = backend if backend is not None else create_backend(
+        self.backend: PrefillBackend = backend if backend is not None else create_backend(
             cfg.backend, model, kv_type=self.kv_type, **cfg.backend_kwargs(self.ctx_size))
         check_same_kv_type(getattr(self.backend, "kv_type", "f32"), self.kv_type, "the backend", "prefill")
         reserve_context(getattr(self.backend, "runner", None), self.ctx_size)

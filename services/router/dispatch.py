@@ -21,7 +21,7 @@ from common.mp_local import pull_queue, push_queue
 from common.protocol import Message, ProtocolError
 from common.protocol.codec import WireLimits
 from common.protocol.prefill import PrefillRequest
-from common.protocol.router import Failed, Finished, Heartbeat, Hello, NotHeld, PrefillDone, Snapshot, Tokens
+from common.protocol.router import DecodeStep, Failed, Finished, Heartbeat, Hello, NotHeld, PrefillDone, Snapshot
 from common.protocol.worker import Cancel
 from common.worker import CancelledIds
 from common.worker_token import matches
@@ -29,6 +29,7 @@ from common.worker_token import resolve as resolve_token
 
 from .copies import Copies, CopySends, snapshot_every
 from .decode_room import DecodeRoom
+from .decode_steps import deliver
 from .enrolment import Enrolment
 from .liveness import StallFailed, StallWatch
 from .placement import Placement
@@ -194,13 +195,13 @@ class Dispatcher(SnapshotIntake, CopySends):
             await asyncio.sleep(0)
 
     def _handle(self, msg: Message) -> None:
+        if isinstance(msg, DecodeStep):
+            return deliver(msg, self.tracks, self.metrics, self.cancel, self._cancel_orphan)
         if isinstance(msg, Snapshot):          # snapshot_chains.py
             self._snapshot(msg)
             return
         track = self.tracks.get(msg.rid)
         if track is None:   # a request that already ended, or one of the router before a restart
-            if isinstance(msg, Tokens):
-                self._cancel_orphan(msg)
             return
         if isinstance(msg, NotHeld):           # its worker is gone when nothing is resent: its requests fail
             self.placement.resend(self.registry.workers.get(track.prefill), msg.rid)
@@ -213,8 +214,6 @@ class Dispatcher(SnapshotIntake, CopySends):
             w = self.registry.workers.get(track.prefill)
             if w is not None:
                 w.inflight.discard(msg.rid)
-        elif isinstance(msg, Tokens):
-            track.generated.extend(msg.tokens)
         elif isinstance(msg, Finished):
             if msg.state is not None and msg.logits is not None:
                 key = self._store(track, ids := track.prompt + tuple(track.generated), msg, "decode")
@@ -230,12 +229,12 @@ class Dispatcher(SnapshotIntake, CopySends):
         extra = {"marks": track.marks, "rope_delta": msg.rope_delta} if track.marks else {}
         return self.cache.store_state(ids, msg.pos, msg.state, msg.logits, source, msg.kv_type, **extra)
 
-    def _cancel_orphan(self, msg: Tokens) -> None:
-        w = self.registry.workers.get(msg.worker_id)
-        if w is None or msg.rid in self._orphans:
+    def _cancel_orphan(self, rid: str, worker_id: str) -> None:
+        w = self.registry.workers.get(worker_id)
+        if w is None or rid in self._orphans:
             return
-        self._orphans.add(msg.rid)
-        w.link.put(Cancel(msg.rid, "the router holds no such request"))
+        self._orphans.add(rid)
+        w.link.put(Cancel(rid, "the router holds no such request"))
 
     def _hello(self, msg: Hello | Heartbeat) -> None:
         stuck = isinstance(msg, Heartbeat) and matches(msg.token, self.token)
@@ -255,9 +254,10 @@ class Dispatcher(SnapshotIntake, CopySends):
         self._gauges()
 
     def _rejected(self, err: ProtocolError) -> None:
-        if err.rid in self.tracks:             # the inbox has logged it, at a bounded rate
-            self.tracks[err.rid].events.put_nowait(Failed(err.rid, "", f"router rejected a reply: {err}"))
-            self._fail_copies(err.rid, f"router rejected a reply: {err}")
+        for rid in err.rids:                   # the inbox has logged it, at a bounded rate
+            if rid in self.tracks:
+                self.tracks[rid].events.put_nowait(Failed(rid, "", f"router rejected a reply: {err}"))
+                self._fail_copies(rid, f"router rejected a reply: {err}")
 
     def _fail_all(self, w: Worker, why: str, end: type[Failed] = Failed) -> None:
         self.chains.drop_worker(w.worker_id)

@@ -103,7 +103,7 @@ def _coalesce(msg, events: asyncio.Queue):
         top_logprobs.extend(more.top_logprobs)
     if len(tokens) == len(msg.tokens):
         return msg
-    return Tokens(msg.rid, msg.worker_id, tokens, logprobs, top_ids, top_logprobs)
+    return Tokens(msg.rid, tokens, logprobs, top_ids, top_logprobs)
 
 
 class Generation:

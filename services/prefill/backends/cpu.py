@@ -9,15 +9,12 @@ from typing import Callable
 
 import numpy as np
 
+from common.engines import load_runner
 from common.model.gguf_file import GGUFModel
 from common.reference.multimodal import MropeInput
 from common.state import Checkpoint, SequenceState
-from native.runners import load_runner
-
-from . import register_backend
 
 
-@register_backend("cpu")
 class CPUBackend:
     name = "cpu"
 

@@ -31,7 +31,6 @@ from native.cuda.state_io import HostState, alloc_state, upload_state
 from native.cuda.stream import Timeline
 from native.cuda.tables import dense_tiles, rope_table
 
-from . import register_backend
 from .cuda_vision import GpuVision, plan_with_vision
 
 log = logging.getLogger("fermium.prefill.cuda")
@@ -43,7 +42,6 @@ def _driver():
     return cuda
 
 
-@register_backend("cuda")
 class CUDABackend:
     name = "cuda"
 
