@@ -6,7 +6,7 @@ and logit_bias among them, are read in sampling_args.py. A field OpenAI does not
 is refused, as OpenAI does, except the sampling extensions vLLM accepts too. Chat messages are
 checked in messages.py; tools and tool_choice, and the prompt they steer, in tools.py;
 `response_format` and a forced tool_choice become the request's grammar (structured.py); `n` > 1
-asks for that many choices, which share the prompt's prefill (copies.py). With a vision tower
+asks for that many choices, which share the prompt's prefill (engine/copies.py). With a vision tower
 (`vision`, vision.py), `image_url` parts of user messages become their images' runs of image tokens.
 
 The body as a whole is checked before any field is read: valid UTF-8 and JSON, nesting at most
