@@ -7,7 +7,7 @@ the batch's allowed-token masks together before sampling (fill_masks) and feeds 
 token back. llguidance was chosen for its per-token mask cost on the 248k vocabulary
 (tools/bench_grammar.py).
 
-Not here: sampling (common.sampling) and parsing what the model wrote (common.chat).
+Not here: sampling (common.sampling) and parsing what the model wrote (services.router.frontend.chat).
 """
 from __future__ import annotations
 

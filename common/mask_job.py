@@ -6,7 +6,7 @@ passed) demotes it: its thread drops to the lowest CPU priority (SCHED_IDLE, els
 that it only takes a core no one else wants, and leaves the pool when the mask ends, a fresh
 thread taking its place. A mask's work is its thread's CPU time, which a
 loaded host does not inflate. Decode fills every mask so (services/decode/mask_ahead.py); the
-router times a grammar's first one (services/router/structured.py).
+router times a grammar's first one (services/router/frontend/structured.py).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ router
     fermium_num_requests_running               gauge
     fermium_num_requests_waiting               gauge
     fermium_workers{role}                      gauge    live workers: prefill | decode
-    fermium_snapshot_lookups_total             counter  prefix lookups (services/router/prefix_cache.py)
+    fermium_snapshot_lookups_total             counter  prefix lookups (services/router/engine/prefix_cache.py)
     fermium_snapshot_hits_total                counter
     fermium_snapshot_misses_total              counter
     fermium_snapshot_tokens_saved_total        counter  prompt tokens not prefilled thanks to a hit
@@ -40,10 +40,11 @@ router
     fermium_image_tokens_total                 counter  the image tokens they became
     fermium_state_bytes_sent_total{role}       counter  state bytes sent to workers: prefill | decode
     fermium_state_transfers_skipped_total      counter  prefills that ran on a state their worker held
-                                                        (services/router/placement.py), sending none
+                                                        (services/router/engine/placement.py), sending none
     fermium_state_bytes_skipped_total          counter  the bytes those states would have sent
     fermium_state_resends_total                counter  held states the worker no longer had, sent again
-    fermium_clients_dropped_total{reason}      counter  clients cut off as too slow (services/router/connections.py):
+    fermium_clients_dropped_total{reason}      counter  clients cut off as too slow
+                                                        (services/router/frontend/connections.py):
                                                         headers | body (not in within their timeouts) |
                                                         send (took no bytes for --send-timeout) | backlog
                                                         (more undelivered tokens than a request may hold)

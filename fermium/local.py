@@ -12,7 +12,7 @@ their own thread: `prefill_runner` gives prefill another one. The runners' `kv_t
 they have none) is the --kv-type of the router and both workers. `tokenizer` is the vocabulary
 decode builds grammars on (structured output, tool_choice); without one, a grammar is refused.
 `decode_settings` are more DecodeConfig settings (speculative decoding's, for one). `mmproj` is
-prefill's vision tower (--mmproj): the router's side of images is the API's (services/router/vision.py).
+prefill's vision tower (--mmproj): the router's side of images is the API's (services/router/frontend/vision.py).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from services.decode.server import DecodeServer
 from services.prefill.config import PrefillConfig
 from services.prefill.server import PrefillServer
 from services.prefill.vision import segment
-from services.router.dispatch import Dispatcher, PrefixCache
+from services.router.engine.dispatch import Dispatcher, PrefixCache
 
 READY_TIMEOUT_S = 10.0
 HEARTBEAT_TIMEOUT_S = 30.0   # threads of one process: a missed heartbeat is a stall, not a death

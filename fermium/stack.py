@@ -24,7 +24,7 @@ import httpx
 
 from common.worker_token import ENV as TOKEN_ENV
 from common.worker_token import new_token
-from services.router.exposure import API_KEY_ENV
+from services.router.frontend.exposure import API_KEY_ENV
 
 DRAIN_TIMEOUT_S = 5.0        # of a Stack made by tests and tools; `fermium up` passes its own
 ROUTER_EXIT_S = 3.0          # the router's wait for connections after its drain, and its exit

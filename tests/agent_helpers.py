@@ -1,4 +1,4 @@
-"""Shared by the agent API tests: the real API and Generation in front of a dispatcher that answers
+"""Shared by the agent API tests: the real API and Engine in front of a dispatcher that answers
 every request with a scripted text (one byte-token at a time), with the Qwen3.6 chat template."""
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from starlette.testclient import TestClient
 
 from common.metrics import RouterMetrics
 from common.protocol.router import Finished, Tokens
-from services.router.admission import Admission
-from services.router.api import API
-from services.router.dispatch import Track
-from services.router.generation import Generation
-from services.router.prefix_cache import NoPrefixCache
-from services.router.server import chat_renderer
+from services.router.engine import Engine
+from services.router.engine.admission import Admission
+from services.router.engine.dispatch import Track
+from services.router.engine.prefix_cache import NoPrefixCache
+from services.router.frontend.api import API
+from services.router.frontend.template import chat_renderer
 from tests.test_api_errors import ByteTokenizer, lifespan
 
 MODEL = "fermium"
@@ -81,10 +81,9 @@ class ScriptedDispatcher:
 
 def make_api(dispatcher: ScriptedDispatcher, preserve_thinking: bool = False, template: str | None = None) -> API:
     tok = ByteTokenizer()
-    gen = Generation(tok, dispatcher, Admission(4, 4), RouterMetrics(), 30.0)
-    return API(gen, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
-               render=chat_renderer(template, preserve_thinking),
-               health=lambda: {"prefill_workers": 1, "decode_workers": 1})
+    engine = Engine(tok, dispatcher, Admission(4, 4), RouterMetrics(), 30.0)
+    return API(engine, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
+               render=chat_renderer(template, preserve_thinking))
 
 
 @contextlib.contextmanager
@@ -92,7 +91,7 @@ def agent_client(**kw):
     dispatcher = ScriptedDispatcher()
     api = make_api(dispatcher, **kw)
     with TestClient(api.app(lifespan=lifespan(dispatcher))) as client:
-        client.dispatcher, client.metrics = dispatcher, api.gen.metrics
+        client.dispatcher, client.metrics = dispatcher, api.engine.metrics
         yield client
 
 

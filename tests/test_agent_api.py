@@ -1,4 +1,4 @@
-"""Reasoning and tool calls through the chat API (issue #30): the real API and Generation, the Qwen3.6
+"""Reasoning and tool calls through the chat API (issue #30): the real API and Engine, the Qwen3.6
 template, and scripted model output; the official openai client against a real uvicorn router."""
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 
 from common.model.chat_template import render_chat
 from common.protocol.router import Failed, PrefillDone, Tokens
-from services.router.auth import api_key_middleware
+from services.router.frontend.auth import api_key_middleware
 from tests.agent_helpers import (
     CONTEXT,
     GEN_NO_THINK,

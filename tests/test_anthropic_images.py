@@ -1,4 +1,4 @@
-"""Anthropic image blocks on /v1/messages (services/router/anthropic_images.py, images.py image_block):
+"""Anthropic image blocks on /v1/messages (services/router/frontend/anthropic_images.py, images.py image_block):
 the official `anthropic` client sends a base64 image to the in-process stack under uvicorn and gets
 the reference model's greedy text on the same prompt (tests/test_vision_serving.py's tiny model and
 reference); count_tokens counts the image's run of tokens; a URL source is read only with
@@ -12,9 +12,9 @@ import base64
 import pytest
 from starlette.testclient import TestClient
 
-from services.router.anthropic_images import AnthropicVision, ImageBlock, user_content
-from services.router.errors import APIError
-from services.router.images import ImageLimits, image_block
+from services.router.frontend.anthropic_images import AnthropicVision, ImageBlock, user_content
+from services.router.frontend.errors import APIError
+from services.router.frontend.images import ImageLimits, image_block
 from tests.http_helpers import serve_app
 
 from .test_vision_serving import MAX_TOKENS, MODEL, make_app, png, reference_answer, vl  # noqa: F401

@@ -16,10 +16,10 @@ from common.metrics import RouterMetrics
 from common.model.config import ModelConfig
 from common.state import SequenceState
 from fermium.local import LocalDispatcher
-from services.router.admission import Admission
-from services.router.api import API
-from services.router.dispatch import Dispatcher, Track
-from services.router.generation import Generation
+from services.router.engine import Engine
+from services.router.engine.admission import Admission
+from services.router.engine.dispatch import Dispatcher, Track
+from services.router.frontend.api import API
 from tests.conftest import Metadata
 
 CONTEXT = 64
@@ -97,10 +97,9 @@ def lifespan(dispatcher):
 
 def make_app(dispatcher, max_running: int = 4, max_queue: int = 4, request_timeout: float = 30.0) -> Starlette:
     tok = ByteTokenizer()
-    gen = Generation(tok, dispatcher, Admission(max_running, max_queue), RouterMetrics(), request_timeout)
-    api = API(gen, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
-              render=lambda msgs, kw: "".join(f"{m['role']}:{m['content']}\n" for m in msgs),
-              health=lambda: {"prefill_workers": 1, "decode_workers": 1})
+    engine = Engine(tok, dispatcher, Admission(max_running, max_queue), RouterMetrics(), request_timeout)
+    api = API(engine, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
+              render=lambda msgs, kw: "".join(f"{m['role']}:{m['content']}\n" for m in msgs))
     return api.app(lifespan=lifespan(dispatcher))
 
 
@@ -282,7 +281,7 @@ def test_queued_tokens_join_into_one_chunk():
     import asyncio
 
     from common.protocol.router import Finished, Tokens
-    from services.router.generation import _coalesce
+    from services.router.engine.generation import _coalesce
 
     q: asyncio.Queue = asyncio.Queue()
     for item in (Tokens("r", [2]), Tokens("r", [3, 4]),

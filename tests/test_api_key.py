@@ -7,7 +7,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from services.router.auth import api_key_middleware
+from services.router.frontend.auth import api_key_middleware
 
 KEY = "sk-fermium-test-0123456789"
 ROUTER_START_S = 60     # one Python process loading a tiny model on a shared 2-core machine

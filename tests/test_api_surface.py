@@ -13,10 +13,10 @@ from starlette.testclient import TestClient
 
 from common.metrics import RouterMetrics
 from common.model.default import default_model_path
-from services.router.admission import Admission
-from services.router.api import API
-from services.router.generation import Generation
-from services.router.server import chat_renderer
+from services.router.engine import Engine
+from services.router.engine.admission import Admission
+from services.router.frontend.api import API
+from services.router.frontend.template import chat_renderer
 from tests.agent_helpers import CONTEXT, MODEL, ScriptedDispatcher
 from tests.test_api_errors import ByteTokenizer, lifespan
 from tests.test_n_choices import stack  # noqa: F401  (a fixture)
@@ -28,10 +28,9 @@ STEM = "shakespeare-demo"
 @pytest.fixture(scope="module")
 def client():
     dispatcher, tok = ScriptedDispatcher(), ByteTokenizer()
-    gen = Generation(tok, dispatcher, Admission(4, 4), RouterMetrics(), 30.0)
-    api = API(gen, served=(MODEL, STEM), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
-              decode=lambda ids: bytes(ids).decode("utf-8", "replace"), render=chat_renderer(None, False),
-              health=lambda: {"prefill_workers": 1, "decode_workers": 1})
+    engine = Engine(tok, dispatcher, Admission(4, 4), RouterMetrics(), 30.0)
+    api = API(engine, served=(MODEL, STEM), context=CONTEXT, vocab=tok.vocab_size, encode=tok.encode,
+              decode=lambda ids: bytes(ids).decode("utf-8", "replace"), render=chat_renderer(None, False))
     with TestClient(api.app(lifespan=lifespan(dispatcher))) as c:
         c.dispatcher = dispatcher
         yield c

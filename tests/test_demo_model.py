@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.chat import ChatOutputParser
 from common.model.chat_template import default_template, render_chat, template_from_gguf
 from common.model.default import default_model_path
 from common.model.tokenizer import Tokenizer
@@ -23,6 +22,7 @@ from common.reference.generate import generate
 from common.reference.model import ReferenceModel
 from common.sampling import SamplingParams
 from fermium.demo import QUESTION, TOOLS, lookup_line, run_tool
+from services.router.frontend.chat import ChatOutputParser
 from tests.conftest import fermium_cli
 from tools.eval_mtp import mtp_hits
 

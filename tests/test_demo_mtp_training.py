@@ -15,11 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from common.chat import ChatOutputParser  # noqa: E402
 from common.model.convert.writer import convert  # noqa: E402
 from common.model.gguf_file import GGUFModel  # noqa: E402
 from common.model.tokenizer import Tokenizer  # noqa: E402
 from common.reference.model import ReferenceModel  # noqa: E402
+from services.router.frontend.chat import ChatOutputParser  # noqa: E402
 from tools import train_demo  # noqa: E402
 from tools.demo_data import TOOLS, conversations, pieces, render  # noqa: E402
 from tools.demo_mtp import MtpBlock  # noqa: E402

@@ -1,4 +1,4 @@
-"""What the router shows to whom (services/router/exposure.py): server-side error messages without
+"""What the router shows to whom (services/router/frontend/exposure.py): server-side error messages without
 internal addresses or worker ids, an API key set but empty refused at start (a real router
 process), /health's detail only with the key, and metrics listening where the service listens."""
 from __future__ import annotations
@@ -13,12 +13,13 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from common.metrics_host import MetricsHostError, listen_host
-from services.router.auth import api_key_middleware
-from services.router.errors import APIError, GenerationError, bad_request, failure
-from services.router.exposure import EmptyAPIKey, check_api_key, health_response, public
+from services.router.engine import GenerationError
+from services.router.frontend.auth import api_key_middleware
+from services.router.frontend.errors import APIError, bad_request, failure
+from services.router.frontend.exposure import EmptyAPIKey, check_api_key, health_response, public
 
 KEY = "sk-fermium-test-0123456789"
-# the dispatcher's own wordings (services/router/dispatch.py), as a failed request's client saw them
+# the dispatcher's own wordings (services/router/engine/dispatch.py), as a failed request's client saw them
 INTERNAL = [
     "decode worker decode-1a2b3c4d at tcp://10.0.0.5:5561 stopped responding (no heartbeat for 2.5 s)",
     "prefill worker prefill-00ff00ff at tcp://[::1]:40123 stopped responding (its connection closed)",

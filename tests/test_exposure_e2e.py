@@ -16,8 +16,8 @@ from common.model.gguf_file import GGUFModel
 from common.model.template_tokens import TemplateTokens
 from common.model.tokenizer import Tokenizer
 from fermium.stack import Stack, free_port
-from services.router.schema import validate
-from services.router.server import chat_renderer
+from services.router.frontend.schema import validate
+from services.router.frontend.template import chat_renderer
 
 KEY = "sk-exposure-test-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

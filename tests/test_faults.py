@@ -13,7 +13,7 @@ import zmq
 
 from common.mp import open_socket
 from fermium.stack import Stack, free_port
-from services.router.workers import WorkerRegistry
+from services.router.engine.workers import WorkerRegistry
 from tests.stack_helpers import write_tiny_gguf
 
 READY_TIMEOUT_S = 60

@@ -19,9 +19,9 @@ from common.reference.model import ReferenceModel
 from common.sampling import SamplingParams
 from fermium.local import LocalDispatcher
 from fermium.stack import Stack, free_port
-from services.router.admission import Admission
-from services.router.api import API
-from services.router.generation import Generation
+from services.router.engine import Engine
+from services.router.engine.admission import Admission
+from services.router.frontend.api import API
 from tests.stack_helpers import CHATML, write_tiny_gguf
 from tests.test_api_errors import EOS, MODEL, ByteTokenizer, CountingRunner, lifespan, make_app
 
@@ -145,10 +145,9 @@ def twin_app(path: str):
     model = GGUFModel(path)
     tok = Tokenizer.from_gguf(model)
     dispatcher = LocalDispatcher(ReferenceModel(model), prefill_runner=ReferenceModel(model))
-    gen = Generation(tok, dispatcher, Admission(4, 4), RouterMetrics(), 30.0)
-    api = API(gen, served=(MODEL,), context=model.config.context_length, vocab=tok.vocab_size,
-              encode=tok.encode, render=lambda msgs, kw: render_chat(msgs, template=CHATML),
-              health=lambda: {})
+    engine = Engine(tok, dispatcher, Admission(4, 4), RouterMetrics(), 30.0)
+    api = API(engine, served=(MODEL,), context=model.config.context_length, vocab=tok.vocab_size,
+              encode=tok.encode, render=lambda msgs, kw: render_chat(msgs, template=CHATML))
     return api.app(lifespan=lifespan(dispatcher))
 
 

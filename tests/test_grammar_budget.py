@@ -12,9 +12,9 @@ from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
 from fermium.stack import Stack, free_port
-from services.router.errors import APIError
-from services.router.structured import request_grammar, warm
-from services.router.tools import ToolPlan
+from services.router.frontend.errors import APIError
+from services.router.frontend.structured import request_grammar, warm
+from services.router.frontend.tools import ToolPlan
 from tools.bench_grammar_budget import PLAIN_TOKENS, beside, costly_format, plain_stream
 
 READY_TIMEOUT_S = 60

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from fermium.stack import free_port
-from services.router.errors import TYPES
+from services.router.frontend.errors import TYPES
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "haproxy"
 CONFIG = DEPLOY / "haproxy.cfg"

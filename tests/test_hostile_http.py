@@ -20,9 +20,9 @@ from starlette.testclient import TestClient
 from common.metrics import RouterMetrics
 from common.model.chat_template import render_chat
 from fermium.local import LocalDispatcher
-from services.router.admission import Admission
-from services.router.api import API
-from services.router.generation import Generation
+from services.router.engine import Engine
+from services.router.engine.admission import Admission
+from services.router.frontend.api import API
 from tests.hostile_cases import MODEL, ROUTES, fixed_cases, generated_cases
 from tests.http_helpers import serve_app
 from tests.stack_helpers import CHATML
@@ -42,9 +42,9 @@ def make_api(dispatcher=None, render=None, encode=None) -> API:
         extra = dict(kwargs)
         return render_chat(messages, template=CHATML, enable_thinking=bool(extra.pop("enable_thinking", True)),
                            template_kwargs=extra)
-    gen = Generation(tok, dispatcher or LocalDispatcher(CountingRunner()), Admission(8, 64), RouterMetrics(), 30.0)
-    return API(gen, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=encode or tok.encode,
-               render=render or chat, health=lambda: {"prefill_workers": 1, "decode_workers": 1})
+    engine = Engine(tok, dispatcher or LocalDispatcher(CountingRunner()), Admission(8, 64), RouterMetrics(), 30.0)
+    return API(engine, served=(MODEL,), context=CONTEXT, vocab=tok.vocab_size, encode=encode or tok.encode,
+               render=render or chat)
 
 
 class Peers:
@@ -61,7 +61,7 @@ class Peers:
 
 @contextlib.contextmanager
 def serving(api: API):
-    app = Peers(api.app(lifespan=lifespan(api.gen.dispatcher)))
+    app = Peers(api.app(lifespan=lifespan(api.engine.dispatcher)))
     with serve_app(app) as url:
         yield url, app
 

@@ -25,7 +25,7 @@ from fermium.options import command, config, options
 from services.decode.config import DecodeConfig
 from services.prefill.config import PrefillConfig
 from services.router.config import RouterConfig
-from services.router.prefix_cache import build_snapshot_cache, model_folder
+from services.router.engine.prefix_cache import build_snapshot_cache, model_folder
 from tests.conftest import fermium_cli
 
 HELD_OUT = Path(__file__).resolve().parents[1] / "models" / "heldout_sample.txt"

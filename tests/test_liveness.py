@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 
 from common.liveness import HANG_ENV, hang_hook
-from services.router.errors import Drained, GenerationError, Stalled, failure
-from services.router.liveness import TELL_EVERY_S, StallFailed, StallWatch
-from services.router.workers import Worker
+from services.router.engine import Drained, GenerationError, Stalled
+from services.router.engine.liveness import TELL_EVERY_S, StallFailed, StallWatch
+from services.router.engine.workers import Worker
+from services.router.frontend.errors import failure
 
 TIMEOUT = 5.0
 

@@ -160,9 +160,9 @@ def test_a_costly_grammar_ends_alone_and_the_batch_samples_as_without_it(model, 
 
 
 def test_the_router_answers_a_retryable_429_while_its_masks_are_busy(tok, monkeypatch):
-    from services.router import structured
-    from services.router.errors import APIError
-    from services.router.tools import ToolPlan
+    from services.router.frontend import structured
+    from services.router.frontend.errors import APIError
+    from services.router.frontend.tools import ToolPlan
     monkeypatch.setattr(structured._masks, "abandoned", MAX_ABANDONED)
     body = {"response_format": digits()}
     with pytest.raises(APIError) as got:

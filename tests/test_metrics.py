@@ -59,7 +59,7 @@ def sample(m, name: str, **labels) -> float:
 
 def test_router_counters_move_per_request():
     app = make_app(LocalDispatcher(CountingRunner()))
-    m = next(r.endpoint.__self__.gen.metrics for r in app.routes if r.path == "/v1/completions")
+    m = next(r.endpoint.__self__.engine.metrics for r in app.routes if r.path == "/v1/completions")
     with TestClient(app) as c:
         r = c.post("/v1/completions", json={"model": MODEL, "prompt": "ab", "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200

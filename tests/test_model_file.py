@@ -10,7 +10,7 @@ import pytest
 from common.metrics import RouterMetrics
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel
-from services.router.prefix_cache import build_snapshot_cache
+from services.router.engine.prefix_cache import build_snapshot_cache
 from tests.stack_helpers import write_tiny_gguf
 
 

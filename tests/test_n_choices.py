@@ -17,9 +17,9 @@ from common.model.default import default_model_path
 from common.protocol.router import Failed, PrefillDone, Snapshot
 from common.sampling import SamplingParams
 from fermium.stack import Stack, free_port
-from services.router.dispatch import Dispatcher
-from services.router.prefix_cache import NoPrefixCache
-from services.router.schema import Job
+from services.router.engine import Request
+from services.router.engine.dispatch import Dispatcher
+from services.router.engine.prefix_cache import NoPrefixCache
 from tests.stack_helpers import metered_demo_stack
 from tests.test_services_e2e import scrape
 
@@ -159,7 +159,7 @@ def dispatcher(cache=None):
     d.registry._connect = lambda address: links.setdefault(address, Recorder())
     d.registry.register("p", "prefill", "tcp://p:1", 1, "m")
     d.registry.register("d", "decode", "tcp://d:1", 4, "m")
-    job = Job(True, "m", (1, 2, 3), 4, SamplingParams(temperature=1.0, seed=5), (), False, False, n=3)
+    job = Request((1, 2, 3), 4, SamplingParams(temperature=1.0, seed=5), n=3)
     return d, links["tcp://p:1"].sent, links["tcp://d:1"].sent, d.submit_copies(job, (9,), 3)
 
 

@@ -17,8 +17,8 @@ from common.snapshots import KV_BLOCK, SnapshotStore
 from common.snapshots.keys import prefix_key
 from common.state import SequenceState, state_specs
 from services.prefill.held import HeldStates
-from services.router.placement import HOLDER_SLACK, Holdings, Placement, pick_prefill
-from services.router.workers import Worker, WorkerRegistry
+from services.router.engine.placement import HOLDER_SLACK, Holdings, Placement, pick_prefill
+from services.router.engine.workers import Worker, WorkerRegistry
 from tests.stack_helpers import write_tiny_gguf
 
 

@@ -1,4 +1,4 @@
-"""Reasoning split: the rules of common/chat/reasoning.py, one-shot and streamed at every cut.
+"""Reasoning split: the rules of services/router/frontend/chat/reasoning.py, one-shot and streamed at every cut.
 
 The text is what Qwen3.6 generates after a prompt that ends `<think>\\n` (thinking on) or an empty
 think block (thinking off). The streamed pieces must join to the one-shot split, whatever the cut.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.chat.reasoning import ReasoningParser, split_reasoning
+from services.router.frontend.chat.reasoning import ReasoningParser, split_reasoning
 
 
 def streamed(text: str, pieces: list[str], enabled: bool = True) -> tuple[str, str, list[tuple[str, str]]]:

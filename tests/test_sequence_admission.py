@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from services.router.admission import Admission
-from services.router.decode_room import DecodeRoom
-from services.router.workers import WorkerRegistry
+from services.router.engine.admission import Admission
+from services.router.engine.decode_room import DecodeRoom
+from services.router.engine.workers import WorkerRegistry
 from tests.stack_helpers import metered_demo_stack
 from tests.test_services_e2e import scrape
 

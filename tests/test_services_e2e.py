@@ -249,10 +249,9 @@ def test_snapshot_seam_in_one_process(tmp_path):
     from services.decode.server import DecodeServer
     from services.prefill.config import PrefillConfig
     from services.prefill.server import PrefillServer
-    from services.router.admission import Admission
-    from services.router.dispatch import Dispatcher
-    from services.router.generation import Generation
-    from services.router.schema import Job
+    from services.router.engine import Engine, Request
+    from services.router.engine.admission import Admission
+    from services.router.engine.dispatch import Dispatcher
 
     path = str(write_tiny_gguf(tmp_path / "tiny.gguf"))
     model = GGUFModel(path)
@@ -273,15 +272,15 @@ def test_snapshot_seam_in_one_process(tmp_path):
             t.start()
         while dispatcher.registry.count("prefill") + dispatcher.registry.count("decode") < 2:
             await asyncio.sleep(0.05)
-        gen = Generation(tok, dispatcher, Admission(4, 4), dispatcher.metrics)
+        engine = Engine(tok, dispatcher, Admission(4, 4), dispatcher.metrics)
         prompt = tuple(tok.encode("the cat"))
         texts, prefilled = [], []
-        texts.append(await run(gen, Job(False, "m", prompt, 8, greedy, (), False, False)))
+        texts.append(await run(engine, Request(prompt, 8, greedy)))
         (key,) = cache.entries                                  # prompt + 7 of the 8 tokens, fed
         prefill_tokens = servers[0].metrics.registry.get_sample_value
         for ids in (key, key + tuple(tok.encode("ab"))):
             before = prefill_tokens("fermium_prefill_tokens_total")
-            texts.append(await run(gen, Job(False, "m", ids, 4, greedy, (), False, False)))
+            texts.append(await run(engine, Request(ids, 4, greedy)))
             prefilled.append(prefill_tokens("fermium_prefill_tokens_total") - before)
         for s in servers:
             s.stop()
@@ -292,9 +291,9 @@ def test_snapshot_seam_in_one_process(tmp_path):
         await dispatcher.close()
         return texts, prefilled, key
 
-    async def run(gen, job) -> str:
-        await gen.admit()
-        return "".join([d.text async for d in gen.run(job, time.perf_counter())])
+    async def run(engine, request) -> str:
+        await engine.admit()
+        return "".join([d.text async for d in engine.stream(request, time.perf_counter())])
 
     texts, prefilled, key = asyncio.run(main())
     prompt = tok.encode("the cat")

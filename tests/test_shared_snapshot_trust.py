@@ -17,7 +17,7 @@ from common.snapshots import SnapshotStore, disk
 from common.snapshots import redis_tier as rt
 from common.snapshots.keys import chain, prefix_key
 from common.snapshots.redis_trust import derive_key
-from services.router.shared_store import StoreAddressError, check_store_url
+from services.router.engine.shared_store import StoreAddressError, check_store_url
 from tests.redis_helpers import RedisServer, needs_redis
 from tests.test_shared_snapshots import KEY, Events, router_store
 from tests.test_snapshot_store import BLOCK, CFG, assert_same, put, state_after

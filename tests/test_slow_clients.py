@@ -17,8 +17,8 @@ from common.metrics import RouterMetrics
 from common.model.default import default_model_path
 from common.protocol.router import DecodeStep, Failed, Finished, Tokens
 from fermium.stack import Stack, free_port
-from services.router.backlog import Backlog
-from services.router.dispatch import Dispatcher, Track
+from services.router.engine.backlog import Backlog
+from services.router.engine.dispatch import Dispatcher, Track
 from tests.up_helpers import figure, metric
 
 READY_TIMEOUT_S = 120

@@ -35,7 +35,7 @@ from common.sampling import Sampler, SamplingParams
 from common.snapshots import SnapshotStore, disk
 from common.snapshots.keys import chain, tail_key
 from fermium.stack import Stack, free_port
-from services.router.prefix_cache import model_folder
+from services.router.engine.prefix_cache import model_folder
 from tests.snapshot_damage import DAMAGES, HEADER_DAMAGES
 from tests.stack_helpers import write_tiny_gguf
 

@@ -15,10 +15,10 @@ from common.sampling import SamplingParams
 from common.snapshots import KV_BLOCK, SnapshotStore
 from common.snapshots.parts import KvParts
 from services.prefill.snapshot_rows import SnapshotRows
-from services.router.dispatch import Dispatcher
-from services.router.prefix_cache import SnapshotCache
-from services.router.schema import Job
-from services.router.snapshot_chains import SnapshotChains, SnapshotRefused
+from services.router.engine.dispatch import Dispatcher
+from services.router.engine.prefix_cache import SnapshotCache
+from services.router.engine.request import Request
+from services.router.engine.snapshot_chains import SnapshotChains, SnapshotRefused
 from tests.test_n_choices import Recorder
 from tests.test_snapshot_store import CFG, assert_same, state_after
 
@@ -133,8 +133,7 @@ def dispatcher_with_store():
 
 def test_the_dispatcher_stores_good_deltas_and_refuses_a_hostile_one_without_failing_the_request():
     d, store, links = dispatcher_with_store()
-    job = Job(True, "m", tuple(TOKENS), 4, SamplingParams(temperature=1.0, seed=5), (), False, False, n=2)
-    tracks = d.submit_copies(job, (9,), 2)
+    tracks = d.submit_copies(Request(tuple(TOKENS), 4, SamplingParams(temperature=1.0, seed=5), n=2), (9,), 2)
     (req,) = links["tcp://p:1"].sent
     d._handle(delta(req.rid, 0, 64))
     d._handle(dataclasses.replace(delta(req.rid, 64, 128), since=0))                 # does not follow: refused

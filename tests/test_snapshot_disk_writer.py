@@ -17,7 +17,7 @@ from common.metrics import RouterMetrics
 from common.snapshots import SnapshotStore, disk
 from common.snapshots.disk_writer import QUEUE_LIMIT
 from common.snapshots.keys import prefix_key
-from services.router.prefix_cache import build_snapshot_cache
+from services.router.engine.prefix_cache import build_snapshot_cache
 from tests.test_shared_snapshots import Events
 from tests.test_snapshot_store import BLOCK, CFG, assert_same, put, state_after
 
@@ -124,7 +124,8 @@ def test_the_router_answers_http_while_a_slow_snapshot_write_is_under_way(tmp_pa
     port = free_port()
     cfg = RouterConfig(model=str(default_model_path()), port=port, workers=f"tcp://127.0.0.1:{free_port()}",
                        snapshot_dir=str(tmp_path), snapshot_every=0, worker_token="t" * 16)
-    app, dispatcher = build_router(cfg)
+    app, engine = build_router(cfg)
+    dispatcher = engine.dispatcher
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
@@ -165,7 +166,7 @@ def test_the_router_takes_the_disk_budget_and_the_store_settings():
 
 def test_a_file_is_read_into_ram_off_the_loop_before_the_lookup(tmp_path, monkeypatch):
     """The router's prefetch (on a thread) reads a disk-only snapshot; lookup, on the loop, reads no file."""
-    from services.router.prefix_cache import SnapshotCache
+    from services.router.engine.prefix_cache import SnapshotCache
     one = state_after([1] * 11).nbytes
     store = SnapshotStore(CFG, int(1.5 * one), block=BLOCK, disk_dir=tmp_path)
     put(store, [1] * 11)

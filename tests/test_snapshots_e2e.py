@@ -14,7 +14,7 @@ from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.snapshots import disk
 from fermium.stack import Stack, free_port
-from services.router.prefix_cache import model_folder
+from services.router.engine.prefix_cache import model_folder
 from tests.snapshot_damage import DAMAGES
 from tests.stack_helpers import DemoReference
 

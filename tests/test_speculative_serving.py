@@ -25,9 +25,9 @@ from common.speculative import SpeculationError, Speculator
 from fermium.local import LocalDispatcher
 from services.decode.config import DecodeConfig
 from services.decode.server import DecodeServer
-from services.router.admission import Admission
-from services.router.api import API
-from services.router.generation import Generation
+from services.router.engine import Engine
+from services.router.engine.admission import Admission
+from services.router.frontend.api import API
 from tests.speculative_helpers import OracleDrafts, plain_run
 from tests.stack_helpers import each_reply, write_tiny_gguf
 from tests.test_api_errors import lifespan
@@ -63,9 +63,9 @@ def app(path, oracles=None, **decode_settings):
     runner = OracleDrafts(runner, oracles) if oracles else runner
     dispatcher = LocalDispatcher(runner, prefill_runner=ReferenceModel(model), tokenizer=tok,
                                  decode_settings=decode_settings)
-    gen = Generation(tok, dispatcher, Admission(4, 8), RouterMetrics(), 60.0)
-    api = API(gen, served=(MODEL,), context=model.config.context_length, vocab=tok.vocab_size, encode=tok.encode,
-              render=lambda msgs, kw: "".join(m["content"] for m in msgs), health=lambda: {})
+    engine = Engine(tok, dispatcher, Admission(4, 8), RouterMetrics(), 60.0)
+    api = API(engine, served=(MODEL,), context=model.config.context_length, vocab=tok.vocab_size, encode=tok.encode,
+              render=lambda msgs, kw: "".join(m["content"] for m in msgs))
     return api.app(lifespan=lifespan(dispatcher)), dispatcher
 
 

@@ -1,9 +1,11 @@
 """The shape of the code (STYLE.md, "What that means here"), checked on every Python file:
 no service imports another, `common/` imports no service, the router imports nothing from
-`native` (it never loads a kernel), the product imports nothing from `tools/` (tools may import
-the product), and no Python file outside tests/ passes MAX_LINES. And no circles: no two modules
-of the product import each other, however far round, and no two C files of native/cpu or
-native/cuda include or call each other (tests/structure_graph.py builds both graphs).
+`native` (it never loads a kernel), the router's frontends use only what its engine's package
+exports (no engine module of their own choosing), the engine imports no HTTP (starlette, uvicorn,
+h11, a frontend), the product imports nothing from `tools/` (tools may import the product), and no
+Python file outside tests/ passes MAX_LINES. And no circles: no two modules of the product import
+each other, however far round, and no two C files of native/cpu or native/cuda include or call
+each other (tests/structure_graph.py builds both graphs).
 
 Imports are read with `ast`, so an import inside a function counts as much as one at the top.
 """
@@ -19,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 300
 SERVICES = ("router", "prefill", "decode")
 SKIP_DIRS = {".venv", "build", ".git", "tests", "__pycache__"}
+ENGINE = ("services", "router", "engine")
+FRONTEND = ("services", "router", "frontend")
+HTTP = ("starlette", "uvicorn", "h11")
 
 
 def python_files() -> list[Path]:
@@ -65,7 +70,19 @@ def violations() -> list[str]:
                 found.setdefault((rel, 3), f"{rel}: the router imports native code, {module}")
             elif me.split(".")[0] in PRODUCT and top[0] == "tools":
                 found.setdefault((rel, 4), f"{rel}: the product imports tools/, {module}")
+            elif rel.parts[:3] == FRONTEND and _engine_module(top):
+                found.setdefault((rel, 5), f"{rel}: a frontend reaches into the engine, {module}")
+            elif rel.parts[:3] == ENGINE and (top[0] in HTTP or tuple(top[:3]) == FRONTEND):
+                found.setdefault((rel, 6), f"{rel}: the engine imports HTTP, {module}")
     return list(found.values())
+
+
+def _engine_module(top: list[str]) -> bool:
+    """Whether `top` names a module inside the engine's package, not the package or what it exports."""
+    if tuple(top[:3]) != ENGINE or len(top) < 4:
+        return False
+    inside = ROOT.joinpath(*ENGINE, top[3])
+    return inside.is_dir() or inside.with_suffix(".py").exists()
 
 
 def test_services_and_common_keep_to_their_side():
@@ -82,16 +99,22 @@ def test_the_check_sees_what_it_must_refuse(tmp_path, monkeypatch):
     bad = {"services/decode/x.py": "from services.router import schema\n",
            "common/y.py": "def f():\n    import services.prefill.server\n",
            "services/router/z.py": "from native import cpu_lib\n",
+           "services/router/frontend/f.py": "from ..engine import Engine\nfrom ..engine.dispatch import Dispatcher\n",
+           "services/router/frontend/ok.py": "from ..engine import Engine, Request\nfrom .f import x\n",
+           "services/router/engine/dispatch.py": "from starlette.requests import Request\n",
+           "services/router/engine/ok.py": "from common import state\nfrom .dispatch import Dispatcher\n",
            "services/prefill/ok.py": "from common import state\nfrom . import server\n"}
     for rel, text in bad.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = violations()
-    assert len(found) == 3, found
+    assert len(found) == 5, found
     assert any("decode service imports another" in f for f in found)
     assert any("common/ imports a service" in f for f in found)
     assert any("router imports native" in f for f in found)
+    assert any("frontend reaches into the engine, services.router.engine.dispatch" in f for f in found)
+    assert any("engine imports HTTP, starlette" in f for f in found)
 
 
 def test_no_two_modules_of_the_product_import_each_other():

@@ -15,9 +15,9 @@ from common.model.default import default_model_path
 from common.model.gguf_file import GGUFModel
 from common.model.tokenizer import Tokenizer
 from fermium.stack import Stack, free_port
-from services.router.schema import validate
-from services.router.structured import request_grammar
-from services.router.tools import ToolPlan
+from services.router.frontend.schema import validate
+from services.router.frontend.structured import request_grammar
+from services.router.frontend.tools import ToolPlan
 
 READY_TIMEOUT_S = 60
 MAX_TOKENS = 80             # the schemas below bound every string, so a constrained answer ends well within it

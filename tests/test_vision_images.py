@@ -1,4 +1,4 @@
-"""services/router/images.py: image_url content parts, decoded with Pillow and held to the limits."""
+"""services/router/frontend/images.py: image_url content parts, decoded with Pillow and held to the limits."""
 from __future__ import annotations
 
 import base64
@@ -7,8 +7,8 @@ import io
 import numpy as np
 import pytest
 
-from services.router.errors import APIError
-from services.router.images import ImageLimits, decode_image, fetch_url, image_part, is_image_part
+from services.router.frontend.errors import APIError
+from services.router.frontend.images import ImageLimits, decode_image, fetch_url, image_part, is_image_part
 
 from .vision_helpers import synthetic_image
 

@@ -32,12 +32,12 @@ from common.vision.preprocess import preprocess
 from common.vision.tensors import MmprojFile
 from fermium.local import LocalDispatcher
 from fermium.stack import free_port
-from services.router.admission import Admission
-from services.router.api import API
-from services.router.generation import Generation
-from services.router.prefix_cache import build_snapshot_cache
-from services.router.server import chat_renderer
-from services.router.vision import VisionInput
+from services.router.engine import Engine
+from services.router.engine.admission import Admission
+from services.router.engine.prefix_cache import build_snapshot_cache
+from services.router.frontend.api import API
+from services.router.frontend.template import chat_renderer
+from services.router.frontend.vision import VisionInput
 from tests.http_helpers import serve_app
 from tests.stack_helpers import CHATML, _byte_chars
 from tests.test_api_errors import lifespan
@@ -123,11 +123,11 @@ def make_app(vl, *, mmproj: bool = True, prefill_runner=None, cache: bool = True
     dispatcher = LocalDispatcher(ReferenceModel(model), prefill_runner=prefill_runner or ReferenceModel(model),
                                  tokenizer=tok, cache=store, metrics=metrics,
                                  mmproj=str(mmproj_path) if mmproj else None)
-    gen = Generation(tok, dispatcher, Admission(4, 8), metrics, 60.0)
+    engine = Engine(tok, dispatcher, Admission(4, 8), metrics, 60.0)
     template = model.get("tokenizer.chat_template")
     vision = VisionInput.from_file(mmproj_path, tok.token_to_id, allow_urls) if mmproj else None
-    api = API(gen, served=(MODEL,), context=model.config.context_length, vocab=tok.vocab_size, encode=tok.encode,
-              decode=tok.decode, render=chat_renderer(template, True), health=lambda: {}, tokenizer=tok,
+    api = API(engine, served=(MODEL,), context=model.config.context_length, vocab=tok.vocab_size, encode=tok.encode,
+              decode=tok.decode, render=chat_renderer(template, True), tokenizer=tok,
               vision=vision)
     return api.app(lifespan=lifespan(dispatcher)), dispatcher, store
 

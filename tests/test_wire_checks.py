@@ -322,8 +322,8 @@ def test_decode_sends_one_step_message_for_every_sequence_and_each_end_after_it(
 def test_the_router_delivers_a_step_to_its_tracks_and_refuses_a_sequence_another_worker_decodes():
     from common.metrics import RouterMetrics
     from common.protocol.router import DecodeStep, Tokens
-    from services.router.decode_steps import deliver
-    from services.router.track import Track
+    from services.router.engine.decode_steps import deliver
+    from services.router.engine.track import Track
     metrics, orphans, cancels = RouterMetrics(), [], []
     tracks = {"a": Track("a", (1,), "", "d1"), "b": Track("b", (1,), "", "d2")}
     deliver(DecodeStep("", "d1", [Tokens("a", [5, 6]), Tokens("b", [7]), Tokens("gone", [8])]), tracks, metrics,
@@ -336,8 +336,8 @@ def test_the_router_delivers_a_step_to_its_tracks_and_refuses_a_sequence_another
 
 def test_the_router_fails_every_sequence_of_a_refused_step():
     from common.metrics import RouterMetrics
-    from services.router.dispatch import Dispatcher
-    from services.router.track import Track
+    from services.router.engine.dispatch import Dispatcher
+    from services.router.engine.track import Track
     d = Dispatcher("tcp://127.0.0.1:9", heartbeat_timeout=5, metrics=RouterMetrics(), token="t")
     for rid in ("a", "b"):
         d.tracks[rid] = Track(rid, (1,), "", "d1")

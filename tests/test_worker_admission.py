@@ -19,8 +19,8 @@ from common.protocol.router import DecodeStep, Failed, Heartbeat, Hello, Tokens
 from common.protocol.worker import Cancel, HelloAck
 from common.worker import WorkerLink
 from common.worker_token import matches, resolve, shared_token
-from services.router.dispatch import Dispatcher, Track
-from services.router.workers import RegistryFull, WorkerRegistry
+from services.router.engine.dispatch import Dispatcher, Track
+from services.router.engine.workers import RegistryFull, WorkerRegistry
 
 TOKEN = "s3cret-token"
 FLOOD = 200

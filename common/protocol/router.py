@@ -16,7 +16,7 @@ admits no worker without it, and never connects to the address of one that lacks
 carry the worker's KV cache type, and Finished and Snapshot their state's: the router refuses a
 worker or a state of another type than its own --kv-type. Their `slots` (a decode worker's batch
 slots) and `hold_budget` (the bytes of states a prefill worker keeps) are what the router places
-requests by (services/router/placement.py); 0 is none, or unknown. A Heartbeat's `steps` and
+requests by (services/router/engine/placement.py); 0 is none, or unknown. A Heartbeat's `steps` and
 `busy` tell progress from mere life: a busy worker whose steps stay put has stalled (common.liveness).
 """
 from __future__ import annotations
@@ -138,7 +138,7 @@ class Snapshot(Message):
     """The state after history[:pos], as much of it as the router lacks: the recurrent arrays
     (conv..., ssm...), per full layer the K and V rows of positions [since, pos) only, and the
     logits of token pos-1. `since` is the pos of the request's previous Snapshot, or its start_pos
-    for the first: the router holds every row before it (services/router/snapshot_chains.py), so
+    for the first: the router holds every row before it (services/router/engine/snapshot_chains.py), so
     a prompt's KV crosses the wire once however many checkpoints it has."""
 
     worker_id: str

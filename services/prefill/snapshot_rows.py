@@ -2,7 +2,7 @@
 KV only the rows the router does not hold yet, those past the request's previous Snapshot (past
 its start_pos for the first: the router holds the state the request started from). So the KV
 of a prompt crosses the wire once, where every checkpoint used to carry it all from position 0.
-The router assembles each snapshot's KV from the rows it has (services/router/snapshot_chains.py).
+The router assembles each snapshot's KV from the rows it has (services/router/engine/snapshot_chains.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Router configuration."""
+"""Router configuration: the settings of its engine (engine/) and of its HTTP frontends (frontend/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,9 +16,10 @@ from common.config import (
     worker_token_setting,
 )
 
-from .copies import MAX_CHOICES
-from .structured import GRAMMAR_FIRST_MASK_MS
-from .workers import MAX_PER_ROLE
+from .engine.copies import MAX_CHOICES
+from .engine.generation import REQUEST_TIMEOUT_S
+from .engine.workers import MAX_PER_ROLE
+from .frontend.structured import GRAMMAR_FIRST_MASK_MS
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class RouterConfig:
                                          "turns this off.", min=0.0)
     worker_token: str | None = worker_token_setting()
     max_workers: int = setting(MAX_PER_ROLE, "Workers admitted per role; more are refused.", min=1)
-    request_timeout: float = setting(600.0, "Seconds a request may wait for its next token.")
+    request_timeout: float = setting(REQUEST_TIMEOUT_S, "Seconds a request may wait for its next token.")
     send_timeout: float = setting(30.0, "Seconds a response may wait on a client that takes none of its bytes; "
                                         "then the client is dropped and its request ended.", min=0.1)
     header_timeout: float = setting(10.0, "Seconds a request's headers may take to arrive; then 408 and the "

@@ -28,7 +28,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from common.log_limit import LogLimiter
 from common.metrics import RouterMetrics
 
-from .config import RouterConfig
+from ..config import RouterConfig
 from .errors import ANTHROPIC_PREFIX, APIError
 
 log = logging.getLogger("fermium.router")

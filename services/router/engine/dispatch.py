@@ -31,12 +31,13 @@ from .copies import Copies, CopySends, snapshot_every
 from .decode_room import DecodeRoom
 from .decode_steps import deliver
 from .enrolment import Enrolment
+from .errors import NoWorkers
 from .liveness import StallFailed, StallWatch
 from .placement import Placement
 from .prefix_cache import NoPrefixCache, PrefixCache
-from .schema import Job
+from .request import Request
 from .snapshot_chains import SnapshotChains, SnapshotIntake
-from .track import NoWorkers, Track
+from .track import Track
 from .workers import MAX_PER_ROLE, ROLES, Worker, WorkerRegistry
 
 log = logging.getLogger("fermium.router")
@@ -100,10 +101,10 @@ class Dispatcher(SnapshotIntake, CopySends):
         self.registry.close()
 
     # ---- requests
-    def submit(self, job: Job, stop_ids: tuple[int, ...]) -> Track:
+    def submit(self, job: Request, stop_ids: tuple[int, ...]) -> Track:
         return self.submit_copies(job, stop_ids, 1)[0]
 
-    def submit_copies(self, job: Job, stop_ids: tuple[int, ...], n: int) -> list[Track]:
+    def submit_copies(self, job: Request, stop_ids: tuple[int, ...], n: int) -> list[Track]:
         """`n` copies of the job, copy i sampling with job.sampling.for_choice(i); one prefill for all."""
         decode = self.registry.pick("decode")
         for role, w in (("prefill", self.registry.count("prefill")), ("decode", decode)):

@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from common.chat import Delta
 from common.metrics import RouterMetrics
 
-from .generation import Delta as Run
+from ..engine import Delta as Run
+from .chat import Delta
 from .replies import ChatReply
 from .schema import Job
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from common.chat.message import Delta, ParsedMessage, assemble, merge
-from common.chat.reasoning import ReasoningParser
-from common.chat.tool_calls import ToolCallParser
+from .message import Delta, ParsedMessage, assemble, merge
+from .reasoning import ReasoningParser
+from .tool_calls import ToolCallParser
 
 
 class ChatOutputParser:

@@ -4,7 +4,7 @@
     {"type": "image", "source": {"type": "url", "url": "https://..."}}   (only with --allow-image-urls)
 
 anthropic_request.py puts each block in the chat body as an `ImageBlock`: an image part to the
-messages code (services/router/messages.py), which hands it to the reader, and the block itself with
+messages code (services/router/frontend/messages.py), which hands it to the reader, and the block itself with
 its place in the request. `AnthropicVision` is that reader: it reads the block through the same
 checks and limits as an image_url part (images.py image_block, vision.py read_block), so a bad image
 is a 400 that names `messages[i].content[j]` as the request has it, not as the translated body does.
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..engine import PromptImage, PromptImages
 from .errors import APIError, bad_request
-from .vision import PromptImage, PromptImages, VisionInput
+from .vision import VisionInput
 
 NO_VISION = "image blocks need a vision tower; this server was started without --mmproj"
 

@@ -11,7 +11,6 @@ snapshots (common/snapshots/keys.py marks), and the grids give the rotary delta 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -23,6 +22,7 @@ from common.vision.config import VisionConfig
 from common.vision.preprocess import smart_resize
 from common.vision.tensors import MmprojFile
 
+from ..engine import PromptImage, PromptImages
 from .errors import bad_request
 from .images import DecodedImage, ImageLimits, image_block, image_part
 
@@ -40,46 +40,6 @@ class ImageReads:
     def __call__(self, part: dict, where: str) -> str:
         self.read.append(self.vision.read(part, where))
         return IMAGE_TEXT
-
-
-@dataclass(frozen=True)
-class PromptImage:
-    pixels: np.ndarray           # uint8 (height, width, 3), resized to whole image tokens
-    rows: int                    # the image-token grid
-    cols: int
-    digest: bytes                # blake2b of the bytes the client sent
-
-    @property
-    def n_tokens(self) -> int:
-        return self.rows * self.cols
-
-    @property
-    def rope_delta(self) -> int:
-        """What the image moves the rotary position by, less its token count (<= 0)."""
-        return max(self.rows, self.cols) - self.n_tokens
-
-
-@dataclass(frozen=True)
-class PromptImages:
-    """A prompt's images and where their runs of image tokens start."""
-    images: tuple[PromptImage, ...]
-    starts: tuple[int, ...]
-    image_token: int
-
-    def marks(self) -> list[tuple[int, bytes]]:
-        return [(s, im.digest) for s, im in zip(self.starts, self.images)]
-
-    def inside(self, pos: int) -> bool:
-        """Whether a prefix of `pos` tokens ends inside an image's run."""
-        return any(s < pos < s + im.n_tokens for s, im in zip(self.starts, self.images))
-
-    def rope_delta(self, pos: int) -> int:
-        """The state's rope_delta after the first `pos` tokens (pos not inside an image)."""
-        return sum(im.rope_delta for s, im in zip(self.starts, self.images) if s + im.n_tokens <= pos)
-
-    def after(self, pos: int) -> list[np.ndarray]:
-        """The pixels of the images whose runs start at or after `pos`."""
-        return [im.pixels for s, im in zip(self.starts, self.images) if s >= pos]
 
 
 class VisionInput:

@@ -21,11 +21,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..engine import Delta
 from .anthropic_images import AnthropicVision
 from .anthropic_reply import MessageReply
 from .anthropic_request import anthropic_param, openai_body
 from .errors import APIError, failure
-from .generation import Delta
 from .schema import Job, chat_prompt, check_model, parse_body, validate
 from .tools import tool_plan
 from .vision import ImageReads
@@ -78,7 +78,7 @@ class MessagesAPI:
         if started is None:
             return Response(status_code=499)
         job, head, deltas = started
-        reply = MessageReply(job, f"msg_{uuid.uuid4().hex}", self.api.context, self.api.gen.metrics)
+        reply = MessageReply(job, f"msg_{uuid.uuid4().hex}", self.api.context, self.api.engine.metrics)
         if job.stream:
             return StreamingResponse(self._stream(reply, head, deltas), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})

@@ -1,4 +1,5 @@
-"""Errors the HTTP API answers with, in OpenAI's error body shape, on every route and status.
+"""Errors the HTTP API answers with, in OpenAI's error body shape, on every route and status, and
+the statuses the engine's errors (engine/errors.py) take (`failure`).
 
 Starlette's own errors (404 for an unknown path, 405 for a wrong method) go through
 `http_exception`; an exception that escapes a handler is caught by CatchAll, which answers
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..engine import Busy, DispatchFailed, Drained, EngineError, GenerationError, NoWorkers, Stalled
 from .exposure import public
 
 log = logging.getLogger("fermium.router")
@@ -62,26 +64,23 @@ def server_error(what: str, e: BaseException, code: str = "internal_error") -> A
     return APIError(500, f"{what}: {type(e).__name__}: {e}", type="server_error", code=code)
 
 
-class GenerationError(Exception):
-    """A request that failed after it was admitted (a worker error or a lost worker)."""
-
-
-class Drained(GenerationError):
-    """A request the router ended because its drain time ran out."""
-
-
-class Stalled(GenerationError):
-    """A request the router ended because its worker's compute loop stalled (liveness.py): retryable."""
+# an engine error -> (status, type, code); a 429 or 503 tells the client when to retry
+ENGINE_ERRORS: list[tuple[type[EngineError], int, str, str]] = [
+    (Busy, 429, "rate_limit_error", "queue_full"),
+    (NoWorkers, 503, "service_unavailable", "no_workers"),
+    (Drained, 503, "service_unavailable", "shutting_down"),
+    (Stalled, 503, "service_unavailable", "worker_stalled"),
+    (DispatchFailed, 500, "server_error", "dispatch_failed"),
+    (GenerationError, 500, "server_error", "worker_failed"),
+]
 
 
 def failure(e: Exception) -> APIError:
-    """What a run that failed after admission answers with."""
-    if isinstance(e, (Drained, Stalled)):
-        return APIError(503, str(e), type="service_unavailable",
-                        code="shutting_down" if isinstance(e, Drained) else "worker_stalled",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
-    if isinstance(e, GenerationError):
-        return APIError(500, str(e), type="server_error", code="worker_failed")
+    """What a request that the engine refused, or that failed after admission, answers with."""
+    for kind, status, type_, code in ENGINE_ERRORS:
+        if isinstance(e, kind):
+            retry = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+            return APIError(status, str(e), type=type_, code=code, headers=retry)
     log.error("router: a request failed", exc_info=e)
     return server_error("the server failed on this request", e)
 

@@ -1,14 +1,10 @@
 """A request's Track: where the router follows one choice of a request, from prefill to its last
-token, and the error of a role with no live worker."""
+token."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .backlog import Backlog
-
-
-class NoWorkers(Exception):
-    """No live worker of a role: the request is answered 503."""
 
 
 @dataclass

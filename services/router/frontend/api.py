@@ -1,13 +1,15 @@
 """The OpenAI-compatible HTTP API (starlette): routes, response bodies, SSE framing. Chat answers
 are split into reasoning, content and tool calls by replies.py; completions stay raw text.
 
-The first Delta of a request is awaited before the response starts, so admission (429),
-missing workers (503) and early worker failures come back as HTTP errors; after that, a
+The engine (engine/engine.py) admits and runs each Job's Request; its errors take their HTTP
+status in errors.py `failure`. The first Delta of a request is awaited before the response
+starts, so admission (429), missing workers (503) and early worker failures come back as HTTP
+errors; after that, a
 failure is sent as an SSE `error` event, then `[DONE]`. A client that disconnects cancels its
 request. Parsing, validation, the chat template and tokenizing run on a small thread pool, so a
 large body never holds up the event loop.
 
-Draining (on SIGTERM, see server.py): new requests get 503, the ones under way have
+Draining (on SIGTERM, see services/router/server.py): new requests get 503, the ones under way have
 `drain_timeout` seconds to finish, and those left then end with an error.
 
 `begin` and `collect` are that life, shared with the Anthropic Messages API (anthropic_api.py),
@@ -35,12 +37,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from common.grammar import Vocab
 
+from ..config import RouterConfig
+from ..engine import Delta, Engine, EngineError
 from .anthropic_api import MessagesAPI
-from .config import RouterConfig
 from .disconnects import admitted, first_of, until_disconnect
 from .errors import RETRY_AFTER_S, APIError, CatchAll, failure, http_exception
 from .exposure import health_response
-from .generation import Delta, Generation
 from .replies import ChatStream, TextStream, choice
 from .schema import Job, TemplateTokens, check_model, parse_body, validate
 from .vision import VisionInput
@@ -59,15 +61,15 @@ def _sse(obj: dict | str) -> bytes:
 
 
 class API:
-    def __init__(self, generation: Generation, *, served: tuple[str, ...], context: int, vocab: int,
+    def __init__(self, engine: Engine, *, served: tuple[str, ...], context: int, vocab: int,
                  encode: Callable[[str], list[int]], render: Callable[[list[dict], dict], str],
-                 health: Callable[[], dict], max_body: int = RouterConfig.max_body_bytes,
+                 max_body: int = RouterConfig.max_body_bytes,
                  decode: Callable[[list[int]], str] | None = None, tokenizer: Vocab | None = None,
                  vision: VisionInput | None = None, template: TemplateTokens | None = None,
                  max_n: int = RouterConfig.max_n):
-        self.gen, self.served, self.context, self.vocab = generation, served, context, vocab
+        self.engine, self.served, self.context, self.vocab = engine, served, context, vocab
         self.tokenizer, self.vision, self.template = tokenizer, vision, template
-        self.encode, self.decode, self.render, self.health_info = encode, decode, render, health
+        self.encode, self.decode, self.render = encode, decode, render
         self.max_body, self.max_n = max_body, max_n
         self.draining = False
         self.live = 0                   # completion requests under way, counted by _Inflight
@@ -88,7 +90,7 @@ class API:
         while self.live and loop.time() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
         if self.live:
-            n = self.gen.abort_all(f"the server is shutting down; the request did not finish within "
+            n = self.engine.abort_all(f"the server is shutting down; the request did not finish within "
                                    f"the drain time of {timeout:g} s")
             log.warning("router: drain time ran out; ending %d requests", n)
             deadline = loop.time() + ABORT_GRACE_S
@@ -118,7 +120,7 @@ class API:
         return JSONResponse(self._model(name))
 
     async def health(self, request: Request) -> Response:
-        info = self.health_info()
+        info = self.engine.health()
         ok = not self.draining and info["prefill_workers"] > 0 and info["decode_workers"] > 0 \
             and not info.get("stalled")
         status = "draining" if self.draining else "ok" if ok else "degraded"
@@ -148,9 +150,12 @@ class API:
             job = await self.parse(request, build)
         except ClientDisconnect:
             return None
-        if not await admitted(request, lambda: self.gen.admit(job.n)):
-            return None
-        deltas = self.gen.run(job, arrived)
+        try:
+            if not await admitted(request, lambda: self.engine.admit(job.n)):
+                return None
+        except EngineError as e:
+            raise failure(e) from None
+        deltas = self.engine.stream(job.request(), arrived)
         first: list[Delta] = []
 
         async def head() -> None:
@@ -158,8 +163,6 @@ class API:
 
         try:
             await first_of(head(), until_disconnect(request))
-        except APIError:
-            raise
         except Exception as e:
             raise failure(e) from None
         if not first:  # the client left before the first token
@@ -217,7 +220,7 @@ class API:
             return e.response()
         if whole is None:
             return Response(status_code=499)
-        choices = [choice(job, i, text, final, self.gen.metrics, self.gen.tokenizer)
+        choices = [choice(job, i, text, final, self.engine.metrics, self.engine.tokenizer)
                    for i, (text, final) in enumerate(whole)]
         return JSONResponse({"id": cid, "object": "chat.completion" if job.chat else "text_completion",
                              "created": int(time.time()), "model": job.model, "choices": choices,
@@ -229,8 +232,8 @@ class API:
                         vision=self.vision, template=self.template, max_n=self.max_n)
 
     async def _stream(self, job: Job, cid: str, head: Delta, deltas: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
-        outs = [ChatStream(job, cid, self.gen.metrics, i, self.gen.tokenizer) if job.chat
-                else TextStream(job, cid, i, self.gen.tokenizer) for i in range(job.n)]
+        outs = [ChatStream(job, cid, self.engine.metrics, i, self.engine.tokenizer) if job.chat
+                else TextStream(job, cid, i, self.engine.tokenizer) for i in range(job.n)]
         finals: list[Delta] = [head] * job.n
         try:
             for body in [b for out in outs for b in out.start()] + outs[head.index].piece(

@@ -5,7 +5,7 @@ stop strings, metrics, and cancellation when the client goes away or a stop stri
 each choice (`Delta.index`); the `n` choices of a request run side by side, one admission slot.
 Each carries the prompt tokens served from the prefix cache: the dispatcher's hit, then the
 prompt less what prefill reports it prefilled; when the request asks for logprobs, each carries
-those of the tokens whose text it carries (logprob_replies.py).
+those of the tokens whose text it carries (ledger.py).
 Whatever goes wrong, the admission slot is given back exactly once: when every choice has ended at
 the workers (Finished or Failed queued, though the client may not have read it yet), else in run's
 `finally` or at a submit that fails.
@@ -23,16 +23,16 @@ from common.metrics import RouterMetrics
 from common.protocol.router import Failed, Finished, PrefillDone, Tokens
 
 from .admission import Admission, QueueFull
-from .config import RouterConfig
-from .dispatch import Dispatcher, NoWorkers, Track
-from .errors import RETRY_AFTER_S, APIError, Drained, GenerationError, Stalled, server_error
+from .dispatch import Dispatcher, Track
+from .errors import Busy, DispatchFailed, Drained, GenerationError, NoWorkers, Stalled
+from .ledger import Entry, Ledger, entries
 from .liveness import StallFailed
-from .logprob_replies import Entry, Ledger, entries
-from .schema import Job
+from .request import Request
 
 log = logging.getLogger("fermium.router")
 
 MERGE_AHEAD = 16            # Deltas of n > 1 choices merged ahead of the response
+REQUEST_TIMEOUT_S = 600.0   # --request-timeout's default
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def _coalesce(msg, events: asyncio.Queue):
 
 class Generation:
     def __init__(self, tokenizer, dispatcher: Dispatcher, admission: Admission, metrics: RouterMetrics,
-                 request_timeout: float = RouterConfig.request_timeout):
+                 request_timeout: float = REQUEST_TIMEOUT_S):
         self.tokenizer = tokenizer
         self.request_timeout = request_timeout
         self.dispatcher = dispatcher
@@ -120,16 +120,14 @@ class Generation:
         self.closing: str | None = None             # set when the drain time ran out: no new runs
 
     async def admit(self, n: int = 1) -> float:
-        """Wait for slots for `n` sequences; returns the seconds waited. Raises APIError 429 when the
-        queue is full."""
+        """Wait for slots for `n` sequences; returns the seconds waited. Raises Busy when the queue is full."""
         t0 = time.perf_counter()
         try:
             self.metrics.waiting.set(self.admission.waiting + 1)
             await self.admission.acquire(n)
         except QueueFull as e:
             self.metrics.requests.labels("rejected").inc()
-            raise APIError(429, f"the server is at capacity ({e}); retry shortly", type="rate_limit_error",
-                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise Busy(f"the server is at capacity ({e}); retry shortly") from None
         finally:
             self.metrics.waiting.set(self.admission.waiting)
         self.metrics.running.set(self.admission.running)
@@ -137,13 +135,12 @@ class Generation:
         self.metrics.queue_time.observe(waited)
         return waited
 
-    async def run(self, job: Job, arrived: float) -> AsyncIterator[Delta]:
+    async def run(self, job: Request, arrived: float) -> AsyncIterator[Delta]:
         """Yields text Deltas and a final one per choice (`index`); the caller has already called admit()."""
         outcome = "cancelled"
         if self.closing:
             self._release("error", job.n)
-            raise APIError(503, self.closing, type="service_unavailable", code="shutting_down",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise Drained(self.closing)
         try:
             prefetch = getattr(self.dispatcher.cache, "prefetch", None)   # the disk and shared tiers, off the loop
             if prefetch is not None:
@@ -157,17 +154,16 @@ class Generation:
             finally:
                 if room is not None:
                     room.settle(job.n)
-        except NoWorkers as e:
+        except NoWorkers:
             self._release("error", job.n)
-            raise APIError(503, str(e), type="service_unavailable", code="no_workers",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise
         except asyncio.CancelledError:
             self._release("cancelled", job.n)
             raise
         except Exception as e:
             log.exception("router: dispatching a request failed")
             self._release("error", job.n)
-            raise server_error("the request could not be dispatched", e, "dispatch_failed") from None
+            raise DispatchFailed(f"the request could not be dispatched: {type(e).__name__}: {e}") from None
         for track in tracks:
             self.active[track.rid] = track
         freed = asyncio.ensure_future(self._free_when_ended(tracks))
@@ -204,7 +200,7 @@ class Generation:
         await asyncio.gather(*(t.events.ended.wait() for t in tracks))
         self._free(len(tracks))
 
-    async def _follow(self, job: Job, index: int, track: Track, clock: _Clock) -> AsyncIterator[Delta]:
+    async def _follow(self, job: Request, index: int, track: Track, clock: _Clock) -> AsyncIterator[Delta]:
         """The Deltas of one choice, from its Track's events; cancels the sequence when it stops early."""
         # decode applies the stop ids and max_tokens, and so never sends a stop token; the same
         # policy here counts what arrives and applies the stop strings, which need the text

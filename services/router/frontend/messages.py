@@ -4,7 +4,7 @@ What clients send back in an agent loop is accepted: assistant turns with `tool_
 `content: null`) and earlier `reasoning_content` (or vLLM's `reasoning`), `tool` turns with
 `tool_call_id` and `name`, and the `developer` role, which is the system turn of newer OpenAI
 clients. Content may be a string or a list of text parts; the parts are joined. With a vision
-tower (`read_image`, services/router/vision.py), a user turn's list may hold `image_url` parts too:
+tower (`read_image`, services/router/frontend/vision.py), a user turn's list may hold `image_url` parts too:
 each is read then and stands in the text as what `read_image` returns (the template's image
 markers, vision.py IMAGE_TEXT). Other keys of a message (`refusal`, `audio`, ...) are dropped.
 Each problem is a 400 naming its path.

@@ -5,7 +5,7 @@ A client that reads slower than decode writes fills it. Past UNDELIVERED_TOKENS 
 for a stalled client: its queued tokens are dropped, the workers are told to stop, and what the
 response reads next is a Failed that says why. With it queued (`ended`), the request's admission slot
 goes back (generation.py); the connection itself goes at `--send-timeout` when the client takes
-nothing more (connections.py).
+nothing more (frontend/connections.py).
 """
 from __future__ import annotations
 

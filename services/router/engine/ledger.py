@@ -1,4 +1,4 @@
-"""Which tokens' logprobs go with which text, and their OpenAI shapes (common.logprobs).
+"""Which tokens' logprobs go with which text.
 
 Decode sends each token's log-probability with the token (router.Tokens). The router shows text
 later than it gets tokens: the detokenizer waits for whole UTF-8 characters and a stop string's
@@ -6,16 +6,12 @@ possible start is held back. A Ledger keeps the tokens in order with where their
 ends, and hands out those whose text has been shown, so that each Delta, and so each streamed
 chunk, carries the logprobs of the tokens whose text it carries, as vLLM's do. When a stop string
 cuts the text, the tokens that show nothing of it are dropped with it; the answer's logprobs are
-then those of the tokens whose text it holds, the last maybe only in part.
-
-In chat, every generated token has its entry in `logprobs.content`, reasoning and tool-call
-tokens too, as vLLM reports them: the parser splits the text, not the tokens.
+then those of the tokens whose text it holds, the last maybe only in part. The frontends give
+them their dialect's shape (frontend/logprob_replies.py).
 """
 from __future__ import annotations
 
-from typing import Sequence
-
-from common.logprobs import openai_logprobs, split_tops
+from common.logprobs import split_tops
 from common.protocol.router import Tokens
 
 # a token's (id, log-probability, its top alternatives as (id, log-probability), most likely first)
@@ -57,21 +53,3 @@ class Ledger:
     def rest(self) -> tuple[Entry, ...]:
         out, self.pending = self.pending, []
         return tuple(e for _, _, e in out)
-
-
-class Render:
-    """OpenAI's `logprobs` of a choice or chunk; completions' text offsets run on from chunk to chunk."""
-
-    def __init__(self, tokenizer, chat: bool):
-        self.tokenizer, self.chat = tokenizer, chat
-        self.offset = 0
-
-    def text(self, token: int) -> str:
-        return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
-
-    def __call__(self, got: Sequence[Entry]) -> dict:
-        body = openai_logprobs([e[0] for e in got], [e[1] for e in got], [e[2] for e in got], self.text,
-                               self.tokenizer.token_bytes, self.chat, self.offset)
-        if not self.chat:
-            self.offset += sum(len(t) for t in body["tokens"])
-        return body

@@ -30,10 +30,10 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
-from common.chat.arguments import Arguments, ToolSchemas
-from common.chat.message import Delta, ToolCallDelta, merge
-from common.chat.reasoning import THINK, THINK_END, ReasoningParser
-from common.chat.scan import find_first, is_partial, partial_suffix
+from .arguments import Arguments, ToolSchemas
+from .message import Delta, ToolCallDelta, merge
+from .reasoning import THINK, THINK_END, ReasoningParser
+from .scan import find_first, is_partial, partial_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"

@@ -6,7 +6,7 @@ and logit_bias among them, are read in sampling_args.py. A field OpenAI does not
 is refused, as OpenAI does, except the sampling extensions vLLM accepts too. Chat messages are
 checked in messages.py; tools and tool_choice, and the prompt they steer, in tools.py;
 `response_format` and a forced tool_choice become the request's grammar (structured.py); `n` > 1
-asks for that many choices, which share the prompt's prefill (copies.py). With a vision tower
+asks for that many choices, which share the prompt's prefill (engine/copies.py). With a vision tower
 (`vision`, vision.py), `image_url` parts of user messages become their images' runs of image tokens.
 
 The body as a whole is checked before any field is read: valid UTF-8 and JSON, nesting at most
@@ -27,7 +27,7 @@ from common.model.template_tokens import TemplateTokens
 from common.model.token_budget import PromptTooLong
 from common.sampling import SamplingParams
 
-from .copies import MAX_CHOICES
+from ..engine import MAX_CHOICES, PromptImages, Request
 from .errors import APIError, bad_request
 from .images import is_image_part
 from .messages import chat_messages
@@ -35,7 +35,7 @@ from .sampling_args import INT64, sampling_params
 from .sampling_args import number as _num
 from .structured import request_grammar
 from .tools import ToolPlan, steer, tool_plan
-from .vision import ImageReads, PromptImages, VisionInput
+from .vision import ImageReads, VisionInput
 
 COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
                  "presence_penalty", "seed", "stop", "stream", "stream_options", "temperature",
@@ -71,6 +71,10 @@ class Job:
     echo: str = ""                  # a completion's prompt text, sent before its answer
     n: int = 1                      # choices, each its own sequence from the one prefill
     images: PromptImages | None = None   # the prompt's images, where its image tokens are
+
+    def request(self) -> Request:
+        """What the engine runs of it."""
+        return Request(self.prompt_ids, self.max_tokens, self.sampling, self.stop, self.n, self.images)
 
 
 def parse_body(raw: bytes) -> dict:

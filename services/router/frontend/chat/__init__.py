@@ -8,10 +8,10 @@
 
 Pure Python, no model or tokenizer: it works on detokenized text, so it runs in the router.
 """
-from common.chat.message import Delta, ParsedMessage, ToolCall, ToolCallDelta, assemble
-from common.chat.output import ChatOutputParser
-from common.chat.reasoning import ReasoningParser, split_reasoning
-from common.chat.tool_calls import ToolCallParser
+from .message import Delta, ParsedMessage, ToolCall, ToolCallDelta, assemble
+from .output import ChatOutputParser
+from .reasoning import ReasoningParser, split_reasoning
+from .tool_calls import ToolCallParser
 
 __all__ = ["ChatOutputParser", "Delta", "ParsedMessage", "ReasoningParser", "ToolCall", "ToolCallDelta",
            "ToolCallParser", "assemble", "split_reasoning"]

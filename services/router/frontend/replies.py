@@ -1,7 +1,7 @@
 """Replies: one choice's generated text -> OpenAI's chat message or stream of chat deltas, and the
 plain text chunks of a streamed completion (TextStream), which stay the raw text.
 
-Each choice runs one ChatOutputParser (common/chat): reasoning before `</think>` goes to
+Each choice runs one ChatOutputParser (services/router/frontend/chat): reasoning before `</think>` goes to
 `reasoning_content`, Qwen3.6's XML tool calls to `tool_calls`, the rest to `content`. The part of
 the answer that the prompt already holds (a forced `<tool_call>` start, see tools.py) is fed
 first, so a named call's header goes out in the first chunk.
@@ -21,10 +21,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from common.chat import ChatOutputParser, Delta, ParsedMessage
 from common.metrics import RouterMetrics
 
-from .generation import Delta as TextDelta
+from ..engine import Delta as TextDelta
+from .chat import ChatOutputParser, Delta, ParsedMessage
 from .logprob_replies import Entry, Render
 from .schema import Job
 

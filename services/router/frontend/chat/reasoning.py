@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 
-from common.chat.scan import partial_suffix
+from .scan import partial_suffix
 
 THINK = "<think>"
 THINK_END = "</think>"
