@@ -19,14 +19,19 @@ from starlette.applications import Starlette
 
 from common.config import context_size
 from common.kv_cache import check_kv_type
+from common.metrics import RouterMetrics
 from common.model.config import ModelConfigError
 from common.model.gguf_file import GGUFModel
 from common.model.template_tokens import TemplateTokens
 from common.model.tokenizer import Tokenizer
+from common.state import wire_limits
 
 from .config import RouterConfig
 from .engine import Engine
-from .engine.prefix_cache import PrefixCache
+from .engine.admission import Admission
+from .engine.dispatch import Dispatcher
+from .engine.prefix_cache import PrefixCache, build_snapshot_cache
+from .engine.shared_store import shared_cache, store_key
 from .frontend.api import API
 from .frontend.auth import api_key_middleware
 from .frontend.connections import http_options
@@ -46,13 +51,34 @@ def build_router(cfg: RouterConfig, cache: PrefixCache | None = None) -> tuple[S
     return app, api.engine
 
 
+def build_engine(cfg: RouterConfig, model: GGUFModel, tokenizer, context: int, kv_type: str,
+                 cache: PrefixCache | None = None) -> Engine:
+    """The engine of `cfg`'s settings: its snapshot cache (unless `cache` is given), dispatcher and
+    admission, for `model` at `context` tokens, its KV kept in `kv_type`."""
+    metrics = RouterMetrics()
+    if cache is None:
+        cache = build_snapshot_cache(model.config, metrics, cfg.snapshot_budget, cfg.snapshot_dir,
+                                     cfg.snapshot_every, model.fingerprint, kv_type, cfg.snapshot_disk_budget)
+        if cache is not None and cfg.snapshot_store:
+            cache = shared_cache(cache, cfg.snapshot_store, model.fingerprint, metrics,
+                                 store_key(cfg.snapshot_key, cfg.worker_token), cfg.snapshot_store_ca,
+                                 cfg.snapshot_store_cert)
+        elif cfg.snapshot_store:
+            log.warning("--snapshot-store is not used: --snapshot-budget 0 turns snapshots off")
+    dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache,
+                            token=cfg.worker_token, max_workers=cfg.max_workers, kv_type=kv_type,
+                            stall_timeout=cfg.stall_timeout,
+                            limits=wire_limits(dataclasses.replace(model.config, context_length=context)))
+    return Engine(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics, cfg.request_timeout)
+
+
 def _build(cfg: RouterConfig, cache: PrefixCache | None) -> tuple[Starlette, API]:
     model = GGUFModel(cfg.model)
     tokenizer = Tokenizer.from_gguf(model)
     template = model.get("tokenizer.chat_template") if model.has("tokenizer.chat_template") else None
     context = context_size(cfg.ctx_size, model.config)      # beyond the model's: refused at start
     kv_type = check_kv_type(cfg.kv_type, model.config.head_dim)
-    engine = Engine.from_config(cfg, model, tokenizer, context, kv_type, cache)
+    engine = build_engine(cfg, model, tokenizer, context, kv_type, cache)
     served = (cfg.served_model_name, Path(cfg.model).stem)   # the file's stem is accepted too
     api = API(engine, served=served, context=context,
               vocab=tokenizer.vocab_size, encode=functools.partial(tokenizer.encode, limit=context),

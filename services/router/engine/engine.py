@@ -11,26 +11,17 @@ Errors are the engine's own (errors.py); each frontend answers them in its diale
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import AsyncIterator
 
 from common.metrics import RouterMetrics
-from common.state import wire_limits
 
 from .admission import Admission
 from .dispatch import Dispatcher
 from .generation import REQUEST_TIMEOUT_S, Delta, Generation
-from .prefix_cache import PrefixCache, build_snapshot_cache
 from .request import Request
-from .shared_store import shared_cache, store_key
 from .workers import ROLES
-
-if TYPE_CHECKING:                   # the settings module imports the engine's defaults
-    from common.model.gguf_file import GGUFModel
-
-    from ..config import RouterConfig
 
 log = logging.getLogger("fermium.router")
 
@@ -40,27 +31,6 @@ class Engine:
                  request_timeout: float = REQUEST_TIMEOUT_S):
         self.tokenizer, self.dispatcher, self.admission, self.metrics = tokenizer, dispatcher, admission, metrics
         self._runs = Generation(tokenizer, dispatcher, admission, metrics, request_timeout)
-
-    @classmethod
-    def from_config(cls, cfg: RouterConfig, model: GGUFModel, tokenizer, context: int, kv_type: str,
-                    cache: PrefixCache | None = None) -> Engine:
-        """The engine of `cfg`'s settings: its snapshot cache (unless `cache` is given), dispatcher and
-        admission, for `model` at `context` tokens, its KV kept in `kv_type`."""
-        metrics = RouterMetrics()
-        if cache is None:
-            cache = build_snapshot_cache(model.config, metrics, cfg.snapshot_budget, cfg.snapshot_dir,
-                                         cfg.snapshot_every, model.fingerprint, kv_type, cfg.snapshot_disk_budget)
-            if cache is not None and cfg.snapshot_store:
-                cache = shared_cache(cache, cfg.snapshot_store, model.fingerprint, metrics,
-                                     store_key(cfg.snapshot_key, cfg.worker_token), cfg.snapshot_store_ca,
-                                     cfg.snapshot_store_cert)
-            elif cfg.snapshot_store:
-                log.warning("--snapshot-store is not used: --snapshot-budget 0 turns snapshots off")
-        dispatcher = Dispatcher(cfg.workers, heartbeat_timeout=cfg.heartbeat_timeout, metrics=metrics, cache=cache,
-                                token=cfg.worker_token, max_workers=cfg.max_workers, kv_type=kv_type,
-                                stall_timeout=cfg.stall_timeout,
-                                limits=wire_limits(dataclasses.replace(model.config, context_length=context)))
-        return cls(tokenizer, dispatcher, Admission(cfg.max_running, cfg.max_queue), metrics, cfg.request_timeout)
 
     async def start(self) -> None:
         await self.dispatcher.start()
