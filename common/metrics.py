@@ -22,6 +22,8 @@ router
     fermium_snapshot_tokens_saved_total        counter  prompt tokens not prefilled thanks to a hit
     fermium_snapshot_evictions_total           counter  snapshots evicted from RAM
     fermium_snapshot_stored_total{source}      counter  source: prefill | decode
+    fermium_final_states_dropped_total{reason} counter  final states from decode not stored: unheld (the
+                                                        snapshot their KV rows follow was gone) | invalid
     fermium_snapshot_bytes{tier}               gauge    tier: ram | disk
     fermium_snapshot_store_hits_total          counter  lookups served from the shared store (--snapshot-store)
     fermium_snapshot_store_writes_total        counter  snapshots written to the shared store
@@ -173,6 +175,8 @@ class RouterMetrics(_Metrics):
         self.snapshot_evictions = self.counter("fermium_snapshot_evictions", "Snapshots evicted from RAM")
         self.snapshot_stored = self.counter("fermium_snapshot_stored", "Snapshots stored", ("source",),
                                             ("prefill", "decode"))
+        self.final_states_dropped = self.counter("fermium_final_states_dropped", "Final states from decode not "
+                                                 "stored", ("reason",), ("unheld", "invalid"))
         self.snapshot_bytes = self.gauge("fermium_snapshot_bytes", "Bytes held by the snapshot store", ("tier",),
                                          ("ram", "disk"))
         self.store_hits = self.counter("fermium_snapshot_store_hits", "Lookups served from the shared store")

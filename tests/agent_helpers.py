@@ -66,7 +66,7 @@ class ScriptedDispatcher:
         for i in range(0, len(tokens), CHUNK):
             track.events.put_nowait(Tokens(track.rid, tokens[i:i + CHUNK]))
             await asyncio.sleep(0)
-        track.events.put_nowait(Finished(track.rid, "d", reason, len(tokens), 0, None, None, "f32"))
+        track.events.put_nowait(Finished(track.rid, "d", reason, len(tokens), 0, 0, None, None, None, None, "f32"))
 
     def cancel(self, rid: str, reason: str) -> None:
         pass

@@ -285,11 +285,11 @@ def test_queued_tokens_join_into_one_chunk():
 
     q: asyncio.Queue = asyncio.Queue()
     for item in (Tokens("r", [2]), Tokens("r", [3, 4]),
-                 Finished("r", "w", "length", 4, 9, None, None, "f16")):
+                 Finished("r", "w", "length", 4, 9, 0, None, None, None, None, "f16")):
         q.put_nowait(item)
     merged = _coalesce(Tokens("r", [1]), q)
     assert merged.tokens == [1, 2, 3, 4] and isinstance(q.get_nowait(), Finished)
-    done = Finished("r", "w", "stop", 1, 1, None, None, "f16")
+    done = Finished("r", "w", "stop", 1, 1, 0, None, None, None, None, "f16")
     assert _coalesce(done, q) is done
 
 

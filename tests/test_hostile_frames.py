@@ -77,8 +77,12 @@ def samples(cfg, decode_address: str) -> list[list[bytes]]:
              decode_address=decode_address, sampling=SamplingParams(top_k=3, seed=1, temperature=0.7), max_tokens=1,
              stop_ids=[3], return_state=False, start_state=None, snapshot_every=0),
         make(DecodeStep, rid="", worker_id="decode-x", seqs=[Tokens("h-tok", [1, 2]), Tokens("h-tok2", [3], [-0.5])]),
-        make(Finished, rid="h-fin", worker_id="decode-x", reason="stop", n_generated=1, pos=3,
-             state=state_at(cfg, 3), logits=logits),
+        make(Finished, rid="h-fin", worker_id="decode-x", reason="stop", n_generated=1, pos=3, since=1,
+             recurrent=state_at(cfg, 2)[:2 * n_lin], k=state_at(cfg, 2)[2 * n_lin:][:n_full],
+             v=state_at(cfg, 2)[2 * n_lin:][n_full:], logits=logits),
+        make(Finished, rid="h-fin0", worker_id="decode-x", reason="stop", n_generated=1, pos=3, since=0,
+             recurrent=state_at(cfg, 3)[:2 * n_lin], k=state_at(cfg, 3)[2 * n_lin:][:n_full],
+             v=state_at(cfg, 3)[2 * n_lin:][n_full:], logits=logits),
         make(Snapshot, rid="h-snap", worker_id="prefill-x", pos=3, since=1, recurrent=state_at(cfg, 2)[:2 * n_lin],
              k=state_at(cfg, 2)[2 * n_lin:][:n_full], v=state_at(cfg, 2)[2 * n_lin:][n_full:], logits=logits),
         make(PrefillDone, rid="h-done", worker_id="prefill-x", n_tokens=2, seconds=0.1),
@@ -101,6 +105,34 @@ def bad_steps() -> list[list[bytes]]:
     many = [{**entry, "rid": f"h{i}"} for i in range(MAX_STEP_SEQUENCES + 1)]
     return [[msgpack.packb({**header, "f": {**header["f"], "seqs": seqs}})]
             for seqs in ([{**entry, "logprobs": [-0.5]}], [entry, entry], many)]
+
+
+def bad_finishes(cfg) -> list[list[bytes]]:
+    """Finished messages that no encoder makes and the codec refuses whole: KV rows from past its
+    position, rows that do not add up to [since, pos), K and V of different counts, a state
+    without its logits. Decoded here, not flooded: at 18 KB each they only weigh on the RSS bound."""
+    n_lin, n_full = len(cfg.linear_layers), len(cfg.full_layers)
+    arrays = state_at(cfg, 2)
+    good = [bytes(f) for f in encode_message(Finished("h-fin", "decode-x", "stop", 1, 3, 1, arrays[:2 * n_lin],
+                                                      arrays[2 * n_lin:][:n_full], arrays[2 * n_lin:][n_full:],
+                                                      np.zeros(cfg.vocab_size, np.float32), "f32"))]
+    header = msgpack.unpackb(good[0])
+
+    def bad(frames=good[1:], **changes):
+        return [msgpack.packb({**header, "f": {**header["f"], **changes.get("f", {})},
+                               "a": {**header["a"], **changes.get("a", {})}}), *frames]
+    return [bad(f={"since": 4}), bad(f={"pos": 4}), bad(f={"since": 2}),
+            bad(a={"k": header["a"]["k"] + header["a"]["v"][:1], "v": header["a"]["v"][1:]}),
+            bad(good[1:-1], a={"logits": None})]
+
+
+def test_the_bad_finishes_are_refused(tmp_path):
+    cfg = GGUFModel(str(write_tiny_gguf(tmp_path / "tiny.gguf"))).config
+    words = ("do not end at 3", "are not 3 rows", "are not 1 rows", "K and", "come together")
+    for frames, said in zip(bad_finishes(cfg), words, strict=True):
+        with pytest.raises(ProtocolError, match=said) as e:
+            decode_frames(frames)
+        assert e.value.rids == ("h-fin",)
 
 
 def test_the_bad_steps_are_refused():

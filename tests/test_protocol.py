@@ -38,8 +38,11 @@ SAMPLES = [
     DecodeStep("", "decode-1", [Tokens("r1", [5, 6, 7])]),
     DecodeStep("", "decode-1", [Tokens("r1", [5, 6], [-0.25, -1.5], [5, 2, 9, 6], [-0.25, -2.0, -0.5, -1.5]),
                                 Tokens("r2", [8])]),
-    Finished("r1", "decode-1", "length", 9, 26, None, None, "f16"),
-    Finished("r1", "decode-1", "stop", 9, 26, state(1), np.ones(11, np.float32), "f16"),
+    Finished("r1", "decode-1", "length", 9, 26, 0, None, None, None, None, "f16"),
+    Finished("r1", "decode-1", "stop", 9, 26, 21, state(1)[:2], state(5)[3:], state(6)[3:], np.ones(11, np.float32),
+             "f16"),
+    Finished("r1", "decode-1", "stop", 9, 5, 0, state(1)[:2], state(5)[3:], state(6)[3:], np.ones(11, np.float32),
+             "f16"),
     Failed("r1", "prefill-1", "boom"),
     HelloAck("h1", "decode-1", True, ""),
     Cancel("r1", "client disconnected"),
@@ -169,7 +172,8 @@ def test_sampling_travels_as_its_dataclass():
 
 def test_encode_refuses_object_arrays():
     with pytest.raises(ProtocolError, match="cannot go on the wire"):
-        encode_message(Finished("r", "w", "stop", 1, 1, [np.array([object()])], None, "f32"))
+        encode_message(Finished("r", "w", "stop", 1, 1, 0, [np.array([object()])], [], [], np.ones(1, np.float32),
+                                "f32"))
 
 
 def test_inbox_survives_garbage_and_keeps_serving():

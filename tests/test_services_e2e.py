@@ -20,6 +20,8 @@ from common.model.tokenizer import Tokenizer
 from common.reference.generate import generate
 from common.reference.model import ReferenceModel
 from common.sampling import SamplingParams
+from common.snapshots import KV_BLOCK
+from common.snapshots.parts import KvParts
 from fermium.stack import Stack, free_port
 from tests.stack_helpers import CHATML, write_tiny_gguf
 
@@ -223,8 +225,9 @@ class DictCache:
     wants_final_state = True
     snapshot_every = 0
 
-    def __init__(self):
+    def __init__(self, n_lin: int):
         self.entries: dict[tuple[int, ...], tuple[list, object]] = {}
+        self.n_lin = n_lin                       # linear-attention layers: the arrays before the KV
 
     def lookup(self, ids):
         for n in range(len(ids), 0, -1):
@@ -236,6 +239,16 @@ class DictCache:
     def store_state(self, ids, pos, arrays, logits, source, kv_type):
         assert kv_type == DEFAULT_KV_TYPE and arrays[-1].dtype == np.float16     # the workers' cache type
         self.entries[tuple(ids[:pos])] = ([np.array(a) for a in arrays], np.array(logits))
+
+    def held_parts(self, ids, marks=()):
+        if tuple(ids) not in self.entries:
+            return None
+        kv = self.entries[tuple(ids)][0][2 * self.n_lin:]
+        return KvParts.cut(len(ids), kv[:len(kv) // 2], kv[len(kv) // 2:], KV_BLOCK)
+
+    def store_parts(self, ids, parts, recurrent, logits, source, kv_type, marks=(), rope_delta=0):
+        k, v = parts.arrays()
+        self.store_state(ids, parts.pos, [*recurrent, *k, *v], logits, source, kv_type)
 
 
 def test_snapshot_seam_in_one_process(tmp_path):
@@ -256,7 +269,7 @@ def test_snapshot_seam_in_one_process(tmp_path):
     path = str(write_tiny_gguf(tmp_path / "tiny.gguf"))
     model = GGUFModel(path)
     tok, reference = Tokenizer.from_gguf(model), ReferenceModel(model, kv_type=DEFAULT_KV_TYPE)
-    cache = DictCache()
+    cache = DictCache(len(model.config.linear_layers))
     greedy = SamplingParams(temperature=0.0)
 
     def expect(ids: list[int], n: int) -> str:
@@ -300,3 +313,11 @@ def test_snapshot_seam_in_one_process(tmp_path):
     assert len(key) == len(prompt) + 7 and texts[0] == expect(prompt, 8)
     assert texts[1] == expect(list(key), 4) and prefilled[0] == 0                     # whole prompt cached
     assert texts[2] == expect([*key, *tok.encode("ab")], 4) and prefilled[1] == len(tok.encode("ab"))
+    # runs 2 and 3 sent back only the KV rows past their prompts: the states kept are whole all the same
+    finals = [ids for ids in cache.entries if ids != key]
+    assert finals and all(ids[:len(key)] == key for ids in finals)
+    for ids in finals:
+        state = reference.new_state()
+        reference.prefill(list(ids), state)
+        for kept, want in zip(cache.entries[ids][0], state.arrays()):
+            assert kept.shape == want.shape and np.allclose(kept, want, atol=2e-2), ids

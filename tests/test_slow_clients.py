@@ -172,7 +172,7 @@ def test_the_backlog_is_bounded_in_tokens():
     assert q.qsize() == 1 and q.tokens == 0 and cancelled == ["r"]
     failed = q.get_nowait()
     assert isinstance(failed, Failed) and "10 tokens behind" in failed.error
-    assert not offer(tokens(1)) and not offer(Finished("r", "decode-1", "stop", 0, 2, None, None, "f16"))
+    assert not offer(tokens(1)) and not offer(Finished("r", "decode-1", "stop", 0, 2, 0, None, None, None, None, "f16"))
     assert q.empty() and cancelled == ["r"]                # it takes nothing more
     assert m.clients_dropped.labels("backlog")._value.get() == 1
 

@@ -1,6 +1,7 @@
 """Snapshots that carry only the KV rows the router lacks: the prefill side's rows, the router's
 chains that assemble each state from the blocks it holds (each block taken once), the store's
-put of such parts, and the refusal of every delta that does not follow."""
+put of such parts, and the refusal of every delta that does not follow; and the final states
+that decode sends the same way (the rows past the prompt's snapshot), kept or dropped counted."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +11,7 @@ import pytest
 
 from common.metrics import RouterMetrics
 from common.protocol.prefill import PrefillRequest
-from common.protocol.router import Snapshot
+from common.protocol.router import Finished, Snapshot
 from common.sampling import SamplingParams
 from common.snapshots import KV_BLOCK, SnapshotStore
 from common.snapshots.parts import KvParts
@@ -148,3 +149,48 @@ def test_the_dispatcher_stores_good_deltas_and_refuses_a_hostile_one_without_fai
     assert tracks[0].events.empty()                                                  # nothing failed
     d._handle(delta("stranger", 0, 64))                                              # unknown: refused, no crash
     assert len(store.snaps) == 3
+
+
+def finished(rid: str, pos: int, since: int, tokens=TOKENS, **changes) -> Finished:
+    s = state_after(tokens[:pos])
+    msg = Finished(rid, "d", "length", 1, pos, since, [*s.conv, *s.ssm], [k[since:] for k in s.k],
+                   [v[since:] for v in s.v], np.full(CFG.vocab_size, pos, np.float32), "f32")
+    return dataclasses.replace(msg, **changes)
+
+
+def ended(since: int, **changes):
+    """A request for TOKENS[:200] prefilled with Snapshots at 64 and at its end, that generated 30 tokens
+    and ended with a Finished at 229 carrying the KV rows past `since`; (dispatcher, store, track, its metrics)."""
+    d, store, links = dispatcher_with_store()
+    track = d.submit(Request(tuple(TOKENS[:200]), 30, SamplingParams()), (9,))
+    (req,) = links["tcp://p:1"].sent
+    for a, b in ((0, 64), (64, 200)):
+        d._handle(delta(req.rid, a, b))
+    track.generated.extend(TOKENS[200:230])
+    d._handle(finished(track.rid, 229, since, **changes))
+    assert not track.events.empty()                          # it ended, whatever became of its state
+    return d, store, track, lambda name, **labels: d.metrics.registry.get_sample_value(name, labels)
+
+
+def test_the_dispatcher_keeps_a_final_state_from_the_prompts_snapshot_and_the_rows_decode_sent():
+    for since in (200, 0):                   # the prompt's end, whose snapshot the router holds; the whole state
+        d, store, track, metric = ended(since)
+        assert metric("fermium_snapshot_stored_total", source="decode") == 1
+        state, logits = store.lookup(TOKENS[:229])
+        assert_same(state, state_after(TOKENS[:229])) and state.pos == 229 and logits[0] == 229
+        assert len(store.kv_blocks) == 3                     # its whole blocks: the prompt's own, taken once
+
+
+def test_a_final_state_whose_rows_do_not_follow_a_held_snapshot_is_dropped_and_counted():
+    s = state_after(TOKENS[:229])
+    cases = {"unheld": {"since": 100},       # the router holds no snapshot at 100
+             "invalid": {"since": 200, "k": [k[200:, :, :2] for k in s.k], "v": [v[200:, :, :2] for v in s.v]}}
+    for reason, changes in cases.items():
+        d, store, track, metric = ended(**changes)
+        assert metric("fermium_final_states_dropped_total", reason=reason) == 1
+        assert metric("fermium_snapshot_stored_total", source="decode") == 0
+        assert store.lookup(TOKENS[:229])[0].pos == 200      # the prompt's snapshot is what a next turn finds
+        assert metric("fermium_protocol_errors_total", service="router", reason="invalid") == (reason == "invalid")
+    d, store, track, metric = ended(200, recurrent=None, k=None, v=None, logits=None)     # not asked for
+    assert metric("fermium_snapshot_stored_total", source="decode") == 0
+    assert sum(metric("fermium_final_states_dropped_total", reason=r) for r in ("unheld", "invalid")) == 0

@@ -209,7 +209,7 @@ def test_decode_server_ends_where_plain_decode_ends_with_its_state_and_logits(mt
             np.testing.assert_allclose([p for _, p in g_tokens if p is not None],
                                        [p for _, p in w_tokens if p is not None], rtol=LOGPROB_TOL, atol=LOGPROB_TOL)
             assert (g_end.reason, g_end.n_generated, g_end.pos) == (w_end.reason, w_end.n_generated, w_end.pos)
-            for a, b in zip(g_end.state, w_end.state):
+            for a, b in zip([*g_end.recurrent, *g_end.k, *g_end.v], [*w_end.recurrent, *w_end.k, *w_end.v]):
                 np.testing.assert_allclose(a, b, rtol=LOGPROB_TOL, atol=LOGPROB_TOL)
             np.testing.assert_allclose(g_end.logits, w_end.logits, rtol=LOGPROB_TOL, atol=LOGPROB_TOL)
         assert g_end.pos == len(requests[rid][0]) + g_end.n_generated - 1

@@ -82,7 +82,7 @@ def test_decode_request_checks(cfg):
     state, params = check_decode(decode_request(cfg), cfg, KV)
     assert state.pos == 2 and params.temperature == 0.5
     bad = {"history": [5, cfg.vocab_size], "stop_ids": [-1], "max_tokens": 0, "pos": 3,
-           "sampling": {"temperature": -1.0}, "logits": np.zeros(3, np.float32), "state": None}
+           "sampling": {"temperature": -1.0}, "logits": np.zeros(3, np.float32), "state": None, "since": 3}
     for name, value in bad.items():
         with pytest.raises(ValueError):
             check_decode(decode_request(cfg, **{name: value}), cfg, KV)
@@ -317,6 +317,22 @@ def test_decode_sends_one_step_message_for_every_sequence_and_each_end_after_it(
                      ("DecodeStep", ["a", "b"]), ("Finished", "a"), ("Finished", "b")]
     steps = [m for m in replies.sent if type(m).__name__ == "DecodeStep"]
     assert all(len(s.tokens) == 1 for m in steps for s in m.seqs)
+
+
+def test_decode_ends_with_the_kv_rows_past_since_and_counts_only_those(cfg, decode_server):
+    server, replies = decode_server
+    n_lin, sent = len(cfg.linear_layers), server.metrics.registry.get_sample_value
+    for rid, since in (("past", 1), ("whole", 0)):
+        server.link._queue.put(decode_request(cfg, rid=rid, max_tokens=4, return_state=True, since=since))
+    for _ in range(4):
+        server.step()
+    ends = {m.rid: m for m in replies.sent if type(m).__name__ == "Finished"}
+    assert {rid: (m.pos, m.since, m.k[0].shape[0], len(m.recurrent)) for rid, m in ends.items()} == {
+        "past": (5, 1, 4, 2 * n_lin), "whole": (5, 0, 5, 2 * n_lin)}
+    whole = ends["whole"]
+    assert np.array_equal(ends["past"].k[0], whole.k[0][1:]) and np.array_equal(ends["past"].v[-1], whole.v[-1][1:])
+    assert sent("fermium_decode_state_bytes_sent_total", {"to": "router"}) == ends["past"].state_bytes() + sum(
+        a.nbytes for a in [*whole.recurrent, *whole.k, *whole.v])
 
 
 def test_the_router_delivers_a_step_to_its_tracks_and_refuses_a_sequence_another_worker_decodes():

@@ -58,6 +58,8 @@ def check_decode(req: DecodeRequest, cfg: ModelConfig, kv_type: str) -> tuple[Se
         raise ValueError(f"history has {len(req.history)} tokens, the state is at position {req.pos}")
     if req.state is None:
         raise ValueError("state is missing")
+    if not 0 <= req.since <= req.pos:
+        raise ValueError(f"since {req.since} is outside the state's positions [0, {req.pos}]")
     check_logits(req.logits, cfg)
     check_same_kv_type(req.kv_type, kv_type, "the state sent to decode", "this decode worker")
     if req.hold_at and not is_endpoint(req.hold_at):

@@ -21,7 +21,8 @@ every state, Hello and Heartbeat; 4 `grammar`; 5 log-probabilities, penalties an
 (common.state) and PrefillRequest's `images`; 7 placement (`slots`, `hold_budget`, `held`, `hold`, `hold_at`,
 HoldState, NotHeld); 8 Heartbeat's `steps` and `busy`; 9 Snapshot's `since`, `recurrent`, `k` and `v` (the
 KV rows past the previous Snapshot only); 10 DecodeStep, one message a step for every sequence's tokens, where
-Tokens went once a sequence a step. Peers of two versions refuse each other's every message.
+Tokens went once a sequence a step; 11 Finished's `since`, `recurrent`, `k` and `v` (the KV rows past the
+prompt's snapshot only) and DecodeRequest's `since`. Peers of two versions refuse each other's every message.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import numpy as np
 
 from .fields import INT64, Field, as_maps, built, problem, typed
 
-VERSION = 10
+VERSION = 11
 
 # dtypes allowed on the wire; anything else is refused on both ends
 WIRE_DTYPES = {"float32", "float16", "int32", "int64", "uint8", "int8"}

@@ -1,6 +1,6 @@
 """Messages a decode worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 9).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; its VERSION).
 
     0x30 DecodeRequest  prefill -> decode: the prefilled state and the first token's logits
 
@@ -9,7 +9,10 @@ per array, its K and V in `kv_type`; `logits` is (vocab,) float32. Decode sample
 token from `logits`. `rope_delta` is the state's (common.state): decode rotates its rows at
 pos + rope_delta, where a prompt with images left it. `hold_at`, when set, is the inbox of the
 prefill worker that keeps this sequence's final state: decode sends it there too, as
-prefill.HoldState, when the sequence ends with return_state.
+prefill.HoldState, when the sequence ends with return_state. `since` says which of the final
+state's KV rows go back to the router in Finished: those of positions [since, end) only, for the
+router holds the snapshot of history[:since] (prefill's last Snapshot, or the state it sent); 0 when
+it holds none (no Snapshots were asked for, and the prompt started from nothing).
 """
 from __future__ import annotations
 
@@ -31,4 +34,5 @@ class DecodeRequest(Message):
     kv_type: str                 # the type of the state's K and V arrays (common.kv_cache)
     rope_delta: int = 0          # the state's rotary position minus pos (images in the prompt)
     hold_at: str = ""            # a prefill worker's inbox that keeps the final state; "": none
+    since: int = 0               # the router holds the final state's KV rows before it; 0: none
     ARRAYS = ("state", "logits")

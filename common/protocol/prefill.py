@@ -1,6 +1,6 @@
 """Messages a prefill worker receives, on its PULL inbox (besides worker.HelloAck and Cancel).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 9).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; its VERSION).
 
     0x20 PrefillRequest  router -> prefill: tokens to run, where to ship the result
     0x21 HoldState       decode -> prefill: a finished sequence's state, for the worker to keep

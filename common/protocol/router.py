@@ -1,12 +1,12 @@
 """Messages the router receives, on its PULL inbox (workers PUSH to it).
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 9).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; its VERSION).
 
     0x10 Hello        worker -> router: ready handshake (role, inbox address, capacity, token)
     0x11 Heartbeat    worker -> router: alive, with its load and progress; also re-registers after a router restart
     0x12 PrefillDone  prefill -> router: the prompt is prefilled and shipped to decode
     0x13 DecodeStep   decode -> router: one step's new token ids of every sequence (Tokens), with logprobs if asked
-    0x14 Finished     decode -> router: the sequence ended; optional final state (snapshot seam)
+    0x14 Finished     decode -> router: the sequence ended; optional final state (its new KV rows only)
     0x15 Failed       any worker -> router: request `rid` failed, or a frame was rejected
     0x16 Snapshot     prefill -> router: the state after the first `pos` prompt tokens (new KV rows only), logits
     0x17 NotHeld      prefill -> router: the state a PrefillRequest named by `held` is no longer held there
@@ -113,18 +113,46 @@ class DecodeStep(Message):
 
 @message(0x14)
 class Finished(Message):
-    """End of a sequence. When asked for, `state` (SequenceState.arrays() order) is the state
-    at `pos` and `logits` (vocab,) the distribution the last token was sampled from there."""
+    """End of a sequence. When its request asked for the final state, that state at `pos` as much
+    of it as the router lacks: the recurrent arrays (conv..., ssm...), per full layer the K and V
+    rows of positions [since, pos) only, and `logits` (vocab,) the distribution the last token was
+    sampled from there. `since` is the DecodeRequest's: the router holds the snapshot of the first
+    `since` tokens (the prompt's, or 0: none), so the prompt's rows never come back
+    (services/router/engine/finals.py). Without the state all four are None."""
 
     worker_id: str
     reason: str          # "stop" | "length" | "cancelled"
     n_generated: int
     pos: int
-    state: list | None
+    since: int
+    recurrent: list | None
+    k: list | None
+    v: list | None
     logits: object
     kv_type: str         # the type of the state's K and V arrays (common.kv_cache)
     rope_delta: int = 0  # the state's rotary position minus pos (common.state)
-    ARRAYS = ("state", "logits")
+    ARRAYS = ("recurrent", "k", "v", "logits")
+
+    def __post_init__(self):
+        where = f"Finished of {self.rid[:40]!r}"
+        if not 0 <= self.since <= self.pos:
+            raise ProtocolError(f"{where}: KV rows from position {self.since} do not end at {self.pos}", self.rid)
+        given = [a is not None for a in (self.recurrent, self.k, self.v, self.logits)]
+        if any(given) and not all(given):
+            raise ProtocolError(f"{where}: recurrent, k, v and logits come together or not at all", self.rid)
+        if not all(given):
+            return
+        if len(self.k) != len(self.v):
+            raise ProtocolError(f"{where}: {len(self.k)} K and {len(self.v)} V arrays", self.rid)
+        rows = self.pos - self.since
+        for i, (k, v) in enumerate(zip(self.k, self.v)):
+            if k.ndim < 1 or k.shape[0] != rows or v.shape != k.shape:
+                raise ProtocolError(f"{where}: k[{i}] {list(k.shape)} and v[{i}] {list(v.shape)} are not {rows} "
+                                    f"rows each, positions [{self.since}, {self.pos})", self.rid)
+
+    def state_bytes(self) -> int:
+        """The bytes of the state it carries (its logits not counted)."""
+        return sum(a.nbytes for a in [*(self.recurrent or ()), *(self.k or ()), *(self.v or ())])
 
 
 @message(0x15)

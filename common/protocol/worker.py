@@ -1,6 +1,6 @@
 """Messages that every worker (prefill and decode) receives, on its PULL inbox.
 
-Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; VERSION 9).
+Frame layout and version: see `codec` (frame 0 msgpack header, frames 1..n arrays; its VERSION).
 
     0x01 HelloAck   router -> worker: registration accepted (or refused, with the reason)
     0x02 Cancel     router -> worker: drop request `rid` wherever it is (queued, running)

@@ -1,11 +1,16 @@
 """What the decode loop sends the router at each flush: every sequence's new tokens as one
 DecodeStep (common.protocol.router, vLLM's EngineCoreOutputs), then the ends (Finished, or a
 failure) in the order they came, so a sequence's tokens always reach the router before its end.
-The loop flushes once a step, and once before it for what arrived (first tokens, failures)."""
+The loop flushes once a step, and once before it for what arrived (first tokens, failures).
+A Finished carries of the final state only what the router lacks (`final`)."""
 from __future__ import annotations
+
+import numpy as np
 
 from common.protocol.router import MAX_STEP_SEQUENCES, DecodeStep, Finished, Tokens
 from common.worker import WorkerLink
+
+from .scheduler import Sequence
 
 
 class StepOutputs:
@@ -39,3 +44,17 @@ class StepOutputs:
             else:
                 self.link.send(end)
         self.seqs, self.ends = {}, []
+
+
+def final(seq: Sequence, worker_id: str, reason: str, keep: bool) -> Finished:
+    """The end of `seq`; with `keep`, its state at its position as the router lacks it: the
+    recurrent arrays, the K and V rows past seq.since (views: the sequence is retired) and the
+    logits its last token was sampled from."""
+    state = seq.state
+    recurrent = k = v = logits = None
+    if keep:
+        recurrent = [*state.conv, *state.ssm]
+        k, v = [a[seq.since:state.pos] for a in state.k], [a[seq.since:state.pos] for a in state.v]
+        logits = np.asarray(seq.logits, np.float32)
+    return Finished(seq.rid, worker_id, reason, seq.policy.generated, state.pos, seq.since, recurrent, k, v, logits,
+                    state.kv_type, state.rope_delta)

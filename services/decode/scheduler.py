@@ -26,6 +26,7 @@ class Sequence:
     mask: Any = None                 # (vocab,) bool, a ready mask for a speculative cycle
     draft: Any = None                # common.speculative.Drafting when it speculates (never with a grammar)
     hold_at: str = ""                # the prefill worker that keeps its final state too; "": none
+    since: int = 0                   # the router holds its KV rows before this; Finished carries the rest
 
 
 @dataclass

@@ -4,7 +4,7 @@ A DecodeRequest brings a prefilled state and the first token's logits. Its first
 sampled on arrival (that is the time to first token); then the sequence waits for a batch
 slot and decodes one token per step with the others. Each step's tokens go to the router as one
 DecodeStep message, every sequence's together (outputs.py); the end goes as Finished, after
-them, with the final state when it was asked for,
+them, with the final state when it was asked for (only the KV rows the router lacks: outputs.py),
 and, when the request names a prefill worker that keeps it (`hold_at`), to that worker too as
 HoldState (over common.push_links), so the next turn's prompt need not carry it. Heartbeats report the
 batch slots (--max-batch) that the router places sequences by.
@@ -49,15 +49,15 @@ from common.model.gguf_file import GGUFModel
 from common.protocol.checks import check_decode
 from common.protocol.decode import DecodeRequest
 from common.protocol.prefill import HoldState
-from common.protocol.router import Finished
 from common.push_links import PushLinks
 from common.sampling import Sampler
 from common.speculative import Speculator, check_mtp, draft_vocab_ids
+from common.state import state_bytes
 from common.worker import WorkerServer
 
 from .config import DecodeConfig
 from .grammar import Grammars
-from .outputs import StepOutputs
+from .outputs import StepOutputs, final
 from .scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger("fermium.decode")
@@ -148,7 +148,8 @@ class DecodeServer(WorkerServer):
             raise ValueError(f"it holds request {req.rid[:40]!r} already")
         state, params = check_decode(req, self.model.config, self.kv_type)
         seq = Sequence(req.rid, state, Sampler(params, prompt_len=len(req.history)), list(req.history),
-                       GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state, hold_at=req.hold_at)
+                       GenerationPolicy(req.max_tokens, req.stop_ids), req.return_state, hold_at=req.hold_at,
+                       since=req.since)
         seq.logits = np.asarray(req.logits)
         seq.ahead = self.grammars.ahead(params.grammar)
         if seq.ahead is not None:                   # its first token waits for the first mask
@@ -188,18 +189,16 @@ class DecodeServer(WorkerServer):
             self.sched.retire(seq)
         self.metrics.requests.labels(reason).inc()
         keep = seq.return_state and reason != "cancelled"
-        state, logits = (seq.state.arrays(), np.asarray(seq.logits, np.float32)) if keep else (None, None)
-        self.out.end(Finished(seq.rid, self.link.worker_id, reason, seq.policy.generated, seq.state.pos,
-                                state, logits, self.kv_type, seq.state.rope_delta))
+        end = final(seq, self.link.worker_id, reason, keep)
+        self.out.end(end)
         if not keep:
             return
-        size = sum(a.nbytes for a in state)
-        self.metrics.state_bytes.labels("router").inc(size)
-        if seq.hold_at:
-            pos = seq.state.pos
+        self.metrics.state_bytes.labels("router").inc(end.state_bytes())
+        if seq.hold_at:                             # the prefill worker holds no part of it: all of it
+            pos, state = seq.state.pos, seq.state.arrays()
             self.holders.get(seq.hold_at).put(HoldState(seq.rid, self.link.worker_id, pos, seq.history[:pos], state,
                                                         self.kv_type, seq.state.rope_delta))
-            self.metrics.state_bytes.labels("prefill").inc(size)
+            self.metrics.state_bytes.labels("prefill").inc(state_bytes(state))
 
     def step(self, timeout: float = 0.05) -> None:
         self._take(timeout if not len(self.sched) else 0)

@@ -162,7 +162,8 @@ class PrefillServer(WorkerServer):
         self.metrics.time.observe(seconds)
         out = DecodeRequest(req.rid, state.pos, req.history, req.sampling, req.max_tokens, req.stop_ids,
                             req.return_state, state.arrays(), logits.astype("float32", copy=False), state.kv_type,
-                            state.rope_delta, self.link.address if self._hold(req) and req.return_state else "")
+                            state.rope_delta, self.link.address if self._hold(req) and req.return_state else "",
+                            self.rows.held(req))
         self.metrics.state_bytes_sent.labels("final").inc(state_bytes(out.state) + out.logits.nbytes)
         self.decoders.get(req.decode_address).put(out)
         self.link.send(PrefillDone(req.rid, self.link.worker_id, len(req.tokens), seconds))

@@ -3,6 +3,7 @@ KV only the rows the router does not hold yet, those past the request's previous
 its start_pos for the first: the router holds the state the request started from). So the KV
 of a prompt crosses the wire once, where every checkpoint used to carry it all from position 0.
 The router assembles each snapshot's KV from the rows it has (services/router/engine/snapshot_chains.py).
+Decode, told the same position (DecodeRequest.since), sends back only the rows past it at the end.
 """
 from __future__ import annotations
 
@@ -22,12 +23,16 @@ class SnapshotRows:
     def start(self, req: PrefillRequest) -> None:
         self.rid, self.pos = req.rid, req.start_pos
 
+    def held(self, req: PrefillRequest) -> int:
+        """The position up to which the router holds req's KV: its last Snapshot's, else its start_pos."""
+        return self.pos if self.rid == req.rid else req.start_pos
+
     def message(self, req: PrefillRequest, worker_id: str, pos: int, state: SequenceState,
                 logits: np.ndarray) -> Snapshot:
         """The Snapshot of `state` at `pos` (its K and V hold at least `pos` rows), with the rows the
         router lacks; from here on the router holds them. Every array is a copy: the frames leave on
         the IO thread while the backend may reuse its arrays."""
-        since = self.pos if self.rid == req.rid else req.start_pos
+        since = self.held(req)
         n_lin = len(state.conv)
         msg = Snapshot(req.rid, worker_id, pos, since, [a.copy() for a in state.arrays()[:2 * n_lin]],
                        [k[since:pos].copy() for k in state.k], [v[since:pos].copy() for v in state.v],

@@ -5,7 +5,8 @@ end (past every checkpoint when the prefix cache takes none). When that Snapshot
 state (assembled from the KV rows the router holds: snapshot_chains.py) and logits go to decode
 once for each other copy, so the prompt is prefilled once and each copy decodes its own
 sequence from the same state. A prompt the prefix cache holds whole
-goes to decode n times at once. Copy i samples with SamplingParams.for_choice(i) (seed + i).
+goes to decode n times at once. Either way the router holds the prompt's snapshot, so decode sends
+back only the KV rows past it (DecodeRequest.since). Copy i samples with SamplingParams.for_choice(i) (seed + i).
 When copy 0's prefill fails, or ends without the Snapshot, the waiting copies fail with it.
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Copies:
                 track.events.put_nowait(Failed(track.rid, track.decode, "its decode worker went away"))
                 continue
             out.put(DecodeRequest(track.rid, len(self.history), self.history, sampling, self.max_tokens,
-                                  self.stops, self.keep, state, logits, kv_type, rope_delta))
+                                  self.stops, self.keep, state, logits, kv_type, rope_delta,
+                                  since=len(self.history)))
             sent += 1
         return sent
 

@@ -4,7 +4,7 @@ heartbeat) or whose compute loop stalls (liveness.py, retryable). Workers join t
 enrolment.py. Messages arrive on the inbox's IO thread and are handed to the event loop, where
 everything here runs, so no lock is needed. Each request gets a Track (track.py); n > 1 choices
 share one prefill (copies.py); prefix_cache.py looks prefixes up, placement.py places prefill,
-and snapshot_chains.py assembles each Snapshot from the KV rows it brings.
+snapshot_chains.py assembles each Snapshot from the KV rows it brings, and finals.py a final state.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from .decode_room import DecodeRoom
 from .decode_steps import deliver
 from .enrolment import Enrolment
 from .errors import NoWorkers
+from .finals import FinalStates
 from .liveness import StallFailed, StallWatch
 from .placement import Placement
 from .prefix_cache import NoPrefixCache, PrefixCache
@@ -46,7 +47,7 @@ REAP_INTERVAL_S = 0.25
 ENROL_SLICE_S = 0.005          # the loop serves other work at least this often through a flood of Hellos
 
 
-class Dispatcher(SnapshotIntake, CopySends):
+class Dispatcher(SnapshotIntake, CopySends, FinalStates):
     def __init__(self, address: str, *, heartbeat_timeout: float, metrics: RouterMetrics,
                  cache: PrefixCache | None = None, token: str | None = None, max_workers: int = MAX_PER_ROLE,
                  limits: WireLimits | None = None, kv_type: str = DEFAULT_KV_TYPE, stall_timeout: float = 0.0):
@@ -215,20 +216,12 @@ class Dispatcher(SnapshotIntake, CopySends):
             w = self.registry.workers.get(track.prefill)
             if w is not None:
                 w.inflight.discard(msg.rid)
-        elif isinstance(msg, Finished):
-            if msg.state is not None and msg.logits is not None:
-                key = self._store(track, ids := track.prompt + tuple(track.generated), msg, "decode")
-                if track.hold and track.prefill:        # decode sent it to the prefill worker too
-                    self.placement.held_by(track.prefill, ids, msg.pos, key)
+        elif isinstance(msg, Finished):        # finals.py
+            self._final(track, msg)
         elif not isinstance(msg, Failed):
             log.error("router got an unexpected %s (rid %s); ignored", type(msg).__name__, msg.rid)
             return
         track.events.offer(msg, self.metrics, self.cancel)     # past its bound: ended as a stalled client
-
-    def _store(self, track: Track, ids: tuple[int, ...], msg: Finished, source: str) -> bytes | None:
-        # a cache without images keeps its signature
-        extra = {"marks": track.marks, "rope_delta": msg.rope_delta} if track.marks else {}
-        return self.cache.store_state(ids, msg.pos, msg.state, msg.logits, source, msg.kv_type, **extra)
 
     def _cancel_orphan(self, rid: str, worker_id: str) -> None:
         w = self.registry.workers.get(worker_id)

@@ -39,6 +39,8 @@ class PrefixCache(Protocol):
                     marks: Marks = ()) -> KvParts: ...
     def store_parts(self, ids: tuple[int, ...], parts: KvParts, recurrent: list[np.ndarray], logits: np.ndarray,
                     source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None: ...
+    # a final state's rows follow the KV of a snapshot the store holds (services/router/engine/finals.py)
+    def held_parts(self, ids: tuple[int, ...], marks: Marks = ()) -> KvParts | None: ...
 
 
 class NoPrefixCache:
@@ -61,6 +63,9 @@ class NoPrefixCache:
 
     def store_parts(self, ids: tuple[int, ...], parts: KvParts, recurrent: list[np.ndarray], logits: np.ndarray,
                     source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None:
+        return None
+
+    def held_parts(self, ids: tuple[int, ...], marks: Marks = ()) -> KvParts | None:
         return None
 
 
@@ -124,11 +129,16 @@ class SnapshotCache:
         store's blocks where it still holds that snapshot, else cut from `state`."""
         if not start:
             return KvParts.empty()
-        parts = self.store.parts(list(ids[:start]), marks)
+        parts = self.held_parts(ids[:start], marks)
         if parts is not None:
             return parts
         held = SequenceState.from_arrays(start, list(state), self.cfg, self.store.kv_type)
         return KvParts.cut(start, held.k, held.v, self.store.block)
+
+    def held_parts(self, ids: Sequence[int], marks: Marks = ()) -> KvParts | None:
+        """The KV of the snapshot after exactly `ids`, its blocks the store's own arrays; None when
+        it is not in RAM."""
+        return self.store.parts(list(ids), marks)
 
     def store_parts(self, ids: Sequence[int], parts: KvParts, recurrent: list[np.ndarray], logits: np.ndarray,
                     source: str, kv_type: str, marks: Marks = (), rope_delta: int = 0) -> bytes | None:
