@@ -15,6 +15,7 @@ import ast
 import re
 from collections import deque
 from pathlib import Path
+from typing import Container
 
 PRODUCT = ("common", "services", "native", "fermium")
 C_FOLDERS = ("native/cpu", "native/cuda")
@@ -27,21 +28,21 @@ KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "defined", "else
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
     """Every node reachable from `start` over one edge or more."""
-    seen, todo = set(), list(graph.get(start, ()))
-    while todo:
-        node = todo.pop()
+    seen, stack = set(), list(graph.get(start, ()))
+    while stack:
+        node = stack.pop()
         if node not in seen:
             seen.add(node)
-            todo.extend(graph.get(node, ()))
+            stack.extend(graph.get(node, ()))
     return seen
 
 
 def _cycle(graph: dict[str, set[str]], members: set[str], start: str) -> list[str]:
     """A shortest path from `start` back to itself within `members`."""
     came = {}
-    todo = deque([start])
-    while todo:
-        node = todo.popleft()
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
         for nxt in sorted(graph[node] & members):
             if nxt == start:
                 path = [node]
@@ -50,7 +51,7 @@ def _cycle(graph: dict[str, set[str]], members: set[str], start: str) -> list[st
                 return [*reversed(path), start]
             if nxt not in came:
                 came[nxt] = node
-                todo.append(nxt)
+                queue.append(nxt)
     return [start]
 
 
@@ -87,20 +88,26 @@ def python_graph(root: Path) -> dict[str, set[str]]:
             name = name.rpartition(".")[0]
         return name or None
 
-    graph = {}
-    for me, path in files.items():
-        package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
-        names = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = package[:len(package) - node.level + 1] if node.level else []
-                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
-                names |= {f"{module}.{alias.name}" if f"{module}.{alias.name}" in files else module
-                          for alias in node.names}
-        graph[me] = {found for name in names if (found := resolve(name)) and found != me}
-    return graph
+    return {me: {found for name in imported_modules(root, path, files) if (found := resolve(name)) and found != me}
+            for me, path in files.items()}
+
+
+def imported_modules(root: Path, path: Path, modules: Container[str] | None = None) -> set[str]:
+    """Every module `path` imports, absolute (a relative import resolved against its package). For
+    `from m import x`: m and m.x (which may be a module); given the `modules` there are, m.x where it
+    is one of them and m otherwise, since importing a package's module from inside that package is
+    no dependency on the package's __init__."""
+    package = list(path.relative_to(root).with_suffix("").parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            named = {f"{module}.{alias.name}" for alias in node.names}
+            out |= (named | {module}) if modules is None else {n if n in modules else module for n in named}
+    return out
 
 # ---- C
 

@@ -11,11 +11,10 @@ Imports are read with `ast`, so an import inside a function counts as much as on
 """
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
-from tests.structure_graph import C_FOLDERS, PRODUCT, c_graph, circles, python_graph
+from tests.structure_graph import C_FOLDERS, PRODUCT, c_graph, circles, imported_modules, python_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 300
@@ -32,21 +31,6 @@ def python_files() -> list[Path]:
                   if not SKIP_DIRS & set(p.relative_to(ROOT).parts[:-1]) and ".egg-info" not in str(p))
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module `path` imports, absolute; a relative import is resolved against its package."""
-    package = list(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
-            out.add(module)
-            out |= {f"{module}.{alias.name}" for alias in node.names}
-    return out
-
-
 def owner(path: Path) -> str:
     """'services.router', 'common', 'native', 'fermium', 'tools', ...: who a file belongs to."""
     parts = path.relative_to(ROOT).parts
@@ -58,7 +42,7 @@ def violations() -> list[str]:
     found: dict[tuple, str] = {}
     for path in python_files():
         me, rel = owner(path), path.relative_to(ROOT)
-        for module in sorted(imported_modules(path)):
+        for module in sorted(imported_modules(ROOT, path)):
             top = module.split(".")
             theirs = ".".join(top[:2]) if top[0] == "services" and len(top) > 1 else top[0]
             if me.startswith("services.") and theirs.startswith("services.") and theirs != me \
